@@ -1,0 +1,35 @@
+"""Pure-JAX futures-trading environment (gymnax API) and its market data.
+
+    market = load_market(DataConfig(source="synthetic:signal"))
+    env = TradingEnv(EnvConfig())
+    params = env.make_params(market, split="train")
+    obs, state = env.reset(key, params)
+    obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
+    mask = env.action_mask(state, params)
+"""
+
+from jaxenv.config import DataConfig, EnvConfig, PropFirmRules
+from jaxenv.contracts import CONTRACTS, ContractSpec, get_contract
+from jaxenv.data import DataValidationError
+from jaxenv.env import ACTION_NAMES, EXIT_REASONS, EnvParams, EnvState, TradingEnv
+from jaxenv.evaluate import evaluate_policy, walk_split
+from jaxenv.market import Market, load_market
+
+__all__ = [
+    "ACTION_NAMES",
+    "CONTRACTS",
+    "ContractSpec",
+    "DataConfig",
+    "DataValidationError",
+    "EXIT_REASONS",
+    "EnvConfig",
+    "EnvParams",
+    "EnvState",
+    "Market",
+    "PropFirmRules",
+    "TradingEnv",
+    "evaluate_policy",
+    "get_contract",
+    "load_market",
+    "walk_split",
+]

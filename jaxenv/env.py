@@ -1,0 +1,441 @@
+"""The futures-trading environment: gymnax 1.0 API, pure JAX, jitted and vmapped.
+
+Timing (no look-ahead): the agent acts on the close of bar t and sees only bars <= t. A market order fills
+at bar t+1's open plus slippage; stops and targets are checked against bar t+1's high/low (the stop first
+when both are touched); positions still open on a session's last allowed bar are closed at its close.
+
+Drawdown (prop-firm trailing rule): each bar is first checked against the threshold set by the previous
+peak, at the bar's worst mark (adverse extreme, floored at the stop); the peak then rises to the bar's best
+mark while the position is held (favourable extreme, or the exit price). The threshold trails the peak by
+`trailing_drawdown` and freezes at `starting_balance + trail_stop_offset`. A breach liquidates at the
+price where equity meets the threshold and terminates the episode.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import environment, spaces
+
+from jaxenv.config import EnvConfig
+from jaxenv.features import N_BAR_FEATURES, N_CONTEXT_FEATURES
+from jaxenv.market import MAX_WINDOW, Market
+
+HOLD, BUY, SELL, MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL = range(6)
+ACTION_NAMES = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL")
+EXIT_REASONS = ("none", "stop_loss", "take_profit", "session_close", "breach", "breakeven_stop", "trailing_stop")
+N_POSITION, N_VALIDITY, N_RISK = 5, 3, 5
+
+# Columns of EnvParams.bars: everything a step reads about one bar, gathered with one row read.
+OPEN, HIGH, LOW, CLOSE, ATR, CAN_ENTER, FLATTEN, SESSION = range(8)
+
+
+@struct.dataclass
+class EnvParams(environment.EnvParams):
+    bars: jax.Array = None  # float32 [n, 8]
+    bar_features: jax.Array = None  # float32 [n, 11]
+    context_features: jax.Array = None  # float32 [n, 28]
+    start_bar: jax.Array = 0  # first decision bar of the split
+    end_bar: jax.Array = 0  # one past the split's last bar
+    sequential: jax.Array = False  # reset at start_bar instead of a random bar
+    max_steps_in_episode: jax.Array = 1950
+    tick_size: jax.Array = 0.25
+    point_value: jax.Array = 20.0
+    commission_per_side: jax.Array = 2.14  # per contract
+    slippage: jax.Array = 0.25  # price units
+    contracts: jax.Array = 1.0
+    stop_atr_mult: jax.Array = 1.5
+    target_atr_mult: jax.Array = 3.0
+    trail_atr_mult: jax.Array = 1.0
+    breakeven_trigger_atr: jax.Array = 1.0
+    starting_balance: jax.Array = 50_000.0
+    trailing_drawdown: jax.Array = 2_500.0
+    trail_stop_offset: jax.Array = 100.0
+    reward_scale: jax.Array = 0.01
+    breach_penalty: jax.Array = 0.0
+
+
+@struct.dataclass
+class EnvState(environment.EnvState):
+    t: jax.Array  # current bar
+    side: jax.Array  # -1 short, 0 flat, +1 long
+    entry_price: jax.Array
+    stop: jax.Array
+    target: jax.Array
+    trailing: jax.Array
+    entry_time: jax.Array  # episode step of the entry
+    balance: jax.Array  # realised, after commissions
+    equity: jax.Array  # balance + unrealised at bar t's close
+    peak: jax.Array  # highest mark of equity, drives the trailing threshold
+    trades: jax.Array
+    wins: jax.Array
+    consecutive_losses: jax.Array
+    recent_wins: jax.Array  # bit i = outcome of the i-th latest trade (1 = win)
+    recent_count: jax.Array  # trades in recent_wins, at most 10
+    session: jax.Array
+    session_start_equity: jax.Array
+    trades_today: jax.Array
+    commissions: jax.Array  # paid this episode
+
+
+def drawdown_threshold(peak: jax.Array, params: EnvParams) -> jax.Array:
+    return jnp.minimum(peak - params.trailing_drawdown, params.starting_balance + params.trail_stop_offset)
+
+
+class TradingEnv(environment.Environment[EnvState, EnvParams]):
+    """Trades one futures contract over minute bars. Build params with `make_params(market, split)`."""
+
+    def __init__(self, config: EnvConfig | None = None):
+        super().__init__()
+        self.config = config or EnvConfig()
+        if not 1 <= self.config.window <= MAX_WINDOW:
+            raise ValueError(f"env.window must be between 1 and {MAX_WINDOW}, got {self.config.window}")
+        if not 1 <= self.config.contracts_per_trade <= self.config.prop_firm.max_contracts:
+            raise ValueError(
+                f"env.contracts_per_trade={self.config.contracts_per_trade} must be between 1 and "
+                f"prop_firm.max_contracts={self.config.prop_firm.max_contracts}"
+            )
+        self.window = self.config.window
+        self.extended = self.config.extended_features
+
+    # ----------------------------------------------------------------------------------------- params
+    def make_params(self, market: Market, split: str | tuple[int, int] = "train", sequential: bool = False) -> EnvParams:
+        """Market arrays and rules as device arrays; every split of a market gives the same shapes."""
+        cfg, rules, spec = self.config, self.config.prop_firm, market.contract
+        start, end = market.split_range(split)
+        if start < self.window - 1:
+            raise ValueError(f"split starts at bar {start}, before one {self.window}-bar window exists")
+        can_enter, flatten = session_rules(market, rules.flat_by, rules.no_entry_minutes_before_close)
+        bars = np.stack(
+            [market.open, market.high, market.low, market.close, market.atr, can_enter, flatten, market.sessions.session_id],
+            axis=1,
+        ).astype(np.float32)
+        max_steps = end - 1 - start if sequential else cfg.max_steps_in_episode
+        f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+        return EnvParams(
+            bars=jnp.asarray(bars),
+            bar_features=jnp.asarray(market.bar_features),
+            context_features=jnp.asarray(market.context_features),
+            start_bar=jnp.asarray(start, jnp.int32),
+            end_bar=jnp.asarray(end, jnp.int32),
+            sequential=jnp.asarray(sequential),
+            max_steps_in_episode=jnp.asarray(max_steps, jnp.int32),
+            tick_size=f32(spec.tick_size),
+            point_value=f32(spec.point_value),
+            commission_per_side=f32(spec.commission_per_side),
+            slippage=f32(cfg.slippage_ticks * spec.tick_size),
+            contracts=f32(cfg.contracts_per_trade),
+            stop_atr_mult=f32(cfg.stop_atr_mult),
+            target_atr_mult=f32(cfg.target_atr_mult),
+            trail_atr_mult=f32(cfg.trail_atr_mult),
+            breakeven_trigger_atr=f32(cfg.breakeven_trigger_atr),
+            starting_balance=f32(rules.starting_balance),
+            trailing_drawdown=f32(rules.trailing_drawdown),
+            trail_stop_offset=f32(rules.trail_stop_offset),
+            reward_scale=f32(cfg.reward_scale),
+            breach_penalty=f32(cfg.breach_penalty),
+        )
+
+    @property
+    def default_params(self) -> EnvParams:
+        raise ValueError("TradingEnv has no default market: build params with env.make_params(market, split)")
+
+    # ---------------------------------------------------------------------------------------- gymnax API
+    @property
+    def name(self) -> str:
+        return "FuturesTrading-v0"
+
+    @property
+    def num_actions(self) -> int:
+        return 6
+
+    @property
+    def obs_size(self) -> int:
+        base = self.window * N_BAR_FEATURES + N_POSITION + N_VALIDITY
+        return base + (N_CONTEXT_FEATURES + N_RISK if self.extended else 0)
+
+    def action_space(self, params: EnvParams | None = None) -> spaces.Discrete:
+        return spaces.Discrete(6)
+
+    def observation_space(self, params: EnvParams | None = None) -> spaces.Box:
+        return spaces.Box(-jnp.inf, jnp.inf, (self.obs_size,), jnp.float32)
+
+    def state_space(self, params: EnvParams | None = None) -> spaces.Dict:
+        raise NotImplementedError("TradingEnv does not describe its state space")
+
+    def reset_env(self, key: jax.Array, params: EnvParams) -> tuple[jax.Array, EnvState]:
+        state = self.initial_state(key, params)
+        return self.get_obs(state, params), state
+
+    def step_env(self, key, state, action, params):
+        next_state, reward, terminated, info = self.transition(state, action, params)
+        return self.get_obs(next_state, params), next_state, reward, terminated, info
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        """gymnax's step with auto-reset, computing each observation once: the reset state's obs is only
+        built for the state that is kept, and the pre-reset obs is returned as info["final_observation"]."""
+        if params is None:
+            params = self.default_params
+        next_state, reward, terminated, info = self.transition(state, action, params)
+        truncated = self.is_truncated(next_state, params)
+        done = terminated | truncated
+        reset_state = self.initial_state(key, params)
+        kept = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_state, next_state)
+        info = {
+            **info,
+            "terminated": terminated,
+            "truncated": truncated,
+            "final_observation": self.get_obs(next_state, params),
+        }
+        return self.get_obs(kept, params), kept, reward, terminated, truncated, info
+
+    def is_truncated(self, state: EnvState, params: EnvParams) -> jax.Array:
+        return (state.time >= params.max_steps_in_episode) | (state.t >= params.end_bar - 1)
+
+    def is_terminal(self, state: EnvState, params: EnvParams) -> jax.Array:
+        threshold = drawdown_threshold(state.peak, params)
+        return (state.equity <= threshold) | self.is_truncated(state, params)
+
+    # ------------------------------------------------------------------------------------------ reset
+    def initial_state(self, key: jax.Array, params: EnvParams, bar: jax.Array | None = None) -> EnvState:
+        """A fresh account at `bar`, or at a random bar of the split (the split's start when sequential)."""
+        if bar is None:
+            last_start = jnp.maximum(params.end_bar - 1 - params.max_steps_in_episode, params.start_bar + 1)
+            random_bar = jax.random.randint(key, (), params.start_bar, last_start)
+            bar = jnp.where(params.sequential, params.start_bar, random_bar)
+        bar = jnp.asarray(bar, jnp.int32)
+        zero_i = jnp.zeros((), jnp.int32)
+        zero_f = jnp.zeros((), jnp.float32)
+        balance = params.starting_balance.astype(jnp.float32)
+        return EnvState(
+            time=zero_i,
+            t=bar,
+            side=zero_i,
+            entry_price=zero_f,
+            stop=zero_f,
+            target=zero_f,
+            trailing=jnp.zeros((), bool),
+            entry_time=zero_i,
+            balance=balance,
+            equity=balance,
+            peak=balance,
+            trades=zero_i,
+            wins=zero_i,
+            consecutive_losses=zero_i,
+            recent_wins=zero_i,
+            recent_count=zero_i,
+            session=params.bars[bar, SESSION].astype(jnp.int32),
+            session_start_equity=balance,
+            trades_today=zero_i,
+            commissions=zero_f,
+        )
+
+    # ------------------------------------------------------------------------------------------- mask
+    def action_mask(self, state: EnvState, params: EnvParams) -> jax.Array:
+        bar = params.bars[state.t]
+        flat = state.side == 0
+        can_enter = flat & (bar[CAN_ENTER] > 0) & (state.t + 1 < params.end_bar - 1)
+        in_pos = ~flat
+        profit_atr = state.side * (bar[CLOSE] - state.entry_price) / bar[ATR]
+        stop_behind_entry = jnp.where(state.side > 0, state.stop < state.entry_price, state.stop > state.entry_price)
+        move_to_be = in_pos & (profit_atr >= params.breakeven_trigger_atr) & stop_behind_entry
+        return jnp.stack(
+            [jnp.ones((), bool), can_enter, can_enter, move_to_be, in_pos & ~state.trailing, in_pos & state.trailing]
+        )
+
+    # ---------------------------------------------------------------------------------------- observe
+    def get_obs(self, state: EnvState, params: EnvParams, key: jax.Array | None = None) -> jax.Array:
+        w = self.window
+        window = jax.lax.dynamic_slice(params.bar_features, (state.t - (w - 1), 0), (w, N_BAR_FEATURES))
+        bar = params.bars[state.t]
+        atr, close = bar[ATR], bar[CLOSE]
+        in_pos = state.side != 0
+        side = state.side.astype(jnp.float32)
+        position = jnp.stack(
+            [
+                side,
+                jnp.clip(side * (close - state.entry_price) / atr, -10.0, 10.0) / 5.0,
+                jnp.where(in_pos, jnp.minimum((state.time - state.entry_time) / 60.0, 5.0), 0.0),
+                jnp.where(in_pos, side * (close - state.stop) / atr, 0.0),
+                jnp.where(in_pos, side * (state.target - close) / atr, 0.0),
+            ]
+        )
+        mask = self.action_mask(state, params)
+        validity = jnp.stack([mask[BUY], mask[MOVE_TO_BE], state.trailing]).astype(jnp.float32)
+        parts = [window.reshape(-1), position.astype(jnp.float32), validity]
+        if self.extended:
+            parts += [params.context_features[state.t], self.risk_features(state, params)]
+        return jnp.concatenate(parts)
+
+    def risk_features(self, state: EnvState, params: EnvParams) -> jax.Array:
+        threshold = drawdown_threshold(state.peak, params)
+        count = state.recent_count
+        win_rate = jnp.where(count > 0, jax.lax.population_count(state.recent_wins) / jnp.maximum(count, 1), 0.5)
+        return jnp.stack(
+            [
+                (state.equity - threshold) / params.trailing_drawdown,
+                jnp.minimum(state.consecutive_losses / 5.0, 2.0),
+                win_rate,
+                state.trades_today / 10.0,
+                (state.equity - state.session_start_equity) / 1000.0,
+            ]
+        ).astype(jnp.float32)
+
+    # ------------------------------------------------------------------------------------------- step
+    def transition(self, state: EnvState, action: jax.Array, params: EnvParams):
+        """One bar forward: fill the order placed at bar t on bar t+1, then stops/targets/session close and
+        the drawdown rule on bar t+1. Returns (next_state, reward, terminated, info). Invalid actions act
+        as HOLD and are flagged in info."""
+        t = state.t
+        now, nxt = params.bars[t], params.bars[t + 1]
+        o, h, lo, c = nxt[OPEN], nxt[HIGH], nxt[LOW], nxt[CLOSE]
+        tick, slip = params.tick_size, params.slippage
+        comm = params.commission_per_side * params.contracts
+        pv_n = params.point_value * params.contracts
+
+        def to_tick(x):
+            return jnp.round(x / tick) * tick
+
+        mask = self.action_mask(state, params)
+        action = jnp.asarray(action, jnp.int32)
+        valid = mask[action]
+        a = jnp.where(valid, action, HOLD)
+
+        # Position management decided at bar t applies to bar t+1.
+        held_sign = state.side.astype(jnp.float32)
+        stop = jnp.where(a == MOVE_TO_BE, state.entry_price, state.stop)
+        trail_level = to_tick(now[CLOSE] - held_sign * params.trail_atr_mult * now[ATR])
+        tighter = jnp.where(state.side > 0, jnp.maximum(stop, trail_level), jnp.minimum(stop, trail_level))
+        stop = jnp.where(a == ENABLE_TRAIL, tighter, stop)
+        trailing = (state.trailing | (a == ENABLE_TRAIL)) & (a != DISABLE_TRAIL)
+
+        # Entries fill at the next open, worse by the slippage; stop and target from ATR at decision time.
+        enter = (a == BUY) | (a == SELL)
+        side = jnp.where(a == BUY, 1, jnp.where(a == SELL, -1, state.side))
+        sign = side.astype(jnp.float32)
+        entry_fill = o + sign * slip
+        entry_price = jnp.where(enter, entry_fill, state.entry_price)
+        stop = jnp.where(enter, to_tick(entry_fill - sign * params.stop_atr_mult * now[ATR]), stop)
+        target = jnp.where(enter, to_tick(entry_fill + sign * params.target_atr_mult * now[ATR]), state.target)
+        trailing = trailing & ~enter
+        entry_time = jnp.where(enter, state.time, state.entry_time)
+        balance = state.balance - jnp.where(enter, comm, 0.0)
+        commissions = state.commissions + jnp.where(enter, comm, 0.0)
+
+        # The adverse level hit first on the way down (long) or up (short): the stop or the liquidation price
+        # at which equity meets the drawdown threshold.
+        in_pos = side != 0
+        is_long = side > 0
+        threshold = drawdown_threshold(state.peak, params)
+        safe_sign_pv = jnp.where(in_pos, sign * pv_n, 1.0)
+        liquidation_level = entry_price + (threshold - balance) / safe_sign_pv
+        adverse_level = jnp.where(is_long, jnp.maximum(stop, liquidation_level), jnp.minimum(stop, liquidation_level))
+        adverse_hit = in_pos & jnp.where(is_long, lo <= adverse_level, h >= adverse_level)
+        liquidated = adverse_hit & jnp.where(is_long, liquidation_level >= stop, liquidation_level <= stop)
+        stop_hit = adverse_hit & ~liquidated
+        target_hit = in_pos & ~adverse_hit & jnp.where(is_long, h >= target, lo <= target)
+        session_exit = in_pos & ~adverse_hit & ~target_hit & (nxt[FLATTEN] > 0)
+        exiting = adverse_hit | target_hit | session_exit
+
+        # A gap through a level fills at the open; stops and liquidations slip, the target is a limit order.
+        adverse_fill = jnp.where(is_long, jnp.minimum(adverse_level, o), jnp.maximum(adverse_level, o)) - sign * slip
+        target_fill = jnp.where(is_long, jnp.maximum(target, o), jnp.minimum(target, o))
+        exit_price = jnp.where(adverse_hit, adverse_fill, jnp.where(target_hit, target_fill, c - sign * slip))
+        gross = sign * (exit_price - entry_price) * pv_n
+        trade_pnl = gross - 2.0 * comm
+        balance = balance + jnp.where(exiting, gross - comm, 0.0)
+        commissions = commissions + jnp.where(exiting, comm, 0.0)
+
+        reason = jnp.where(
+            liquidated,
+            4,
+            jnp.where(
+                stop_hit,
+                jnp.where(state.trailing & ~enter, 6, jnp.where(stop == entry_price, 5, 1)),
+                jnp.where(target_hit, 2, jnp.where(session_exit, 3, 0)),
+            ),
+        )
+        still_open = in_pos & ~exiting
+        final_side = jnp.where(exiting, 0, side)
+        final_sign = final_side.astype(jnp.float32)
+
+        # Trailing stop follows the close of the bar just finished; it applies from the next bar.
+        new_trail = to_tick(c - final_sign * params.trail_atr_mult * nxt[ATR])
+        trailed = jnp.where(is_long, jnp.maximum(stop, new_trail), jnp.minimum(stop, new_trail))
+        stop = jnp.where(still_open & trailing, trailed, stop)
+
+        equity = balance + final_sign * (c - entry_price) * pv_n
+        best_mark = jnp.where(still_open, balance + sign * (jnp.where(is_long, h, lo) - entry_price) * pv_n, equity)
+        peak = jnp.maximum(state.peak, jnp.maximum(best_mark, equity))
+        terminated = liquidated | (equity <= threshold)
+
+        win = trade_pnl > 0
+        new_session = nxt[SESSION].astype(jnp.int32) != state.session
+        trades_today = jnp.where(new_session, 0, state.trades_today) + exiting.astype(jnp.int32)
+        next_state = EnvState(
+            time=state.time + 1,
+            t=t + 1,
+            side=final_side,
+            entry_price=entry_price,
+            stop=stop,
+            target=target,
+            trailing=trailing & still_open,
+            entry_time=entry_time,
+            balance=balance,
+            equity=equity,
+            peak=peak,
+            trades=state.trades + exiting,
+            wins=state.wins + (exiting & win),
+            consecutive_losses=jnp.where(exiting, jnp.where(win, 0, state.consecutive_losses + 1), state.consecutive_losses),
+            recent_wins=jnp.where(exiting, ((state.recent_wins << 1) | win.astype(jnp.int32)) & 1023, state.recent_wins),
+            recent_count=jnp.where(exiting, jnp.minimum(state.recent_count + 1, 10), state.recent_count),
+            session=nxt[SESSION].astype(jnp.int32),
+            session_start_equity=jnp.where(new_session, state.equity, state.session_start_equity),
+            trades_today=trades_today,
+            commissions=commissions,
+        )
+        reward = (equity - state.equity - jnp.where(terminated, params.breach_penalty, 0.0)) * params.reward_scale
+        info: dict[str, Any] = {
+            "invalid_action": ~valid,
+            "entry_side": jnp.where(enter, side, 0),
+            "entry_price": jnp.where(enter, entry_price, 0.0),
+            "exit_reason": reason,
+            "exit_price": jnp.where(exiting, exit_price, 0.0),
+            "trade_pnl": jnp.where(exiting, trade_pnl, 0.0),
+            "episode_pnl": equity - params.starting_balance,
+            "episode_trades": next_state.trades,
+            "episode_wins": next_state.wins,
+            "episode_breached": terminated,
+            "episode_commissions": commissions,
+        }
+        return next_state, reward.astype(jnp.float32), terminated, info
+
+
+def session_rules(market: Market, flat_by: str, no_entry_minutes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per bar: may a new entry be placed, and must an open position be closed at this bar's close.
+
+    From the clock only (the session schedule is known in advance): a position is closed on the last bar
+    that ends by the session's close (the contract's regular close for RTH-only data, else `flat_by`);
+    entries stop `no_entry_minutes` before that. A gap in the data also ends a session: a position cannot
+    be held across bars that do not exist."""
+    hh, mm = (int(x) for x in flat_by.split(":"))
+    if market.session_minutes < 23 * 60:
+        close_h, close_m = (int(x) for x in market.contract.rth_close.split(":"))
+        close_minute = min(close_h * 60 + close_m, hh * 60 + mm)
+    else:
+        close_minute = hh * 60 + mm
+    minute = market.sessions.minute_of_day.astype(np.int64)
+    # Bars are stamped with their open; a bar ends one minute later. ETH sessions wrap past midnight, so
+    # measure minutes to the close forward from each bar, modulo a day.
+    minutes_to_close = (close_minute - (minute + 1)) % (24 * 60)
+    last_bar_of_data_session = np.append(np.diff(market.sessions.session_id) != 0, True)
+    flatten = (minutes_to_close == 0) | (minutes_to_close > 23 * 60) | last_bar_of_data_session
+    # Entries follow the clock alone (not the data gap above), so an observation never hints at the next bar.
+    can_enter = (minutes_to_close >= max(no_entry_minutes, 1)) & (minutes_to_close <= 23 * 60)
+    return can_enter, flatten

@@ -1,0 +1,147 @@
+"""A market: validated bars, their causal features, session facts and non-overlapping time splits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from jaxenv.config import DataConfig
+from jaxenv.contracts import ContractSpec, get_contract
+from jaxenv.data import LoadedBars, read_bars, validate_bars
+from jaxenv.features import WARMUP_BARS, SessionInfo, compute_features, session_info
+from jaxenv.synthetic import generate_bars
+
+SPLITS = ("train", "val", "test")
+MAX_WINDOW = 64  # the observation window may not exceed this; it sets the minimum data length
+
+
+@dataclass
+class Market:
+    source: str
+    contract: ContractSpec
+    timestamps: pd.DatetimeIndex
+    open: np.ndarray  # float64 prices
+    high: np.ndarray
+    low: np.ndarray
+    close: np.ndarray
+    volume: np.ndarray
+    bar_features: np.ndarray  # float32 [n, 11]
+    context_features: np.ndarray  # float32 [n, 28]
+    atr: np.ndarray  # float32 [n], ATR14 in price units
+    sessions: SessionInfo
+    session_minutes: int  # scheduled length of one session
+    text_table: list[str]  # distinct headlines; the policy never sees them, prompts do
+    text_index: np.ndarray  # int32 [n] into text_table; -1 where a bar has no text
+    splits: dict[str, tuple[int, int]]  # name -> [start, end) bar indices
+    dropped_rows: int = 0
+
+    @property
+    def num_bars(self) -> int:
+        return len(self.close)
+
+    @property
+    def first_decision_bar(self) -> int:
+        """No decision before the features' warm-up and one full observation window have passed."""
+        return WARMUP_BARS + MAX_WINDOW
+
+    def split_range(self, split: str | tuple[int, int]) -> tuple[int, int]:
+        if isinstance(split, tuple):
+            start, end = split
+        elif split in self.splits:
+            start, end = self.splits[split]
+        else:
+            raise ValueError(f"unknown split {split!r}; use one of {', '.join(self.splits)} or a (start, end) pair")
+        start = max(start, self.first_decision_bar)
+        if not 0 <= start < end - 1 <= self.num_bars - 1:
+            raise ValueError(f"split {split!r} = [{start}, {end}) leaves no bars to trade in {self.num_bars} bars")
+        return start, end
+
+    def walk_forward_folds(self, n_folds: int) -> list[dict[str, tuple[int, int]]]:
+        """Expanding-window folds over whole sessions: fold k trains on chunks 0..k and tests on chunk k+1."""
+        if n_folds < 1:
+            raise ValueError("n_folds must be at least 1")
+        bounds = _session_aligned_bounds(self.sessions.session_id, np.linspace(0, 1, n_folds + 2)[1:-1])
+        edges = [0, *bounds, self.num_bars]
+        return [{"train": (edges[0], edges[k + 1]), "test": (edges[k + 1], edges[k + 2])} for k in range(n_folds)]
+
+
+def _session_aligned_bounds(session_id: np.ndarray, fractions: np.ndarray) -> list[int]:
+    """Split points moved to the first bar of the session nearest to each fraction of the data."""
+    starts = np.flatnonzero(np.diff(session_id, prepend=-1))
+    n = len(session_id)
+    out = []
+    for f in fractions:
+        target = f * n
+        out.append(int(starts[np.argmin(np.abs(starts - target))]))
+    return out
+
+
+def time_splits(session_id: np.ndarray, train_frac: float, val_frac: float) -> dict[str, tuple[int, int]]:
+    if not (0 < train_frac < 1 and 0 < val_frac < 1 and train_frac + val_frac < 1):
+        raise ValueError(f"split fractions train={train_frac}, val={val_frac} must be positive and sum below 1")
+    n = len(session_id)
+    a, b = _session_aligned_bounds(session_id, np.array([train_frac, train_frac + val_frac]))
+    if not 0 < a < b < n:  # too few sessions to cut on session starts: cut on bars instead
+        a, b = int(train_frac * n), int((train_frac + val_frac) * n)
+    return {"train": (0, a), "val": (a, b), "test": (b, n)}
+
+
+def _scheduled_session_minutes(contract: ContractSpec, stamps: pd.DatetimeIndex) -> int:
+    def minutes(hhmm: str) -> int:
+        hh, mm = hhmm.split(":")
+        return int(hh) * 60 + int(mm)
+
+    rth_open, rth_close = minutes(contract.rth_open), minutes(contract.rth_close)
+    mod = stamps.hour * 60 + stamps.minute
+    if ((mod >= rth_open) & (mod < rth_close)).all():
+        return rth_close - rth_open
+    return 23 * 60  # electronic session: 18:00 to 17:00
+
+
+def market_from_frame(frame: pd.DataFrame, source: str, cfg: DataConfig, dropped_rows: int = 0) -> Market:
+    contract = get_contract(cfg.contract)
+    loaded = validate_bars(frame, source, min_bars=WARMUP_BARS + MAX_WINDOW + 2)
+    frame = loaded.frame
+    sessions = session_info(frame.index)
+    session_minutes = _scheduled_session_minutes(contract, frame.index)
+    bar_features, context_features, atr = compute_features(frame, sessions, session_minutes)
+    if "headline" in frame:
+        text_table, text_index = np.unique(frame["headline"].to_numpy(dtype=str), return_inverse=True)
+        text_table, text_index = list(text_table), text_index.astype(np.int32)
+    else:
+        text_table, text_index = [], np.full(len(frame), -1, dtype=np.int32)
+    return Market(
+        source=source,
+        contract=contract,
+        timestamps=frame.index,
+        open=frame["open"].to_numpy(np.float64),
+        high=frame["high"].to_numpy(np.float64),
+        low=frame["low"].to_numpy(np.float64),
+        close=frame["close"].to_numpy(np.float64),
+        volume=frame["volume"].to_numpy(np.float64),
+        bar_features=bar_features,
+        context_features=context_features,
+        atr=atr,
+        sessions=sessions,
+        session_minutes=session_minutes,
+        text_table=text_table,
+        text_index=text_index,
+        splits=time_splits(sessions.session_id, cfg.train_frac, cfg.val_frac),
+        dropped_rows=dropped_rows,
+    )
+
+
+def load_market(cfg: DataConfig | None = None) -> Market:
+    """Loads `cfg.source`: a CSV/Parquet path, or `synthetic:PRESET` generated from `cfg.synthetic_seed`."""
+    cfg = cfg or DataConfig()
+    if cfg.source.startswith("synthetic:"):
+        preset = cfg.source.split(":", 1)[1] or "default"
+        frame = generate_bars(preset, get_contract(cfg.contract), cfg.synthetic_days, cfg.synthetic_seed)
+        return market_from_frame(frame, cfg.source, cfg)
+    frame = read_bars(cfg.source, cfg.timezone, cfg.date_format, cfg.text_column)
+    loaded: LoadedBars = validate_bars(
+        frame, cfg.source, min_bars=WARMUP_BARS + MAX_WINDOW + 2, drop_invalid_rows=cfg.drop_invalid_rows
+    )
+    return market_from_frame(loaded.frame, cfg.source, cfg, dropped_rows=loaded.dropped_rows)
