@@ -3,7 +3,7 @@ smile, regimes that switch between trend and range, and fat-tailed returns. No d
 
 Presets:
 - `default`: the main job's market; weak trends, mostly noise.
-- `signal`: momentum that persists inside trend regimes, a learnable edge after costs.
+- `signal`: trend regimes whose drift persists for hundreds of bars, a learnable edge after costs.
 - `headlines`: a per-bar headline whose sentiment tracks a hidden drift regime that the prices alone reveal
   only slowly; numeric features carry no direct trace of it.
 """
@@ -40,7 +40,8 @@ class SyntheticPreset:
 
 PRESETS: dict[str, SyntheticPreset] = {
     "default": SyntheticPreset(),
-    "signal": SyntheticPreset(trend_drift_sigma=0.12, trend_momentum=0.2, regime_mean_bars=240.0),
+    # Drift that persists for a whole trend regime: direction matters, so a random policy earns little.
+    "signal": SyntheticPreset(trend_drift_sigma=0.15, regime_mean_bars=240.0),
     "headlines": SyntheticPreset(trend_drift_sigma=0.0, headline_drift_sigma=0.12),
 }
 
