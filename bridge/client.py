@@ -1,0 +1,430 @@
+"""The trainer's side of the bridge: owns the shared memory, spawns the sidecar, submits and collects."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import select
+import subprocess
+import sys
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bridge import transport as tp
+from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_NAMES, STATUS_OK, STATUS_TIMEOUT
+
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
+_segment_counter = itertools.count()
+SIDECAR_COMMAND = ("-m", "llm_sidecar", "serve")
+ECHO_PEER_COMMAND = ("-m", "bridge.echo_peer")
+
+
+class SidecarError(RuntimeError):
+    """The sidecar could not start, or the bridge was used out of order."""
+
+
+@dataclass
+class BridgeConfig:
+    capacity: int = 4096  # most prompts in one submission
+    max_prompt_bytes: int = 512  # bytes per prompt in the request slab
+    reason_bytes: int = 128  # bytes of the model's reason kept per answer
+    static_bytes: int = 16384  # room for the system prompt and answer prefix
+    overflow: str = "error"  # a prompt longer than max_prompt_bytes: "error" or "truncate" (counted)
+    heartbeat_timeout_s: float = 10.0  # a sidecar silent this long counts as hung
+    start_timeout_s: float = 600.0  # model loading included
+    stop_timeout_s: float = 5.0  # grace period on close() before SIGTERM, then SIGKILL
+    name_prefix: str = "jxf"  # shared-memory names: {prefix}{pid}_{counter}_{random}{q|a}
+
+    def __post_init__(self):
+        for name in ("capacity", "max_prompt_bytes", "reason_bytes", "static_bytes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"BridgeConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.overflow not in ("error", "truncate"):
+            raise ValueError(f"BridgeConfig.overflow must be 'error' or 'truncate', got {self.overflow!r}")
+
+
+@dataclass
+class Answers:
+    """Answers to one submission, in the order the prompts were submitted."""
+
+    seq: int
+    env_ids: np.ndarray  # int32 [n]
+    probs: np.ndarray  # float32 [n, 6]; uniform where status != ok
+    action: np.ndarray  # int8 [n]; the answer's action, -1 where status != ok
+    confidence: np.ndarray  # float32 [n]; 0 where status != ok
+    status: np.ndarray  # int8 [n]; bridge.STATUS_*
+    reasons: np.ndarray  # bytes [n] ('S' dtype); the model's reason or why it failed, may be empty
+
+    def __len__(self) -> int:
+        return len(self.env_ids)
+
+    def counts(self) -> dict[str, int]:
+        """Rows per status name."""
+        per_status = np.bincount(self.status.astype(np.int64), minlength=len(STATUS_NAMES))
+        return {name: int(c) for name, c in zip(STATUS_NAMES, per_status)}
+
+
+@dataclass
+class _Submission:
+    seq: int
+    slot: int
+    count: int
+    lost: bool = False  # submitted to a sidecar that has since been replaced
+
+
+@dataclass
+class _Resources:
+    """Everything close() releases; held apart from the client so a finalizer can release it too."""
+
+    request: tp.Segment | None = None
+    response: tp.Segment | None = None
+    request_signal: tp.EventFd | None = None
+    response_signal: tp.EventFd | None = None
+    process: subprocess.Popen | None = None
+    pidfd: int | None = None
+    stop_timeout_s: float = 5.0
+
+    def stop_process(self) -> None:
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            if self.request is not None:
+                self.request["header"][tp.REQ_STOP] = 1
+                self.request_signal.post()
+            try:
+                proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    proc.wait(self.stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        if self.request is not None:
+            self.request["header"][tp.REQ_STOP] = 0
+
+    def release(self) -> None:
+        self.stop_process()
+        for segment in (self.request, self.response):
+            if segment is not None:
+                segment.close()
+        for signal in (self.request_signal, self.response_signal):
+            if signal is not None:
+                signal.close()
+        self.request = self.response = self.request_signal = self.response_signal = None
+
+
+class SidecarClient:
+    """Submits rendered prompts to a sidecar process over shared memory and collects its answers.
+
+    Usage:
+        with SidecarClient(BridgeConfig()) as client:
+            client.start(backend="mock", prompts=renderer)
+            seq = client.submit(env_ids, renderer.render(fields, texts))
+            answers = client.collect(timeout_s=1.0)
+    At most two submissions may await collect(); collect() always takes the oldest.
+    """
+
+    def __init__(self, config: BridgeConfig | None = None):
+        self.config = config or BridgeConfig()
+        c = self.config
+        base = f"{c.name_prefix}{os.getpid()}_{next(_segment_counter)}_{secrets.token_hex(3)}"
+        self._res = _Resources(stop_timeout_s=c.stop_timeout_s)
+        self._finalizer = weakref.finalize(self, _Resources.release, self._res)
+        self._res.request = tp.Segment.create(base + "q", tp.request_layout(c.capacity, c.max_prompt_bytes, c.static_bytes))
+        self._res.response = tp.Segment.create(base + "a", tp.response_layout(c.capacity, c.reason_bytes))
+        self._res.request_signal = tp.EventFd()
+        self._res.response_signal = tp.EventFd()
+        header = self._res.request["header"]
+        header[[tp.REQ_MAGIC, tp.REQ_VERSION, tp.REQ_CAPACITY, tp.REQ_PROMPT_BYTES, tp.REQ_REASON_BYTES,
+                tp.REQ_STATIC_BYTES]] = [tp.MAGIC, tp.VERSION, c.capacity, c.max_prompt_bytes, c.reason_bytes,
+                                         c.static_bytes]
+        self._next_seq = 1
+        self._pending: deque[_Submission] = deque()
+        self._command: list[str] = []  # python and the sidecar module
+        self._options: list[str] = []  # backend flags
+        self.counters = {"submitted": 0, "truncated": 0, "restarts": 0, **{name: 0 for name in STATUS_NAMES}}
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+
+    @property
+    def segment_names(self) -> tuple[str, str]:
+        return self._res.request.name, self._res.response.name
+
+    def start(
+        self,
+        backend: str = "mock",
+        prompts: Any = None,
+        *,
+        system: str | None = None,
+        answer_prefix: str | None = None,
+        command: Sequence[str] = SIDECAR_COMMAND,
+        wait: bool = True,
+        **options: Any,
+    ) -> "SidecarClient":
+        """Spawns `python <command>` as the sidecar and (by default) waits until it reports ready.
+
+        `prompts` (a PromptRenderer) supplies the system prompt and answer prefix, unless given directly.
+        Other keyword options become command-line flags: model="smollm2", batch_size=64 → --model smollm2
+        --batch-size 64; True → a bare flag. See `python -m llm_sidecar serve --help`.
+        """
+        if self._res.process is not None:
+            raise SidecarError("sidecar already started; use restart()")
+        system = system if system is not None else getattr(prompts, "system", "")
+        answer_prefix = answer_prefix if answer_prefix is not None else getattr(prompts, "answer_prefix", "Action:")
+        static = json.dumps({"system": system, "answer_prefix": answer_prefix}).encode()
+        if len(static) > self.config.static_bytes:
+            raise ValueError(f"system prompt + answer prefix take {len(static)} bytes; raise BridgeConfig.static_bytes "
+                             f"(now {self.config.static_bytes})")
+        self._res.request["static"][: len(static)] = np.frombuffer(static, np.uint8)
+        self._res.request["header"][tp.REQ_STATIC_LEN] = len(static)
+        self._command = [sys.executable, *command]
+        self._options = ["--backend", backend]
+        for key, value in options.items():
+            if value is None or value is False:
+                continue
+            flag = "--" + key.replace("_", "-")
+            self._options += [flag] if value is True else [flag, str(value)]
+        self._spawn()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def _spawn(self) -> None:
+        res = self._res
+        res.response["header"][[tp.RESP_STATE, tp.RESP_PID, tp.RESP_HEARTBEAT_NS]] = [tp.PEER_STARTING, 0, 0]
+        transport_args = [
+            "--request-shm", res.request.name, "--response-shm", res.response.name,
+            "--request-fd", str(res.request_signal.fd), "--response-fd", str(res.response_signal.fd),
+            "--parent-pid", str(os.getpid()),
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([_PROJECT_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+        fds = (res.request_signal.fd, res.response_signal.fd)
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        try:
+            res.process = subprocess.Popen(self._command + transport_args + self._options, pass_fds=fds, env=env)
+        finally:
+            for fd in fds:
+                os.set_inheritable(fd, False)
+        res.pidfd = os.pidfd_open(res.process.pid)
+
+    @property
+    def _command_line(self) -> str:
+        return " ".join(self._command[1:] + self._options)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Blocks until the sidecar reports ready; raises SidecarError if it exits or times out first."""
+        timeout_s = self.config.start_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        header = self._res.response["header"]
+        while header[tp.RESP_STATE] != tp.PEER_READY:
+            if self._res.process is None or self._res.process.poll() is not None:
+                code = None if self._res.process is None else self._res.process.returncode
+                raise SidecarError(f"sidecar exited with code {code} before it was ready: {self._command_line}")
+            if header[tp.RESP_STATE] == tp.PEER_FAILED:
+                raise SidecarError(f"sidecar failed while starting: {self._command_line} (see its stderr above)")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SidecarError(f"sidecar not ready after {timeout_s:.0f} s: {self._command_line}")
+            self._wait_signal(min(remaining, 0.5))
+
+    def restart(self, wait: bool = True) -> None:
+        """Replaces the sidecar (dead or not). Pending submissions are reported as backend_error."""
+        if not self._command:
+            raise SidecarError("restart() before start()")
+        self._res.stop_process()
+        for submission in self._pending:
+            submission.lost = True
+        self._res.request["header"][tp.REQ_ABANDONED] = self._next_seq - 1
+        self.counters["restarts"] += 1
+        self._spawn()
+        if wait:
+            self.wait_ready()
+
+    @property
+    def sidecar_pid(self) -> int | None:
+        return None if self._res.process is None else self._res.process.pid
+
+    @property
+    def alive(self) -> bool:
+        """The sidecar process runs, reported ready and has a fresh heartbeat."""
+        return self._down_reason() == ""
+
+    def _down_reason(self) -> str:
+        proc = self._res.process
+        if proc is None:
+            return "sidecar not started"
+        if proc.poll() is not None:
+            return f"sidecar exited with code {proc.returncode}"
+        header = self._res.response["header"]
+        if header[tp.RESP_STATE] != tp.PEER_READY:
+            return "sidecar not ready"
+        age = (time.monotonic_ns() - int(header[tp.RESP_HEARTBEAT_NS])) / 1e9
+        if age > self.config.heartbeat_timeout_s:
+            return f"sidecar heartbeat {age:.1f} s old"
+        return ""
+
+    def close(self) -> None:
+        """Stops the sidecar and unlinks the shared memory. Safe to call twice."""
+        self._finalizer()
+
+    def __enter__(self) -> "SidecarClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- requests and answers --------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Submissions awaiting collect()."""
+        return len(self._pending)
+
+    def submit(self, env_ids: np.ndarray | Sequence[int], prompts: np.ndarray | Sequence[bytes | str]) -> int:
+        """Copies prompts into the request slab and signals the sidecar; never waits. Returns the seq."""
+        if self._res.request is None:
+            raise SidecarError("submit() after close()")
+        if len(self._pending) >= tp.NUM_SLOTS:
+            raise SidecarError(f"{len(self._pending)} submissions already await collect(); collect one first")
+        matrix, lengths = self._pack(prompts)
+        env_ids = np.asarray(env_ids, dtype=np.int32)
+        n = len(lengths)
+        if env_ids.shape != (n,):
+            raise ValueError(f"env_ids has shape {env_ids.shape} but there are {n} prompts")
+        if n > self.config.capacity:
+            raise ValueError(f"{n} prompts exceed BridgeConfig.capacity={self.config.capacity}")
+        seq = self._next_seq
+        self._next_seq += 1
+        slot = seq % tp.NUM_SLOTS
+        req = self._res.request
+        header = req["header"]
+        header[tp.REQ_SLOT_SEQ + slot] = -1  # seqlock: being written
+        req[f"env_ids{slot}"][:n] = env_ids
+        req[f"lengths{slot}"][:n] = lengths
+        req[f"prompts{slot}"][:n, : matrix.shape[1]] = matrix
+        header[tp.REQ_SLOT_COUNT + slot] = n
+        header[tp.REQ_SLOT_SEQ + slot] = seq
+        self._res.request_signal.post()
+        self._pending.append(_Submission(seq=seq, slot=slot, count=n))
+        self.counters["submitted"] += n
+        return seq
+
+    def _pack(self, prompts) -> tuple[np.ndarray, np.ndarray]:
+        """Prompts as a uint8 matrix [n, <= max_prompt_bytes] and their byte lengths, applying the overflow rule."""
+        if not isinstance(prompts, np.ndarray):
+            prompts = [p.encode("utf-8") if isinstance(p, str) else p for p in prompts]
+            prompts = np.array(prompts, dtype="S") if prompts else np.zeros(0, dtype="S1")
+        if prompts.dtype.kind != "S" or prompts.ndim != 1:
+            raise TypeError(f"prompts must be a 1-D bytes array or a sequence of bytes/str, got {prompts.dtype} "
+                            f"with shape {prompts.shape}")
+        lengths = np.strings.str_len(prompts).astype(np.int32)
+        limit = self.config.max_prompt_bytes
+        too_long = lengths > limit
+        if too_long.any():
+            if self.config.overflow == "error":
+                first = int(np.argmax(too_long))
+                raise ValueError(f"{int(too_long.sum())} prompt(s) exceed BridgeConfig.max_prompt_bytes={limit} "
+                                 f"(prompt {first} has {int(lengths[first])} bytes); shorten the template or set "
+                                 f"overflow='truncate'")
+            self.counters["truncated"] += int(too_long.sum())
+            lengths = np.minimum(lengths, limit)
+        width = prompts.dtype.itemsize
+        matrix = np.ascontiguousarray(prompts).view(np.uint8).reshape(len(prompts), width)
+        return matrix[:, :limit], lengths
+
+    def collect(self, timeout_s: float | None = None) -> Answers:
+        """Answers to the oldest pending submission, waiting at most timeout_s (None = until all answered).
+
+        Rows not answered in time are status timeout; if the sidecar is dead or hung, backend_error.
+        A timed-out submission is abandoned: the sidecar skips what it has not started.
+        """
+        if not self._pending:
+            raise SidecarError("collect() without a pending submission")
+        sub = self._pending[0]
+        resp = self._res.response
+        row_seq = resp[f"row_seq{sub.slot}"][: sub.count]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        failure = "sidecar was restarted" if sub.lost else ""
+        while not failure:
+            done = row_seq == sub.seq
+            if done.all():
+                break
+            failure = self._down_reason()
+            if failure:
+                break
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            # Wake at least every second to notice a hung sidecar through its heartbeat.
+            self._wait_signal(1.0 if remaining is None else min(remaining, 1.0))
+        answers = self._read(sub)
+        missing = answers.status < 0
+        if missing.any():
+            answers.status[missing] = STATUS_BACKEND_ERROR if failure else STATUS_TIMEOUT
+            answers.reasons[missing] = (failure or "timeout").encode()[: self.config.reason_bytes]
+            answers.env_ids[missing] = self._res.request[f"env_ids{sub.slot}"][: sub.count][missing]
+            header = self._res.request["header"]
+            header[tp.REQ_ABANDONED] = max(int(header[tp.REQ_ABANDONED]), sub.seq)
+        self._pending.popleft()
+        for name, count in answers.counts().items():
+            self.counters[name] += count
+        return answers
+
+    def _read(self, sub: _Submission) -> Answers:
+        resp = self._res.response
+        s, n = sub.slot, sub.count
+        done = resp[f"row_seq{s}"][:n] == sub.seq
+        if sub.lost:
+            done[:] = False
+        status = np.where(done, resp[f"status{s}"][:n], -1).astype(np.int8)
+        ok = status == STATUS_OK
+        reason_width = self.config.reason_bytes
+        reasons = np.ascontiguousarray(resp[f"reasons{s}"][:n]).view(f"S{reason_width}").ravel().copy()
+        reasons[~done] = b""
+        return Answers(
+            seq=sub.seq,
+            env_ids=resp[f"env_ids{s}"][:n].copy(),
+            probs=np.where(ok[:, None], resp[f"probs{s}"][:n], np.float32(1.0 / NUM_ACTIONS)).astype(np.float32),
+            action=np.where(ok, resp[f"action{s}"][:n], -1).astype(np.int8),
+            confidence=np.where(ok, resp[f"confidence{s}"][:n], 0).astype(np.float32),
+            status=status,
+            reasons=reasons,
+        )
+
+    def _wait_signal(self, timeout_s: float) -> None:
+        """Sleeps until the sidecar signals, exits, or timeout_s passes."""
+        poller = select.poll()
+        poller.register(self._res.response_signal.fd, select.POLLIN)
+        if self._res.pidfd is not None:
+            poller.register(self._res.pidfd, select.POLLIN)
+        for fd, _ in poller.poll(max(0, int(timeout_s * 1000 + 0.999))):
+            if fd == self._res.response_signal.fd:
+                try:
+                    os.eventfd_read(fd)
+                except BlockingIOError:
+                    pass
+
+    def stats(self) -> dict[str, int]:
+        """Client counters (rows per status, truncations, restarts) and the sidecar's (cache, tokens)."""
+        header = self._res.response["header"]
+        return {
+            **self.counters,
+            "cache_hits": int(header[tp.RESP_CACHE_HITS]),
+            "cache_misses": int(header[tp.RESP_CACHE_MISSES]),
+            "sidecar_answered": int(header[tp.RESP_ANSWERED]),
+            "sidecar_parse_errors": int(header[tp.RESP_PARSE_ERRORS]),
+            "prompt_tokens": int(header[tp.RESP_PROMPT_TOKENS]),
+        }

@@ -1,0 +1,51 @@
+"""A numpy-only peer that answers every prompt at once: uniform probabilities, status ok, and the prompt's
+first bytes as the reason. It measures the bridge itself (benchmarks, transport tests).
+
+Run by SidecarClient.start(command=bridge.ECHO_PEER_COMMAND); options: --delay-s (sleep before answering).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from bridge import peer
+from bridge.protocol import NUM_ACTIONS, STATUS_OK
+from bridge.transport import PEER_READY, PEER_STOPPED
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bridge.echo_peer", description=__doc__)
+    peer.add_transport_arguments(parser)
+    parser.add_argument("--backend", default="echo", help="ignored; accepted so clients can pass it")
+    parser.add_argument("--delay-s", type=float, default=0.0, help="sleep this long before answering each request")
+    args = parser.parse_args(argv)
+    peer.raise_system_exit_on_signals()
+    endpoint = peer.connect(args)
+    peer.start_heartbeat(endpoint, args.parent_pid, (args.request_shm, args.response_shm))
+    width = min(endpoint.reason_bytes, endpoint.prompt_bytes)
+    uniform = np.full((endpoint.capacity, NUM_ACTIONS), 1.0 / NUM_ACTIONS, dtype=np.float32)
+    zeros = np.zeros(endpoint.capacity, dtype=np.int8)
+    ones = np.ones(endpoint.capacity, dtype=np.float32)
+    try:
+        endpoint.set_state(PEER_READY)
+        endpoint.response_signal.post()
+        while not endpoint.stop_requested:
+            request = endpoint.wait_request(timeout_s=0.5)
+            if request is None:
+                continue
+            if args.delay_s:
+                time.sleep(args.delay_s)
+            n = len(request)
+            echoed = np.ascontiguousarray(request.prompts[:, :width]).view(f"S{width}").ravel()
+            endpoint.write_answers(request, slice(0, n), uniform[:n], zeros[:n], ones[:n],
+                                   np.full(n, STATUS_OK, np.int8), echoed)
+    finally:
+        endpoint.set_state(PEER_STOPPED)
+        endpoint.close()
+
+
+if __name__ == "__main__":
+    main()

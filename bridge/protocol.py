@@ -1,0 +1,34 @@
+"""Constants both sides of the process boundary agree on: actions, answer statuses and prompt fields."""
+
+from __future__ import annotations
+
+# The trading actions, in the environment's order (DESIGN.md "Contracts").
+ACTIONS: tuple[str, ...] = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL")
+NUM_ACTIONS = len(ACTIONS)
+
+# Answer statuses. Anything but STATUS_OK carries uniform probabilities and confidence 0.
+STATUS_OK = 0
+STATUS_PARSE_ERROR = 1  # the model answered, but no action could be read from it
+STATUS_TIMEOUT = 2  # no answer within collect()'s timeout
+STATUS_BACKEND_ERROR = 3  # the sidecar died, hung or raised
+STATUS_NAMES: tuple[str, ...] = ("ok", "parse_error", "timeout", "backend_error")
+
+# The columns of the float32 prompt-field array, one row per env, in this order.
+# Categorical fields are stored as floats holding small integers.
+PROMPT_FIELDS: tuple[str, ...] = (
+    "market",  # index into the template's `markets` list (0 = first symbol)
+    "minute_of_day",  # exchange time, minutes since midnight (0..1439), rendered HH:MM
+    "price",  # last close
+    "adx",  # ADX(14), 0..100
+    "rsi",  # RSI(14), 0..100
+    "vwap_dist",  # distance of price from session VWAP, percent
+    "momentum",  # price change over the momentum window, percent
+    "position",  # signed contracts: >0 long, <0 short, 0 flat
+    "unrealized_pnl",  # open-trade P&L in account currency
+    "win_rate",  # fraction of winning closed trades, 0..1
+    "consecutive_losses",  # losing trades in a row
+    "balance",  # account balance in account currency
+    "headline",  # index into the text table of headlines; <0 or NaN = no headline
+)
+FIELD_INDEX: dict[str, int] = {name: i for i, name in enumerate(PROMPT_FIELDS)}
+NUM_PROMPT_FIELDS = len(PROMPT_FIELDS)

