@@ -1,0 +1,1 @@
+"""Agents: PPO (networks, normalisation, checkpoints, the training loop) and the hybrid LLM-advice parts."""

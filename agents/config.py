@@ -1,0 +1,274 @@
+"""Typed training configuration: dataclasses with defaults, strict YAML loading and `--set key=value` overrides.
+
+A wrong key or a value of the wrong type fails with a `ConfigError` naming the dotted key (e.g. `ppo.lr`),
+so a typo in a YAML file never silently trains with a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jaxenv.config import DataConfig, EnvConfig
+
+
+class ConfigError(ValueError):
+    """A bad configuration key or value; the message names the dotted key."""
+
+
+@dataclass
+class PPOConfig:
+    num_steps: int = 64  # rollout length T per env per update
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    lr: float = 3e-4
+    anneal_lr: bool = True  # linear decay to 0 over the run
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    clip_value: bool = False  # PPO2-style clipped value loss
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    max_grad_norm: float = 0.5
+    normalize_obs: bool = True  # running mean/std of observations, stored with the checkpoint
+    scale_rewards: bool = False  # divide rewards by the running std of the discounted return
+    normalize_advantages: bool = True  # per minibatch
+
+
+@dataclass
+class NetworkConfig:
+    actor_hidden: list[int] = field(default_factory=lambda: [256, 256])
+    critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
+    activation: str = "tanh"  # tanh | relu
+
+
+@dataclass
+class CheckpointConfig:
+    every_updates: int = 20  # save the latest state every N updates (and at the end / on Ctrl-C)
+    keep: int = 3  # keep the last K periodic checkpoints
+    eval_every_updates: int = 20  # validation-split evaluation every M updates; the best is kept apart; 0 = off
+    eval_deterministic: bool = True  # evaluate the greedy (argmax) action rather than a sample
+    eval_episodes: int = 16  # for envs without a validation split: episodes of fresh envs to average
+
+
+@dataclass
+class LogConfig:
+    progress: bool = True  # progress bar with ETA on stderr
+    tensorboard: bool = True
+    frozen_kl: float = 1e-6  # warn when approx_kl stays below this ...
+    frozen_updates: int = 5  # ... for this many consecutive updates
+    min_entropy_frac: float = 0.05  # warn when entropy < this × log(num_actions)
+    short_episode_frac: float = 0.1  # warn when episodes end at < this × the env's episode limit ...
+    warmup_updates: int = 10  # ... or any of the above, only after this many updates
+
+
+@dataclass
+class TrainConfig:
+    env_name: str = "trading"  # "trading" (jaxenv.TradingEnv) or any gymnax id, e.g. CartPole-v1
+    num_envs: int = 4096
+    total_steps: int = 50_000_000  # env steps (all envs together); rounded down to whole updates
+    seed: int = 0
+    llm: str = "none"  # only "none" for now (the hybrid issue adds the others)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    @property
+    def steps_per_update(self) -> int:
+        return self.num_envs * self.ppo.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_steps // self.steps_per_update
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.steps_per_update // self.ppo.num_minibatches
+
+
+LLM_CHOICES = ("none",)
+ACTIVATIONS = ("tanh", "relu")
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Cross-field checks that types alone cannot express."""
+    p = cfg.ppo
+    checks = [
+        (cfg.num_envs >= 1, "num_envs", "must be >= 1"),
+        (p.num_steps >= 1, "ppo.num_steps", "must be >= 1"),
+        (p.update_epochs >= 1, "ppo.update_epochs", "must be >= 1"),
+        (p.num_minibatches >= 1 and cfg.steps_per_update % p.num_minibatches == 0, "ppo.num_minibatches",
+         f"must divide num_envs × ppo.num_steps = {cfg.steps_per_update}"),
+        (cfg.num_updates >= 1, "total_steps",
+         f"must cover at least one update of num_envs × ppo.num_steps = {cfg.steps_per_update} steps"),
+        (p.lr > 0, "ppo.lr", "must be > 0"),
+        (0 <= p.gamma <= 1 and 0 <= p.gae_lambda <= 1, "ppo.gamma", "gamma and gae_lambda must be in [0, 1]"),
+        (cfg.network.activation in ACTIVATIONS, "network.activation", f"must be one of {', '.join(ACTIVATIONS)}"),
+        (all(h >= 1 for h in cfg.network.actor_hidden + cfg.network.critic_hidden), "network",
+         "hidden sizes must be >= 1"),
+        (cfg.checkpoint.every_updates >= 1, "checkpoint.every_updates", "must be >= 1"),
+        (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1"),
+        (cfg.checkpoint.eval_every_updates >= 0, "checkpoint.eval_every_updates", "must be >= 0"),
+        (cfg.llm in LLM_CHOICES, "llm",
+         f"{cfg.llm!r} is not available yet; only 'none' (the LLM advisor arrives with the hybrid issue)"),
+    ]
+    for ok, key, msg in checks:
+        if not ok:
+            raise ConfigError(f"{key}: {msg}")
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dict <-> dataclass with type checking
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Checks `value` against the annotation `tp`; returns it converted (int→float, nested dicts→dataclasses)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arm in typing.get_args(tp):
+            if arm is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _coerce(value, arm, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {type(value).__name__}")
+        return from_dict(tp, value, prefix=f"{key}.")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):  # PyYAML reads 1e6 as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, float) and value.is_integer():  # 5.0e6 in YAML is a float
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise ConfigError(f"{key}: unsupported annotation {tp!r}")
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+    """Builds dataclass `cls` from a (partial) dict; unknown keys and wrong types raise ConfigError."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        raise ConfigError(f"unknown key '{prefix}{unknown[0]}' (valid keys here: {', '.join(names)})")
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _parse_scalar(text: str, tp: Any, key: str) -> Any:
+    """Parses the right-hand side of `--set key=value` for a field annotated `tp`."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and text.lower() in ("none", "null", "~"):
+        return None
+    if tp is bool:
+        if text.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true or false, got {text!r}")
+    if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
+        return text
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{key}: cannot parse {text!r}: {e}") from None
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Applies `a.b.c=value` strings onto a nested dict (in place), checking each key against TrainConfig."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        parts = key.split(".")
+        cls: Any = TrainConfig
+        node = raw
+        for depth, part in enumerate(parts):
+            hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+            if part not in hints:
+                where = ".".join(parts[:depth]) or "the top level"
+                valid = ", ".join(hints) if hints else "none"
+                raise ConfigError(f"unknown key '{key}' (no '{part}' in {where}; valid: {valid})")
+            tp = hints[part]
+            if depth == len(parts) - 1:
+                if dataclasses.is_dataclass(tp):
+                    raise ConfigError(f"{key}: is a section; set one of its fields, e.g. {key}.<field>=...")
+                node[part] = _parse_scalar(text, tp, key)
+            else:
+                if not dataclasses.is_dataclass(tp):
+                    raise ConfigError(f"unknown key '{key}' ('{'.'.join(parts[:depth + 1])}' is not a section)")
+                node = node.setdefault(part, {})
+                cls = tp
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Defaults ← YAML file ← `--set` overrides, checked and validated."""
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file not found: {path}")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        raw = loaded
+    try:
+        apply_overrides(raw, overrides or [])
+        return validate(from_dict(TrainConfig, raw))
+    except ConfigError as e:
+        if path is None:
+            raise
+        where = f"{path} with --set overrides" if overrides else str(path)
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def save_config(cfg: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

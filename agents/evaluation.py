@@ -1,0 +1,76 @@
+"""Evaluation during training: the score that picks the best checkpoint, and the baselines it is compared to.
+
+For the trading env the score is the validation split's net P&L after costs (`jaxenv.evaluate_policy` walks
+the split bar by bar once). Any other gymnax env has no split: the score is the mean return of the first
+episode of `n` fresh envs.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from agents.networks import masked_logits
+from agents.ppo import action_mask_fn
+
+# act(act_params, obs, mask, key) -> action for one env. The parameters are an argument, not captured, so one
+# compiled evaluation serves every evaluation of a run.
+ActFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+Evaluator = Callable[[ActFn, Any, jax.Array], dict]  # (act, act_params, key) -> {"score": ..., ...}
+
+
+def flat_policy(act_params: Any, obs: jax.Array, mask: jax.Array, key: jax.Array) -> jax.Array:
+    """Never trades: always action 0 (HOLD in the trading env)."""
+    return jnp.zeros((), jnp.int32)
+
+
+def random_valid_policy(act_params: Any, obs: jax.Array, mask: jax.Array, key: jax.Array) -> jax.Array:
+    """Uniform over the valid actions."""
+    return jax.random.categorical(key, masked_logits(jnp.zeros(mask.shape), mask))
+
+
+def always_when_valid(action: int) -> ActFn:
+    """Takes `action` whenever it is valid, else action 0: e.g. always long (BUY) in the trading env, which
+    shows how much of a score a split's price drift alone pays."""
+
+    def act(act_params: Any, obs: jax.Array, mask: jax.Array, key: jax.Array) -> jax.Array:
+        return jnp.where(mask[action], action, 0).astype(jnp.int32)
+
+    return act
+
+
+def make_episode_evaluator(env, env_params, n: int) -> Evaluator:
+    """Returns evaluate(act, act_params, key) -> {"score", "mean_return", "mean_length"} over the first
+    episode of n fresh envs (at most the env's step limit)."""
+    limit = int(env_params.max_steps_in_episode)
+    get_mask = jax.vmap(action_mask_fn(env), in_axes=(0, None))
+
+    @partial(jax.jit, static_argnums=0)
+    def run(act: ActFn, act_params: Any, key: jax.Array):
+        k_reset, k_run = jax.random.split(key)
+        obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_reset, n), env_params)
+
+        def step(carry, key):
+            obs, state, ret, length, alive = carry
+            k_act, k_env = jax.random.split(key)
+            mask = get_mask(state, env_params)
+            action = jax.vmap(act, in_axes=(None, 0, 0, 0))(act_params, obs, mask, jax.random.split(k_act, n))
+            obs, state, reward, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(k_env, n), state, action, env_params
+            )
+            ret = ret + jnp.where(alive, reward, 0.0)
+            length = length + alive
+            return (obs, state, ret, length, alive & ~(term | trunc)), None
+
+        init = (obs, state, jnp.zeros(n), jnp.zeros(n, jnp.int32), jnp.ones(n, bool))
+        (_, _, ret, length, _), _ = jax.lax.scan(step, init, jax.random.split(k_run, limit))
+        return ret.mean(), length.mean()
+
+    def evaluate(act: ActFn, act_params: Any, key: jax.Array) -> dict:
+        ret, length = run(act, act_params, key)
+        return {"score": float(ret), "mean_return": float(ret), "mean_length": float(length)}
+
+    return evaluate

@@ -1,0 +1,86 @@
+"""Flax actor-critic: separate actor and critic MLPs (sizes from config), masked categorical helpers,
+and the layer-shape FLOP count the `train` benchmark reports."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agents.config import NetworkConfig
+
+# Invalid actions get this logit: exp() of it underflows to exactly 0, and unlike -inf it never makes 0·(-inf)=nan
+# in the entropy.
+MASKED_LOGIT = -1e9
+
+_ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+
+
+class MLP(nn.Module):
+    hidden: Sequence[int]
+    out: int
+    activation: str
+    out_scale: float  # orthogonal init gain of the last layer: small for the policy so it starts near uniform
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        act = _ACTIVATIONS[self.activation]
+        for width in self.hidden:
+            x = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return nn.Dense(self.out, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
+
+
+class ActorCritic(nn.Module):
+    num_actions: int
+    actor_hidden: Sequence[int] = (256, 256)
+    critic_hidden: Sequence[int] = (256, 256)
+    activation: str = "tanh"
+
+    def setup(self):
+        self.actor = MLP(self.actor_hidden, self.num_actions, self.activation, out_scale=0.01)
+        self.critic = MLP(self.critic_hidden, 1, self.activation, out_scale=1.0)
+
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """obs [..., D] (normalised) → (logits [..., A], value [...])."""
+        return self.actor(obs), self.critic(obs)[..., 0]
+
+    def logits(self, obs: jax.Array) -> jax.Array:
+        return self.actor(obs)
+
+    def value(self, obs: jax.Array) -> jax.Array:
+        return self.critic(obs)[..., 0]
+
+
+def make_network(cfg: NetworkConfig, num_actions: int) -> ActorCritic:
+    return ActorCritic(num_actions, tuple(cfg.actor_hidden), tuple(cfg.critic_hidden), cfg.activation)
+
+
+def masked_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    return jnp.where(mask, logits, MASKED_LOGIT)
+
+
+def log_probs_and_entropy(logits: jax.Array, actions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Log-probability of `actions` and entropy, both of the (already masked) categorical distribution."""
+    logp_all = jax.nn.log_softmax(logits)
+    logp = jnp.take_along_axis(logp_all, actions[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    return logp, entropy
+
+
+def forward_flops(cfg: NetworkConfig, obs_dim: int, num_actions: int) -> int:
+    """FLOPs of one forward pass for one observation: 2 per multiply-add over every Dense layer."""
+
+    def mlp(hidden: Sequence[int], out: int) -> int:
+        sizes = [obs_dim, *hidden, out]
+        return sum(2 * a * b for a, b in zip(sizes[:-1], sizes[1:]))
+
+    return mlp(cfg.actor_hidden, num_actions) + mlp(cfg.critic_hidden, 1)
+
+
+def update_flops_per_step(cfg: NetworkConfig, obs_dim: int, num_actions: int, update_epochs: int) -> int:
+    """Network FLOPs per env step over one whole update: the rollout's forward pass, then in every epoch a
+    forward and a backward pass (backward ≈ 2× forward)."""
+    return forward_flops(cfg, obs_dim, num_actions) * (1 + 3 * update_epochs)

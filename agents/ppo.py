@@ -1,0 +1,313 @@
+"""PPO for any gymnax 1.0 environment, PureJaxRL style: `make_train` closes over the config and the env and
+returns pure functions; one jitted `update` is rollout (`lax.scan`) → GAE → epochs × shuffled minibatches.
+
+The rollout is built from `rollout_chunk(state, k)`, a scan of k steps whose carry (`RunnerState`) holds
+everything needed to continue: a caller may run T steps as T/k chunks with host work in between (the hybrid
+LLM loop does) and hand the concatenated chunks to `learn`. With no advisor, `update` is one scan of T steps.
+
+Per step only one network forward pass runs over the batch; its logits, log-probs and values are stored, so
+learning never recomputes them. The value of `info["final_observation"]` is needed only where an episode was
+truncated; it is computed for those rows alone (see `truncation_values`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from agents.config import TrainConfig
+from agents.networks import ActorCritic, log_probs_and_entropy, make_network, masked_logits
+from agents.normalization import RunningMeanStd
+
+
+@struct.dataclass
+class RunnerState:
+    """Everything an update reads and writes; checkpointing this (plus the host's counters) resumes exactly."""
+
+    params: Any
+    opt_state: Any
+    obs_norm: RunningMeanStd  # frozen within an update, merged with its observations at the end
+    ret_norm: RunningMeanStd  # running std of the discounted return, for optional reward scaling
+    env_state: Any
+    obs: jax.Array  # [N, D] raw observation the next action is chosen from
+    mask: jax.Array  # [N, A] bool, valid actions in env_state
+    ep_return: jax.Array  # [N] undiscounted return of the running episode (raw reward)
+    ep_length: jax.Array  # [N] int32
+    disc_return: jax.Array  # [N] discounted return, whose std scales rewards
+    key: jax.Array
+    update: jax.Array  # int32 updates completed
+
+
+class Transition(NamedTuple):
+    """One step of N envs; `rollout_chunk` stacks them to leaves of shape [k, N, ...]."""
+
+    obs: jax.Array  # raw, the input the action was chosen from
+    mask: jax.Array
+    action: jax.Array
+    log_prob: jax.Array  # of the masked distribution actually sampled from
+    value: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_value: jax.Array  # V(final_observation) where truncated and not terminated, else 0
+    disc_return: jax.Array
+    episode: dict[str, jax.Array]  # sums over envs whose episode ended at this step (scalars)
+
+
+class Batch(NamedTuple):
+    """What the loss reads of each sample; the rows of [T·N] that epochs shuffle into minibatches."""
+
+    obs: jax.Array
+    mask: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    advantage: jax.Array
+    target: jax.Array  # the value target (GAE return)
+
+
+class PPO(NamedTuple):
+    """The pure functions `make_train` returns. All take and return a RunnerState; jit them as needed."""
+
+    init: Any  # (key) -> RunnerState
+    rollout_chunk: Any  # (state, k: static int) -> (state, Transition[k, N])
+    learn: Any  # (state, Transition[T, N]) -> (state, metrics)
+    update: Any  # (state) -> (state, metrics): learn(rollout_chunk(state, T))
+    policy: Any  # (params, obs_norm, obs, mask, key, deterministic) -> action; obs/mask of any batch shape
+    network: ActorCritic
+    obs_dim: int
+    num_actions: int
+
+
+def action_mask_fn(env) -> Any:
+    """The env's `action_mask(state, params)`, or all actions valid for envs that have none."""
+    if hasattr(env, "action_mask"):
+        return env.action_mask
+    return lambda state, params: jnp.ones((env.num_actions,), bool)
+
+
+def truncation_values(value_fn, final_obs: jax.Array, need: jax.Array, max_rows: int) -> jax.Array:
+    """V(final_obs[i]) where need[i], else 0. Only truncated rows need a value, and usually there are none or a
+    few: those rows are gathered (a full critic pass would cost half of the rollout's forward pass); when more
+    than max_rows need one, the whole batch is evaluated instead."""
+    n = need.shape[0]
+
+    def few():
+        idx = jnp.nonzero(need, size=max_rows, fill_value=n)[0]  # the fill index is out of range ...
+        v = value_fn(final_obs[jnp.minimum(idx, n - 1)])
+        return jnp.zeros(n).at[idx].set(v, mode="drop")  # ... so its scatter is dropped
+
+    def all_rows():
+        return jnp.where(need, value_fn(final_obs), 0.0)
+
+    count = need.sum()
+    return jax.lax.cond(count == 0, lambda: jnp.zeros(n), lambda: jax.lax.cond(count <= max_rows, few, all_rows))
+
+
+def gae_targets(reward, value, last_value, terminated, truncated, final_value, gamma: float, lam: float):
+    """Generalised advantage estimates and value targets over [T, N] arrays.
+
+    After a reset the next row belongs to a new episode, so a step that ends an episode bootstraps from
+    V(final_observation) (`final_value`) if it was truncated, and from nothing if it terminated."""
+    next_value = jnp.concatenate([value[1:], last_value[None]], axis=0)
+    done = terminated | truncated
+    bootstrap = jnp.where(done, jnp.where(terminated, 0.0, final_value), next_value)
+    delta = reward + gamma * bootstrap - value
+    discount = gamma * lam * (1.0 - done)
+
+    def back(adv, x):
+        d, c = x
+        adv = d + c * adv
+        return adv, adv
+
+    _, adv = jax.lax.scan(back, jnp.zeros_like(last_value), (delta, discount), reverse=True)
+    return adv, adv + value
+
+
+def make_train(cfg: TrainConfig, env, env_params) -> PPO:
+    p = cfg.ppo
+    n_envs = cfg.num_envs
+    num_actions = env.num_actions
+    network = make_network(cfg.network, num_actions)
+    get_mask = action_mask_fn(env)
+
+    v_reset = jax.vmap(env.reset, in_axes=(0, None))
+    v_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    v_mask = jax.vmap(get_mask, in_axes=(0, None))
+
+    obs_shape = jax.eval_shape(env.reset, jax.random.PRNGKey(0), env_params)[0].shape
+    obs_dim = math.prod(obs_shape)
+    flat = lambda o: o.reshape((o.shape[0], obs_dim)).astype(jnp.float32)  # noqa: E731
+
+    num_grad_steps = cfg.num_updates * p.update_epochs * p.num_minibatches
+    lr = optax.linear_schedule(p.lr, 0.0, num_grad_steps) if p.anneal_lr else p.lr
+    tx = optax.chain(optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=1e-5))
+
+    def normalize(obs_norm: RunningMeanStd, obs: jax.Array) -> jax.Array:
+        return obs_norm.normalize(obs) if p.normalize_obs else obs
+
+    # More truncations than this in one step (e.g. synchronised time limits) fall back to a full critic pass.
+    trunc_rows = max(8, n_envs // 64)
+
+    def value_fn(params, obs_norm):
+        return lambda obs: network.apply(params, normalize(obs_norm, obs), method=ActorCritic.value)
+
+    def policy(params, obs_norm, obs, mask, key, deterministic: bool = False):
+        logits = masked_logits(network.apply(params, normalize(obs_norm, obs), method=ActorCritic.logits), mask)
+        return jnp.argmax(logits, -1) if deterministic else jax.random.categorical(key, logits)
+
+    def init(key: jax.Array) -> RunnerState:
+        key, k_net, k_env = jax.random.split(key, 3)
+        obs, env_state = v_reset(jax.random.split(k_env, n_envs), env_params)
+        obs = flat(obs)
+        params = network.init(k_net, jnp.zeros((1, obs_dim)))
+        return RunnerState(
+            params=params,
+            opt_state=tx.init(params),
+            obs_norm=RunningMeanStd.create((obs_dim,)),
+            ret_norm=RunningMeanStd.create(()),
+            env_state=env_state,
+            obs=obs,
+            mask=v_mask(env_state, env_params),
+            ep_return=jnp.zeros(n_envs),
+            ep_length=jnp.zeros(n_envs, jnp.int32),
+            disc_return=jnp.zeros(n_envs),
+            key=key,
+            update=jnp.zeros((), jnp.int32),
+        )
+
+    def _step(rs: RunnerState, _) -> tuple[RunnerState, Transition]:
+        key, k_act, k_env = jax.random.split(rs.key, 3)
+        logits, value = network.apply(rs.params, normalize(rs.obs_norm, rs.obs))
+        logits = masked_logits(logits, rs.mask)
+        action = jax.random.categorical(k_act, logits)
+        log_prob, _ = log_probs_and_entropy(logits, action)
+
+        obs, env_state, reward, terminated, truncated, info = v_step(
+            jax.random.split(k_env, n_envs), rs.env_state, action, env_params
+        )
+        obs = flat(obs)
+        reward = reward.astype(jnp.float32)
+        terminated, truncated = terminated.astype(bool), truncated.astype(bool)
+        done = terminated | truncated
+        final_value = truncation_values(
+            value_fn(rs.params, rs.obs_norm), flat(info["final_observation"]), truncated & ~terminated, trunc_rows
+        )
+
+        ep_return = rs.ep_return + reward
+        ep_length = rs.ep_length + 1
+        disc_return = rs.disc_return * p.gamma + reward
+        ended = lambda x: jnp.where(done, x, 0).sum()  # noqa: E731
+        episode = {"episodes": done.sum(), "episode_return": ended(ep_return), "episode_length": ended(ep_length)}
+        # The env's own end-of-episode totals (episode_pnl, episode_trades, ...), valid where done.
+        episode.update({k: ended(v.astype(jnp.float32)) for k, v in info.items() if k.startswith("episode_")})
+
+        transition = Transition(
+            obs=rs.obs, mask=rs.mask, action=action, log_prob=log_prob, value=value, reward=reward,
+            terminated=terminated, truncated=truncated, final_value=final_value, disc_return=disc_return,
+            episode=episode,
+        )
+        rs = rs.replace(
+            env_state=env_state,
+            obs=obs,
+            mask=v_mask(env_state, env_params),
+            ep_return=jnp.where(done, 0.0, ep_return),
+            ep_length=jnp.where(done, 0, ep_length),
+            disc_return=jnp.where(done, 0.0, disc_return),
+            key=key,
+        )
+        return rs, transition
+
+    def rollout_chunk(rs: RunnerState, k: int) -> tuple[RunnerState, Transition]:
+        return jax.lax.scan(_step, rs, None, length=k)
+
+    def _gae(rs: RunnerState, traj: Transition) -> tuple[jax.Array, jax.Array]:
+        last_value = value_fn(rs.params, rs.obs_norm)(rs.obs)
+        reward = traj.reward / rs.ret_norm.std if p.scale_rewards else traj.reward
+        return gae_targets(
+            reward, traj.value, last_value, traj.terminated, traj.truncated, traj.final_value, p.gamma, p.gae_lambda
+        )
+
+    def _loss(params, obs_norm, mb: Batch):
+        logits, value = network.apply(params, normalize(obs_norm, mb.obs))
+        log_prob, entropy = log_probs_and_entropy(masked_logits(logits, mb.mask), mb.action)
+        log_ratio = log_prob - mb.log_prob
+        ratio = jnp.exp(log_ratio)
+        adv, ret = mb.advantage, mb.target
+        if p.normalize_advantages:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        policy_loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - p.clip_eps, 1 + p.clip_eps)).mean()
+        if p.clip_value:
+            v_clipped = mb.value + jnp.clip(value - mb.value, -p.clip_eps, p.clip_eps)
+            value_loss = 0.5 * jnp.maximum((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
+        else:
+            value_loss = 0.5 * ((value - ret) ** 2).mean()
+        entropy = entropy.mean()
+        loss = policy_loss + p.vf_coef * value_loss - p.ent_coef * entropy
+        stats = {
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "entropy": entropy,
+            "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+            "clip_frac": (jnp.abs(ratio - 1.0) > p.clip_eps).mean(),
+        }
+        return loss, stats
+
+    def learn(rs: RunnerState, traj: Transition) -> tuple[RunnerState, dict]:
+        adv, ret = _gae(rs, traj)
+        batch_size = adv.size
+        data = Batch(traj.obs, traj.mask, traj.action, traj.log_prob, traj.value, adv, ret)
+        data = jax.tree.map(lambda x: x.reshape((batch_size, *x.shape[2:])), data)
+
+        def epoch(carry, _):
+            params, opt_state, key = carry
+            key, k_perm = jax.random.split(key)
+            perm = jax.random.permutation(k_perm, batch_size)
+            shuffled = jax.tree.map(
+                lambda x: jnp.take(x, perm, axis=0).reshape((p.num_minibatches, -1, *x.shape[1:])), data
+            )
+
+            def minibatch(carry, mb):
+                params, opt_state = carry
+                grads, stats = jax.grad(_loss, has_aux=True)(params, rs.obs_norm, mb)
+                updates, opt_state = tx.update(grads, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), stats
+
+            (params, opt_state), stats = jax.lax.scan(minibatch, (params, opt_state), shuffled)
+            return (params, opt_state, key), stats
+
+        key, k_learn = jax.random.split(rs.key)
+        (params, opt_state, _), stats = jax.lax.scan(
+            epoch, (rs.params, rs.opt_state, k_learn), None, length=p.update_epochs
+        )
+        metrics = jax.tree.map(jnp.mean, stats)
+        metrics["explained_variance"] = 1.0 - jnp.var(ret - traj.value) / (jnp.var(ret) + 1e-8)
+
+        episode = jax.tree.map(jnp.sum, traj.episode)
+        count = episode.pop("episodes")
+        metrics["episodes"] = count
+        for k, v in episode.items():
+            metrics[k] = v / jnp.maximum(count, 1)  # mean over the episodes that ended in this rollout
+        if "episode_wins" in episode and "episode_trades" in episode:
+            metrics["win_rate"] = episode["episode_wins"] / jnp.maximum(episode["episode_trades"], 1.0)
+
+        rs = rs.replace(
+            params=params,
+            opt_state=opt_state,
+            obs_norm=rs.obs_norm.update(traj.obs) if p.normalize_obs else rs.obs_norm,
+            ret_norm=rs.ret_norm.update(traj.disc_return) if p.scale_rewards else rs.ret_norm,
+            key=key,
+            update=rs.update + 1,
+        )
+        return rs, metrics
+
+    def update(rs: RunnerState) -> tuple[RunnerState, dict]:
+        rs, traj = rollout_chunk(rs, p.num_steps)
+        return learn(rs, traj)
+
+    return PPO(init, rollout_chunk, learn, update, policy, network, obs_dim, num_actions)

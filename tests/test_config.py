@@ -1,0 +1,128 @@
+"""Training config: defaults, strict YAML loading, --set overrides, and the CLI's refusal of bad flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents.config import ConfigError, TrainConfig, load_config, save_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_valid_and_sized_for_the_issue():
+    cfg = load_config()
+    assert cfg.network.actor_hidden == [256, 256] and cfg.network.critic_hidden == [256, 256]
+    assert cfg.llm == "none" and cfg.num_updates >= 1
+    assert cfg.steps_per_update % cfg.ppo.num_minibatches == 0
+
+
+def test_yaml_and_set_overrides_nested_keys(tmp_path):
+    path = write(tmp_path, "num_envs: 8\nppo:\n  lr: 1e-4\n  num_steps: 16\nenv:\n  prop_firm:\n    max_contracts: 3\n")
+    cfg = load_config(path, ["ppo.lr=2.5e-4", "network.actor_hidden=[64, 32]", "data.source=synthetic:signal",
+                             "ppo.clip_value=true", "env.prop_firm.version=x"])
+    assert cfg.num_envs == 8 and cfg.ppo.num_steps == 16
+    assert cfg.ppo.lr == 2.5e-4  # --set wins over the file
+    assert cfg.network.actor_hidden == [64, 32] and cfg.ppo.clip_value is True
+    assert cfg.data.source == "synthetic:signal"
+    assert cfg.env.prop_firm.max_contracts == 3 and cfg.env.prop_firm.version == "x"
+    assert load_config(write(tmp_path, "ppo:\n  lr: 1e-4\n")).ppo.lr == 1e-4  # PyYAML reads 1e-4 as a string
+    assert load_config(None, ["total_steps=2e6"]).total_steps == 2_000_000
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("ppo:\n  lrr: 0.1\n", "ppo.lrr"),
+        ("envs: 4\n", "envs"),
+        ("env:\n  prop_firm:\n    max_contract: 3\n", "env.prop_firm.max_contract"),
+    ],
+)
+def test_unknown_yaml_key_is_named(tmp_path, text, key):
+    with pytest.raises(ConfigError, match=f"unknown key '{key}'") as e:
+        load_config(write(tmp_path, text))
+    assert "cfg.yaml" in str(e.value)  # and the file
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("ppo:\n  lr: fast\n", "ppo.lr"),
+        ("num_envs: 8.5\n", "num_envs"),
+        ("ppo:\n  anneal_lr: 1\n", "ppo.anneal_lr"),
+        ("network:\n  actor_hidden: 256\n", "network.actor_hidden"),
+        ("network:\n  actor_hidden: [256, big]\n", r"network.actor_hidden\[1\]"),
+        ("ppo: 3\n", "ppo"),
+        ("data:\n  date_format: 5\n", "data.date_format"),
+    ],
+)
+def test_wrong_type_is_named(tmp_path, text, key):
+    with pytest.raises(ConfigError, match=f"{key}: expected"):
+        load_config(write(tmp_path, text))
+
+
+def test_bad_set_overrides_are_named():
+    with pytest.raises(ConfigError, match="unknown key 'ppo.lrr'"):
+        load_config(None, ["ppo.lrr=1"])
+    with pytest.raises(ConfigError, match="ppo.num_steps: expected int"):
+        load_config(None, ["ppo.num_steps=abc"])
+    with pytest.raises(ConfigError, match="ppo.clip_value: expected true or false"):
+        load_config(None, ["ppo.clip_value=maybe"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["ppo.lr"])
+    with pytest.raises(ConfigError, match="is a section"):
+        load_config(None, ["ppo=1"])
+
+
+def test_cross_field_validation():
+    with pytest.raises(ConfigError, match="ppo.num_minibatches"):
+        load_config(None, ["num_envs=3", "ppo.num_steps=5", "ppo.num_minibatches=4"])
+    with pytest.raises(ConfigError, match="total_steps"):
+        load_config(None, ["num_envs=64", "ppo.num_steps=64", "total_steps=100"])
+    with pytest.raises(ConfigError, match="llm.*only 'none'"):
+        load_config(None, ["llm=phi3"])
+    with pytest.raises(ConfigError, match="network.activation"):
+        load_config(None, ["network.activation=gelu"])
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["seed=7", "ppo.lr=1e-5", "data.date_format=%Y", "network.critic_hidden=[8]"])
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+    assert load_config(ROOT / "configs" / "default.yaml") == TrainConfig()  # the shipped default is the default
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "quick.yaml", "signal.yaml"])
+def test_shipped_training_configs_load(name):
+    load_config(ROOT / "configs" / name)
+
+
+def cli_main():
+    """scripts/train.py's main(), loaded in-process (flag errors return before any JAX work)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_cli", ROOT / "scripts" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_cli_rejects_other_llm_choices_and_bad_keys(capsys):
+    main = cli_main()
+    assert main(["--llm", "phi3"]) == 2
+    assert "--llm 'phi3' is not available" in capsys.readouterr().err
+    assert main(["--set", "ppo.lrr=1"]) == 2
+    assert "unknown key 'ppo.lrr'" in capsys.readouterr().err
+    assert main(["--resume", "runs/x", "--seed", "3"]) == 2
+    assert "--seed" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--total-steps" in out and "ppo.lr=1e-4" in out and "--resume RUN_DIR" in out
