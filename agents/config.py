@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from agents.advice import QueryConfig
+from agents.risk_veto import VetoConfig
 from jaxenv.config import DataConfig, EnvConfig
 
 
@@ -69,18 +71,40 @@ class LogConfig:
 
 
 @dataclass
+class HybridConfig:
+    """The LLM advisor and how its advice is used (`--llm` other than none)."""
+
+    fusion: str = "learned"  # none | rules | learned
+    llm_mode: str = "score"  # score | generate (transformers backends)
+    quantization: str = "none"  # none | int8 | int4 (bitsandbytes; GPU)
+    budget: str = "auto"  # B: most envs asked per query step, a number or `auto` (sized from the sidecar's rate)
+    max_budget: int = 1024  # the most `auto` may choose, and the bridge's capacity
+    latency: str = "strict"  # strict: wait for the previous query step's answers; async: take what is ready
+    strict_timeout_s: float = 120.0  # strict mode gives up on an answer after this long (counted as timeouts)
+    llm_weight: float = 0.3  # rules fusion: the weight of the LLM's confidence
+    sidecar_threads: int = 1  # torch threads in the sidecar: the trainer needs the other cores
+    sidecar_batch_size: int = 64
+    log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
+    prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
+    mock_latency_s: float = 0.0  # mock advisor: injected latency per batch (for tests)
+    query: QueryConfig = field(default_factory=QueryConfig)
+    veto: VetoConfig = field(default_factory=VetoConfig)
+
+
+@dataclass
 class TrainConfig:
     env_name: str = "trading"  # "trading" (jaxenv.TradingEnv) or any gymnax id, e.g. CartPole-v1
     num_envs: int = 4096
     total_steps: int = 50_000_000  # env steps (all envs together); rounded down to whole updates
     seed: int = 0
-    llm: str = "none"  # only "none" for now (the hybrid issue adds the others)
+    llm: str = "none"  # none (RL only) | mock | smollm2 | a model path or hub id
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
 
     @property
     def steps_per_update(self) -> int:
@@ -95,7 +119,9 @@ class TrainConfig:
         return self.steps_per_update // self.ppo.num_minibatches
 
 
-LLM_CHOICES = ("none",)
+LLM_CHOICES = ("none", "mock", "smollm2", "PATH_OR_HUB_ID")
+FUSION_MODES = ("none", "rules", "learned")
+LATENCY_MODES = ("strict", "async")
 ACTIVATIONS = ("tanh", "relu")
 
 
@@ -118,8 +144,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.checkpoint.every_updates >= 1, "checkpoint.every_updates", "must be >= 1"),
         (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1"),
         (cfg.checkpoint.eval_every_updates >= 0, "checkpoint.eval_every_updates", "must be >= 0"),
-        (cfg.llm in LLM_CHOICES, "llm",
-         f"{cfg.llm!r} is not available yet; only 'none' (the LLM advisor arrives with the hybrid issue)"),
+        (bool(cfg.llm.strip()), "llm", "must be none, mock, smollm2 or a model path / hub id"),
+        (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env"),
+        (cfg.hybrid.fusion in FUSION_MODES, "hybrid.fusion", f"must be one of {', '.join(FUSION_MODES)}"),
+        (cfg.hybrid.latency in LATENCY_MODES, "hybrid.latency", f"must be one of {', '.join(LATENCY_MODES)}"),
+        (cfg.hybrid.budget == "auto" or (cfg.hybrid.budget.isdigit() and int(cfg.hybrid.budget) > 0),
+         "hybrid.budget", "must be a positive number or auto"),
+        (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
+         f"must be between 1 and ppo.num_steps = {p.num_steps}"),
+        (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
+        (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
     ]
     for ok, key, msg in checks:
         if not ok:

@@ -41,6 +41,7 @@ class RunnerState:
     disc_return: jax.Array  # [N] discounted return, whose std scales rewards
     key: jax.Array
     update: jax.Array  # int32 updates completed
+    hybrid: Any = None  # the hybrid loop's per-env carry (advice table, veto); None for RL only
 
 
 class Transition(NamedTuple):
@@ -57,6 +58,7 @@ class Transition(NamedTuple):
     final_value: jax.Array  # V(final_observation) where truncated and not terminated, else 0
     disc_return: jax.Array
     episode: dict[str, jax.Array]  # sums over envs whose episode ended at this step (scalars)
+    extras: Any = None  # what the hybrid's loss needs to rebuild the acting distribution; None for RL only
 
 
 class Batch(NamedTuple):
@@ -69,6 +71,7 @@ class Batch(NamedTuple):
     value: jax.Array
     advantage: jax.Array
     target: jax.Array  # the value target (GAE return)
+    extras: Any = None
 
 
 class PPO(NamedTuple):
@@ -129,11 +132,13 @@ def gae_targets(reward, value, last_value, terminated, truncated, final_value, g
     return adv, adv + value
 
 
-def make_train(cfg: TrainConfig, env, env_params) -> PPO:
+def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
+    """`acting` (an agents.acting.HybridActing) routes acting through risk veto and fusion with LLM advice;
+    None samples from the policy alone."""
     p = cfg.ppo
     n_envs = cfg.num_envs
     num_actions = env.num_actions
-    network = make_network(cfg.network, num_actions)
+    network = make_network(cfg.network, num_actions, acting.gate_features if acting else 0)
     get_mask = action_mask_fn(env)
 
     v_reset = jax.vmap(env.reset, in_axes=(0, None))
@@ -179,18 +184,27 @@ def make_train(cfg: TrainConfig, env, env_params) -> PPO:
             disc_return=jnp.zeros(n_envs),
             key=key,
             update=jnp.zeros((), jnp.int32),
+            hybrid=acting.init_carry(n_envs) if acting else None,
         )
 
     def _step(rs: RunnerState, _) -> tuple[RunnerState, Transition]:
         key, k_act, k_env = jax.random.split(rs.key, 3)
         logits, value = network.apply(rs.params, normalize(rs.obs_norm, rs.obs))
-        logits = masked_logits(logits, rs.mask)
-        action = jax.random.categorical(k_act, logits)
-        log_prob, _ = log_probs_and_entropy(logits, action)
+        hybrid, extras, mask = rs.hybrid, None, rs.mask
+        if acting is None:
+            logits = masked_logits(logits, rs.mask)
+            action = learn_action = jax.random.categorical(k_act, logits)
+            log_prob, _ = log_probs_and_entropy(logits, action)
+        else:
+            action, learn_action, log_prob, mask, extras, hybrid = acting.act(
+                network, rs.params, rs.hybrid, logits, rs.mask, rs.obs, rs.env_state, env_params, k_act
+            )
 
         obs, env_state, reward, terminated, truncated, info = v_step(
             jax.random.split(k_env, n_envs), rs.env_state, action, env_params
         )
+        if acting is not None:
+            hybrid = acting.after_step(hybrid, info)
         obs = flat(obs)
         reward = reward.astype(jnp.float32)
         terminated, truncated = terminated.astype(bool), truncated.astype(bool)
@@ -208,18 +222,20 @@ def make_train(cfg: TrainConfig, env, env_params) -> PPO:
         episode.update({k: ended(v.astype(jnp.float32)) for k, v in info.items() if k.startswith("episode_")})
 
         transition = Transition(
-            obs=rs.obs, mask=rs.mask, action=action, log_prob=log_prob, value=value, reward=reward,
+            obs=rs.obs, mask=mask, action=learn_action, log_prob=log_prob, value=value, reward=reward,
             terminated=terminated, truncated=truncated, final_value=final_value, disc_return=disc_return,
-            episode=episode,
+            episode=episode, extras=extras,
         )
         rs = rs.replace(
             env_state=env_state,
             obs=obs,
-            mask=v_mask(env_state, env_params),
+            # Envs that report the new state's mask in info (jaxenv does) spare computing it again.
+            mask=info["action_mask"] if "action_mask" in info else v_mask(env_state, env_params),
             ep_return=jnp.where(done, 0.0, ep_return),
             ep_length=jnp.where(done, 0, ep_length),
             disc_return=jnp.where(done, 0.0, disc_return),
             key=key,
+            hybrid=hybrid,
         )
         return rs, transition
 
@@ -235,13 +251,19 @@ def make_train(cfg: TrainConfig, env, env_params) -> PPO:
 
     def _loss(params, obs_norm, mb: Batch):
         logits, value = network.apply(params, normalize(obs_norm, mb.obs))
-        log_prob, entropy = log_probs_and_entropy(masked_logits(logits, mb.mask), mb.action)
+        if acting is None:
+            log_prob, entropy = log_probs_and_entropy(masked_logits(logits, mb.mask), mb.action)
+            pg_weight = 1.0
+        else:
+            log_prob, entropy, pg_weight = acting.log_prob_entropy(network, params, logits, mb.mask, mb.extras, mb.action)
         log_ratio = log_prob - mb.log_prob
         ratio = jnp.exp(log_ratio)
         adv, ret = mb.advantage, mb.target
         if p.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        policy_loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - p.clip_eps, 1 + p.clip_eps)).mean()
+        clipped = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - p.clip_eps, 1 + p.clip_eps))
+        # Steps whose action the rules chose instead of the policy carry no policy gradient.
+        policy_loss = (pg_weight * clipped).mean()
         if p.clip_value:
             v_clipped = mb.value + jnp.clip(value - mb.value, -p.clip_eps, p.clip_eps)
             value_loss = 0.5 * jnp.maximum((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
@@ -261,7 +283,8 @@ def make_train(cfg: TrainConfig, env, env_params) -> PPO:
     def learn(rs: RunnerState, traj: Transition) -> tuple[RunnerState, dict]:
         adv, ret = _gae(rs, traj)
         batch_size = adv.size
-        data = Batch(traj.obs, traj.mask, traj.action, traj.log_prob, traj.value, adv, ret)
+        extras = traj.extras._replace(stats={}) if traj.extras is not None else None
+        data = Batch(traj.obs, traj.mask, traj.action, traj.log_prob, traj.value, adv, ret, extras)
         data = jax.tree.map(lambda x: x.reshape((batch_size, *x.shape[2:])), data)
 
         def epoch(carry, _):

@@ -29,6 +29,7 @@ from agents.config import ConfigError, TrainConfig, load_config, save_config
 from agents.evaluation import Evaluator, always_when_valid, flat_policy, make_episode_evaluator, random_valid_policy
 from agents.metrics import HealthMonitor, MetricsLogger
 from agents.networks import update_flops_per_step
+from agents.hybrid import QueryLoop, make_acting
 from agents.ppo import PPO, RunnerState, make_train
 
 CONFIG_FILE = "config.yaml"
@@ -42,6 +43,7 @@ class EnvSetup:
     score_name: str  # the metrics key of the score: val_net_pnl or eval_return
     score_label: str  # what the score is, for people
     evaluate_test: Evaluator | None = None  # held-out split, only for the final summary (never for selection)
+    market: Any = None  # the trading env's market (the hybrid loop renders prompts from it)
     baselines: dict[str, Callable] = field(default_factory=dict)  # name -> act, compared in the final summary
 
 
@@ -64,7 +66,7 @@ def make_env_setup(cfg: TrainConfig) -> EnvSetup:
         baselines = {"flat": flat_policy, "random_valid": random_valid_policy,
                      "always_long": always_when_valid(BUY), "always_short": always_when_valid(SELL)}
         return EnvSetup(env, env.make_params(market, "train"), on_split("val"), "val_net_pnl", "net P&L after costs",
-                        on_split("test"), baselines)
+                        on_split("test"), market=market, baselines=baselines)
 
     import gymnax
 
@@ -142,7 +144,8 @@ def train(
     if not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / CONFIG_FILE)
-    ppo = make_train(cfg, setup.env, setup.params)
+    acting = make_acting(cfg, setup.env) if cfg.llm != "none" else None
+    ppo = make_train(cfg, setup.env, setup.params, acting)
     act = make_act(ppo, cfg.checkpoint.eval_deterministic)
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
 
@@ -171,8 +174,12 @@ def train(
     interrupted = False
     stop = _StopFlag()
     stop.install()  # from here on Ctrl-C stops at the next update boundary, with a checkpoint
+    query_loop = None
     try:
-        if start < end:  # a finished run resumed has nothing to compile
+        if acting is not None:  # chunks with LLM query steps between them; compiled on first use
+            query_loop = QueryLoop(cfg, ppo, setup.market, run_dir)
+            update_fn, compile_s = query_loop.update, math.nan
+        elif start < end:  # a finished run resumed has nothing to compile
             t0 = time.perf_counter()
             update_fn = jax.jit(ppo.update).lower(state).compile()
             compile_s = time.perf_counter() - t0
@@ -212,6 +219,8 @@ def train(
         interrupted = interrupted or (stop.set and int(state.update) < end)
     finally:
         # Also on an exception: the last finished update is saved, then everything is flushed and closed.
+        if query_loop is not None:
+            query_loop.close()  # stops the sidecar and unlinks the shared memory
         ckpt.save_latest(int(state.update), state, host_state())
         ckpt.wait()
         ckpt.close()
@@ -263,7 +272,7 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
     setup = setup or make_env_setup(cfg)
     if setup.evaluate is None:
         return {}
-    ppo = make_train(cfg, setup.env, setup.params)
+    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env) if cfg.llm != "none" else None)
     act = make_act(ppo, cfg.checkpoint.eval_deterministic)
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
     abstract = jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed))

@@ -187,13 +187,15 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
         done = terminated | truncated
         reset_state = self.initial_state(key, params)
         kept = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_state, next_state)
+        mask = self.action_mask(kept, params)
         info = {
             **info,
             "terminated": terminated,
             "truncated": truncated,
             "final_observation": self.get_obs(next_state, params),
+            "action_mask": mask,  # of the returned state, so callers need not compute it again
         }
-        return self.get_obs(kept, params), kept, reward, terminated, truncated, info
+        return self._observe(kept, params, mask), kept, reward, terminated, truncated, info
 
     def is_truncated(self, state: EnvState, params: EnvParams) -> jax.Array:
         return (state.time >= params.max_steps_in_episode) | (state.t >= params.end_bar - 1)
@@ -251,6 +253,9 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
 
     # ---------------------------------------------------------------------------------------- observe
     def get_obs(self, state: EnvState, params: EnvParams, key: jax.Array | None = None) -> jax.Array:
+        return self._observe(state, params, self.action_mask(state, params))
+
+    def _observe(self, state: EnvState, params: EnvParams, mask: jax.Array) -> jax.Array:
         w = self.window
         window = jax.lax.dynamic_slice(params.bar_features, (state.t - (w - 1), 0), (w, N_BAR_FEATURES))
         bar = params.bars[state.t]
@@ -266,7 +271,6 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
                 jnp.where(in_pos, side * (state.target - close) / atr, 0.0),
             ]
         )
-        mask = self.action_mask(state, params)
         validity = jnp.stack([mask[BUY], mask[MOVE_TO_BE], state.trailing]).astype(jnp.float32)
         parts = [window.reshape(-1), position.astype(jnp.float32), validity]
         if self.extended:

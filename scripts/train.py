@@ -30,7 +30,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, help="random seed for init, envs and sampling (seed)")
     ap.add_argument("--data", help="market data: a CSV/Parquet file or synthetic:PRESET "
                     "(default, signal, headlines); sets data.source")
-    ap.add_argument("--llm", help=f"LLM advisor; one of: {', '.join(LLM_CHOICES)} (default none)")
+    ap.add_argument("--llm", help=f"LLM advisor: {', '.join(LLM_CHOICES)} (default none: RL only, the fastest path)")
+    ap.add_argument("--llm-mode", choices=["score", "generate"], help="score: one forward pass scores the 6 actions; "
+                    "generate: text answers parsed (hybrid.llm_mode)")
+    ap.add_argument("--quantization", choices=["none", "int8", "int4"], help="bitsandbytes quantization of the "
+                    "advisor (GPU) (hybrid.quantization)")
+    ap.add_argument("--fusion", choices=["none", "rules", "learned"], help="how advice changes actions: learned "
+                    "trust gate (default), the seeds' priority rules, or none (queries for statistics only)")
+    ap.add_argument("--query-interval", type=int, help="env steps between LLM query steps, k (hybrid.query.interval)")
+    ap.add_argument("--llm-budget", help="most envs asked per query step: a number or auto (hybrid.budget)")
+    ap.add_argument("--latency", choices=["strict", "async"], help="strict: wait for the previous query step's "
+                    "answers (reproducible); async: never wait (hybrid.latency)")
+    ap.add_argument("--no-veto", action="store_true", help="turn the risk veto off (hybrid.veto.enabled=false)")
+    ap.add_argument("--log-llm", type=int, metavar="N", help="write N prompts and answers per update to "
+                    "llm_log.jsonl (hybrid.log_llm)")
+    ap.add_argument("--date-format", help="strptime format of the data file's timestamps (data.date_format)")
     ap.add_argument("--run-dir", help="run folder to create (default runs/<date>-<time>)")
     ap.add_argument("--resume", metavar="RUN_DIR",
                     help="continue RUN_DIR from its latest checkpoint with its saved config (other options unused)")
@@ -50,11 +64,16 @@ def start(args: argparse.Namespace):
         return train(None, args.resume, resume=True)
     overrides = list(args.overrides)
     for flag, key in (("envs", "num_envs"), ("total_steps", "total_steps"), ("seed", "seed"),
-                      ("data", "data.source"), ("llm", "llm")):
+                      ("data", "data.source"), ("llm", "llm"), ("llm_mode", "hybrid.llm_mode"),
+                      ("quantization", "hybrid.quantization"), ("fusion", "hybrid.fusion"),
+                      ("query_interval", "hybrid.query.interval"), ("llm_budget", "hybrid.budget"),
+                      ("latency", "hybrid.latency"), ("log_llm", "hybrid.log_llm"), ("date_format", "data.date_format")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     if args.no_progress:
         overrides.append("log.progress=false")
+    if args.no_veto:
+        overrides.append("hybrid.veto.enabled=false")
     cfg = load_config(args.config, overrides)
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     return train(cfg, run_dir)
@@ -62,10 +81,6 @@ def start(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.llm is not None and args.llm not in LLM_CHOICES:
-        print(f"error: --llm {args.llm!r} is not available yet; the only choice is: {', '.join(LLM_CHOICES)} "
-              "(the LLM advisor arrives with the hybrid issue)", file=sys.stderr)
-        return 2
 
     from agents.trainer import final_comparison
     from jaxenv import DataValidationError

@@ -86,8 +86,12 @@ def test_cross_field_validation():
         load_config(None, ["num_envs=3", "ppo.num_steps=5", "ppo.num_minibatches=4"])
     with pytest.raises(ConfigError, match="total_steps"):
         load_config(None, ["num_envs=64", "ppo.num_steps=64", "total_steps=100"])
-    with pytest.raises(ConfigError, match="llm.*only 'none'"):
-        load_config(None, ["llm=phi3"])
+    with pytest.raises(ConfigError, match="hybrid.fusion: must be one of none, rules, learned"):
+        load_config(None, ["llm=mock", "hybrid.fusion=trust-me"])
+    with pytest.raises(ConfigError, match="hybrid.query.interval: must be between 1 and ppo.num_steps = 64"):
+        load_config(None, ["llm=mock", "hybrid.query.interval=70"])
+    with pytest.raises(ConfigError, match="hybrid.budget: must be a positive number or auto"):
+        load_config(None, ["hybrid.budget=lots"])
     with pytest.raises(ConfigError, match="network.activation"):
         load_config(None, ["network.activation=gelu"])
 
@@ -114,10 +118,10 @@ def cli_main():
     return module.main
 
 
-def test_cli_rejects_other_llm_choices_and_bad_keys(capsys):
+def test_cli_rejects_bad_hybrid_values_and_bad_keys(capsys):
     main = cli_main()
-    assert main(["--llm", "phi3"]) == 2
-    assert "--llm 'phi3' is not available" in capsys.readouterr().err
+    assert main(["--llm", "mock", "--query-interval", "0"]) == 2
+    assert "hybrid.query.interval: must be between 1" in capsys.readouterr().err
     assert main(["--set", "ppo.lrr=1"]) == 2
     assert "unknown key 'ppo.lrr'" in capsys.readouterr().err
     assert main(["--resume", "runs/x", "--seed", "3"]) == 2

@@ -1,0 +1,140 @@
+"""Acting with advice: risk veto → fusion → sample, inside the jitted rollout step, and the matching
+log-probabilities for the PPO loss. `make_train(..., acting=HybridActing(...))` uses it; without it PPO
+samples from the policy alone.
+
+The log-probability stored for PPO is that of the distribution actually sampled from: the learned mixture
+for `learned`; for `rules`, the policy's own sample, with weight 0 in the policy loss where the rules
+replaced it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from agents.advice import AdviceTable, AdviceView, QueryConfig, view
+from agents.fusion import fusion_features, masked_advice_probs, mix, rules_action
+from agents.networks import ActorCritic, log_probs_and_entropy
+from agents.risk_veto import RULES, VetoConfig, VetoState, apply_veto
+from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
+
+N_FUSION_CONTEXT = 6  # regime (ADX), volatility (ATR %), win rate, consecutive losses, time of day, position
+
+
+@struct.dataclass
+class HybridCarry:
+    advice: AdviceTable
+    veto: VetoState
+    changed: jax.Array  # [N] bool: a fill or an exit since the env was last considered for a query
+    top_prob: jax.Array  # [N] the policy's top probability at the latest step
+
+
+class StepExtras(NamedTuple):
+    """What the loss needs to rebuild the acting distribution of a stored step."""
+
+    advice: AdviceView  # leaves [N, ...]
+    context: jax.Array  # [N, N_FUSION_CONTEXT]
+    pg_weight: jax.Array  # [N] 1 where the policy chose the action, 0 where rules overrode it
+    stats: dict[str, jax.Array]  # per-step sums over envs, for metrics
+
+
+@dataclass(frozen=True)
+class HybridActing:
+    fusion: str  # none | rules | learned
+    query: QueryConfig
+    veto: VetoConfig
+    llm_weight: float
+    window: int  # the env's observation window, to find features in the raw observation
+    extended: bool  # the observation has the extended context and risk features
+
+    @property
+    def gate_features(self) -> int:
+        return (2 * 6 + 5 + N_FUSION_CONTEXT) if self.fusion == "learned" else 0
+
+    def init_carry(self, n_envs: int) -> HybridCarry:
+        return HybridCarry(
+            advice=AdviceTable.create(n_envs),
+            veto=VetoState.create(n_envs),
+            changed=jnp.zeros(n_envs, bool),
+            top_prob=jnp.ones(n_envs),
+        )
+
+    def context(self, obs: jax.Array) -> jax.Array:
+        """Fusion context from the raw observation: the latest bar's ADX, ATR % and time of day, the
+        position, and (extended observations only) the win rate and consecutive losses."""
+        last = (self.window - 1) * N_BAR_FEATURES
+        position = self.window * N_BAR_FEATURES
+        cols = [obs[..., last + 5], obs[..., last + 6], obs[..., last + 10], obs[..., position]]
+        if self.extended:
+            risk = self.window * N_BAR_FEATURES + N_POSITION + N_VALIDITY + N_CONTEXT_FEATURES
+            cols += [obs[..., risk + 2], obs[..., risk + 1]]
+        else:
+            cols += [jnp.zeros_like(obs[..., 0])] * 2
+        return jnp.stack(cols, axis=-1)
+
+    def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
+        """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
+        mask, veto, fired, active = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
+        logits = jnp.where(mask, logits, -1e9)
+        logp_rl = jax.nn.log_softmax(logits)
+        pi_rl = jnp.exp(logp_rl)
+        advice = view(carry.advice, self.query)
+        context = self.context(obs)
+        k_rl, k_mix = jax.random.split(key)
+        gate = jnp.zeros(pi_rl.shape[0])
+        pg_weight = jnp.ones(pi_rl.shape[0])
+        if self.fusion == "learned":
+            gate = network.apply(params, fusion_features(pi_rl, advice, context), method=ActorCritic.trust)
+            gate = jnp.where(advice.valid, gate, 0.0)
+            p = mix(pi_rl, masked_advice_probs(advice.probs, mask), gate, mask)
+            action = jax.random.categorical(k_mix, jnp.log(jnp.maximum(p, 1e-30)))
+            learn_action = action
+            log_prob = jnp.log(jnp.take_along_axis(p, action[:, None], -1)[:, 0])
+            changed_by_advice = advice.valid & (jnp.argmax(p, -1) != jnp.argmax(pi_rl, -1))
+        else:
+            learn_action = jax.random.categorical(k_rl, logits)
+            log_prob = jnp.take_along_axis(logp_rl, learn_action[:, None], -1)[:, 0]
+            if self.fusion == "rules":
+                action = rules_action(learn_action, pi_rl, advice, mask, self.llm_weight)
+                pg_weight = (action == learn_action).astype(jnp.float32)
+            else:
+                action = learn_action
+            changed_by_advice = action != learn_action
+        advice_action = jnp.argmax(advice.probs, -1)
+        valid = advice.valid.astype(jnp.float32)
+        stats = {
+            "decisions": jnp.asarray(pi_rl.shape[0], jnp.float32),
+            "with_advice": valid.sum(),
+            "advice_confidence": advice.confidence.sum(),
+            "agreement": (valid * (advice_action == jnp.argmax(pi_rl, -1))).sum(),
+            "overrides": changed_by_advice.sum().astype(jnp.float32),
+            "trust": gate.sum(),
+            "veto_active": active.sum().astype(jnp.float32),
+            **{f"veto_fired_{r}": fired[:, i].sum().astype(jnp.float32) for i, r in enumerate(RULES)},
+        }
+        extras = StepExtras(advice=advice, context=context, pg_weight=pg_weight, stats=stats)
+        carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1))
+        return action, learn_action, log_prob, mask, extras, carry
+
+    def after_step(self, carry: HybridCarry, info: dict) -> HybridCarry:
+        event = (info["entry_side"] != 0) | (info["exit_reason"] > 0)
+        return carry.replace(advice=carry.advice.tick(), changed=carry.changed | event)
+
+    def log_prob_entropy(self, network, params, logits, mask, extras: StepExtras, action):
+        """Log-prob of `action`, entropy, and policy-loss weight under the current parameters."""
+        logits = jnp.where(mask, logits, -1e9)
+        if self.fusion != "learned":
+            log_prob, entropy = log_probs_and_entropy(logits, action)
+            return log_prob, entropy, extras.pg_weight
+        pi_rl = jax.nn.softmax(logits)
+        gate = network.apply(params, fusion_features(pi_rl, extras.advice, extras.context), method=ActorCritic.trust)
+        gate = jnp.where(extras.advice.valid, gate, 0.0)
+        p = mix(pi_rl, masked_advice_probs(extras.advice.probs, mask), gate, mask)
+        logp_all = jnp.log(jnp.maximum(p, 1e-30))
+        log_prob = jnp.take_along_axis(logp_all, action[..., None], -1)[..., 0]
+        entropy = -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), -1)
+        return log_prob, entropy, extras.pg_weight

@@ -1,0 +1,102 @@
+"""The on-device advice table and the selection of envs to ask at a query step.
+
+The table holds, per env, the last LLM answer: probabilities over the 6 actions, the confidence it came
+with, its age in env steps and its status. Confidence decays by `decay` per query interval of age and the
+advice expires after `max_age_intervals` intervals. Answers arrive one query step after their prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+STATUS_NONE = -1  # no answer yet (the bridge's statuses are 0 ok, 1 parse_error, 2 timeout, 3 backend_error)
+STATUS_OK = 0
+
+
+@dataclass
+class QueryConfig:
+    interval: int = 5  # k: env steps per chunk; a query step sits between chunks
+    cooldown: int = 10  # env steps before the same env may be asked again
+    uncertainty_threshold: float = 0.6  # the policy is uncertain when its top probability is below this
+    decay: float = 0.8  # confidence × decay per interval of age
+    max_age_intervals: int = 6  # advice older than this many intervals has expired
+
+
+@struct.dataclass
+class AdviceTable:
+    probs: jax.Array  # [N, 6]
+    confidence: jax.Array  # [N] as answered
+    age: jax.Array  # [N] int32 env steps since the answer arrived
+    status: jax.Array  # [N] int32, STATUS_NONE before the first answer
+    since_query: jax.Array  # [N] int32 env steps since the env was last asked
+
+    @classmethod
+    def create(cls, n_envs: int, num_actions: int = 6) -> "AdviceTable":
+        big = jnp.full(n_envs, 1 << 20, jnp.int32)
+        return cls(
+            probs=jnp.full((n_envs, num_actions), 1.0 / num_actions),
+            confidence=jnp.zeros(n_envs),
+            age=big,
+            status=jnp.full(n_envs, STATUS_NONE, jnp.int32),
+            since_query=big,
+        )
+
+    def tick(self) -> "AdviceTable":
+        """One env step passes."""
+        return self.replace(age=self.age + 1, since_query=self.since_query + 1)
+
+    def write(self, env_ids: jax.Array, probs: jax.Array, confidence: jax.Array, status: jax.Array, valid: jax.Array) -> "AdviceTable":
+        """Stores answers for env_ids [M] (rows with valid=False are padding and are dropped)."""
+        n = self.age.shape[0]
+        ids = jnp.where(valid, env_ids, n)  # out of range → dropped by the scatter
+        return self.replace(
+            probs=self.probs.at[ids].set(probs, mode="drop"),
+            confidence=self.confidence.at[ids].set(confidence, mode="drop"),
+            age=self.age.at[ids].set(0, mode="drop"),
+            status=self.status.at[ids].set(status, mode="drop"),
+        )
+
+    def mark_queried(self, env_ids: jax.Array, valid: jax.Array) -> "AdviceTable":
+        n = self.age.shape[0]
+        return self.replace(since_query=self.since_query.at[jnp.where(valid, env_ids, n)].set(0, mode="drop"))
+
+
+@struct.dataclass
+class AdviceView:
+    """What acting reads: the advice valid now, its decayed confidence and its age as a fraction of the
+    expiry."""
+
+    probs: jax.Array
+    confidence: jax.Array
+    valid: jax.Array
+    age_frac: jax.Array
+
+
+def view(table: AdviceTable, cfg: QueryConfig) -> AdviceView:
+    max_age = cfg.interval * cfg.max_age_intervals
+    valid = (table.status == STATUS_OK) & (table.age <= max_age)
+    decayed = table.confidence * jnp.power(cfg.decay, table.age / cfg.interval)
+    return AdviceView(
+        probs=table.probs,
+        confidence=jnp.where(valid, decayed, 0.0),
+        valid=valid,
+        age_frac=jnp.where(valid, table.age / max_age, 1.0),
+    )
+
+
+def select_queries(
+    table: AdviceTable, cfg: QueryConfig, budget: int, pi_rl: jax.Array, flat: jax.Array, changed: jax.Array
+):
+    """Picks at most `budget` envs to ask: candidates have advice older than the interval (or none),
+    are past their cooldown, and either the policy is uncertain, the env is flat (an entry decision) or its
+    state changed (a fill, an exit, a new loss). Most uncertain first. Returns (env_ids [B], valid [B])."""
+    top = pi_rl.max(-1)
+    stale = (table.age >= cfg.interval) | (table.status != STATUS_OK)
+    candidate = stale & (table.since_query >= cfg.cooldown) & ((top < cfg.uncertainty_threshold) | flat | changed)
+    priority = jnp.where(candidate, 1.0 - top, -1.0)
+    score, env_ids = jax.lax.top_k(priority, min(budget, pi_rl.shape[0]))
+    return env_ids.astype(jnp.int32), score >= 0.0

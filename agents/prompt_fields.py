@@ -1,0 +1,63 @@
+"""The prompt-field rows for the envs chosen at a query step, built on the host from the market's arrays and
+a few scalars of each env's state (gathered on device, so only [B] values cross to the host)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bridge.protocol import FIELD_INDEX, NUM_PROMPT_FIELDS
+from jaxenv.env import EnvState
+from jaxenv.features import FEATURES
+from jaxenv.market import Market
+
+_BAR = [f.name for f in FEATURES if f.group == "bar"]
+_CONTEXT = [f.name for f in FEATURES if f.group != "bar"]
+STATE_FIELDS = ("t", "side", "entry_price", "balance", "equity", "recent_wins", "recent_count", "consecutive_losses")
+
+
+def gather_state(state: EnvState, env_ids: jax.Array) -> dict[str, jax.Array]:
+    """The state scalars prompts need, for env_ids [B] only (jit this with the selection)."""
+    return {k: jnp.take(getattr(state, k), env_ids, axis=0) for k in STATE_FIELDS}
+
+
+class PromptFieldBuilder:
+    def __init__(self, market: Market, market_symbols: list[str], contracts: int):
+        self.market = market
+        self.contracts = contracts
+        symbol = market.contract.symbol
+        self.market_index = float(market_symbols.index(symbol)) if symbol in market_symbols else np.nan
+        f = market.bar_features
+        c = market.context_features
+        atr_pct = market.atr.astype(np.float64) / market.close * 100.0
+        # Raw indicator values for people to read, undone from the features' scalings.
+        self.rsi = (f[:, _BAR.index("rsi14")] + 0.5) * 100.0
+        self.adx = f[:, _BAR.index("adx14")] * 100.0
+        self.vwap_pct = f[:, _BAR.index("vwap_dist")] * 10.0 * atr_pct
+        self.momentum_pct = c[:, _CONTEXT.index("ret15_atr")] * atr_pct
+        self.minute = market.sessions.minute_of_day.astype(np.float32)
+        self.point_value = market.contract.point_value
+
+    def build(self, scalars: dict[str, np.ndarray]) -> np.ndarray:
+        """[B, len(PROMPT_FIELDS)] float32 from the gathered state scalars (numpy)."""
+        t = np.asarray(scalars["t"], np.int64)
+        side = np.asarray(scalars["side"], np.float64)
+        price = self.market.close[t]
+        count = np.asarray(scalars["recent_count"])
+        wins = np.array([bin(int(x)).count("1") for x in np.asarray(scalars["recent_wins"])], np.float64)
+        out = np.zeros((len(t), NUM_PROMPT_FIELDS), np.float32)
+        out[:, FIELD_INDEX["market"]] = self.market_index
+        out[:, FIELD_INDEX["minute_of_day"]] = self.minute[t]
+        out[:, FIELD_INDEX["price"]] = price
+        out[:, FIELD_INDEX["adx"]] = self.adx[t]
+        out[:, FIELD_INDEX["rsi"]] = self.rsi[t]
+        out[:, FIELD_INDEX["vwap_dist"]] = self.vwap_pct[t]
+        out[:, FIELD_INDEX["momentum"]] = self.momentum_pct[t]
+        out[:, FIELD_INDEX["position"]] = side * self.contracts
+        out[:, FIELD_INDEX["unrealized_pnl"]] = np.asarray(scalars["equity"]) - np.asarray(scalars["balance"])
+        out[:, FIELD_INDEX["win_rate"]] = np.where(count > 0, wins / np.maximum(count, 1), np.nan)
+        out[:, FIELD_INDEX["consecutive_losses"]] = np.asarray(scalars["consecutive_losses"])
+        out[:, FIELD_INDEX["balance"]] = np.asarray(scalars["balance"])
+        out[:, FIELD_INDEX["headline"]] = np.where(self.market.text_index[t] >= 0, self.market.text_index[t], -1)
+        return out

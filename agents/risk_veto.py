@@ -1,0 +1,78 @@
+"""The risk veto: a mask over actions, vectorised over envs, applied before sampling.
+
+Rules (each can be turned off): 3+ consecutive losses; drawdown buffer below 20% of the trailing drawdown;
+win rate of the last 10 trades below 40% once at least 5 trades exist. A firing rule blocks BUY, SELL and
+ENABLE_TRAIL; HOLD is never vetoed. A veto lasts `cooldown_bars` bars or until a new session, whichever
+comes first. A rule fires again only after another trade has closed, so when its condition outlives the
+veto the agent is let back in rather than locked out for good.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxenv.env import BUY, ENABLE_TRAIL, SELL, EnvParams, EnvState, drawdown_threshold
+
+RULES = ("consecutive_losses", "drawdown_buffer", "win_rate")
+BLOCKED_ACTIONS = (BUY, SELL, ENABLE_TRAIL)
+
+
+@dataclass
+class VetoConfig:
+    enabled: bool = True
+    consecutive_losses: int = 3  # fire at this many losses in a row; 0 turns the rule off
+    min_drawdown_buffer: float = 0.20  # fire below this share of the trailing drawdown left; 0 turns it off
+    min_win_rate: float = 0.40  # fire below this win rate of the last 10 trades; 0 turns it off
+    min_trades_for_win_rate: int = 5
+    cooldown_bars: int = 30
+
+
+@struct.dataclass
+class VetoState:
+    until_bar: jax.Array  # [N] int32: vetoed while the env's bar is below this ...
+    session: jax.Array  # [N] int32: ... and still in this session
+    fired_at_trades: jax.Array  # [N, 3] int32: the env's trade count when each rule last fired (-1 never)
+
+    @classmethod
+    def create(cls, n_envs: int) -> "VetoState":
+        return cls(
+            until_bar=jnp.zeros(n_envs, jnp.int32),
+            session=jnp.full(n_envs, -1, jnp.int32),
+            fired_at_trades=jnp.full((n_envs, len(RULES)), -1, jnp.int32),
+        )
+
+
+def rule_conditions(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.Array:
+    """[N, 3] bool: which rules' conditions hold in each env's state."""
+    buffer = (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
+    win_rate = jax.lax.population_count(state.recent_wins) / jnp.maximum(state.recent_count, 1)
+    return jnp.stack(
+        [
+            (cfg.consecutive_losses > 0) & (state.consecutive_losses >= cfg.consecutive_losses),
+            (cfg.min_drawdown_buffer > 0) & (buffer < cfg.min_drawdown_buffer),
+            (cfg.min_win_rate > 0) & (state.trades >= cfg.min_trades_for_win_rate) & (win_rate < cfg.min_win_rate),
+        ],
+        axis=-1,
+    )
+
+
+def apply_veto(cfg: VetoConfig, veto: VetoState, state: EnvState, params: EnvParams, mask: jax.Array):
+    """Updates the veto for the envs' current states (vmapped env state, leaves [N]) and removes vetoed
+    actions from `mask` [N, 6]. Returns (mask, veto, fired [N, 3] rules that fired now, active [N])."""
+    if not cfg.enabled:
+        return mask, veto, jnp.zeros((mask.shape[0], len(RULES)), bool), jnp.zeros(mask.shape[0], bool)
+    conditions = jax.vmap(rule_conditions, in_axes=(None, 0, None))(cfg, state, params)
+    fired = conditions & (state.trades[:, None] != veto.fired_at_trades)
+    any_fired = fired.any(axis=-1)
+    veto = VetoState(
+        until_bar=jnp.where(any_fired, state.t + cfg.cooldown_bars, veto.until_bar),
+        session=jnp.where(any_fired, state.session, veto.session),
+        fired_at_trades=jnp.where(fired, state.trades[:, None], veto.fired_at_trades),
+    )
+    active = (state.t < veto.until_bar) & (state.session == veto.session)
+    blocked = jnp.zeros(mask.shape[-1], bool).at[jnp.array(BLOCKED_ACTIONS)].set(True)
+    return mask & ~(active[:, None] & blocked[None, :]), veto, fired, active

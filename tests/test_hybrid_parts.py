@@ -1,0 +1,137 @@
+"""Risk veto, fusion and query selection: the vectorised pieces of the hybrid loop."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agents.advice import AdviceTable, QueryConfig, select_queries, view
+from agents.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
+from agents.risk_veto import VetoConfig, VetoState, apply_veto
+from jaxenv.env import BUY, ENABLE_TRAIL, HOLD, SELL, TradingEnv
+from tests.conftest import HandMarket, bar_at
+
+ALL = jnp.ones((1, 6), bool)
+
+
+def env_states(**overrides):
+    market = HandMarket().build()
+    env = TradingEnv()
+    params = env.make_params(market, (0, market.num_bars))
+    state = env.initial_state(jax.random.PRNGKey(0), params, bar=bar_at(2, 10, 0))
+    state = state.replace(**{k: jnp.asarray(v, getattr(state, k).dtype) for k, v in overrides.items()})
+    return jax.tree.map(lambda x: x[None], state), params
+
+
+@pytest.mark.nojit
+def test_veto_fires_on_consecutive_losses_blocks_entries_but_never_hold():
+    state, params = env_states(consecutive_losses=3, trades=3)
+    mask, veto, fired, active = apply_veto(VetoConfig(), VetoState.create(1), state, params, ALL)
+    assert fired[0].tolist() == [True, False, False] and bool(active[0])
+    assert mask[0].tolist() == [True, False, False, True, False, True]  # BUY, SELL, ENABLE_TRAIL blocked
+
+
+@pytest.mark.nojit
+def test_veto_rules_drawdown_buffer_and_win_rate_and_switches():
+    low_buffer, params = env_states(equity=47_900.0)  # (47,900 − 47,500) / 2,500 = 0.16 < 0.2
+    _, _, fired, _ = apply_veto(VetoConfig(), VetoState.create(1), low_buffer, params, ALL)
+    assert fired[0].tolist() == [False, True, False]
+    _, _, fired, _ = apply_veto(VetoConfig(min_drawdown_buffer=0.0), VetoState.create(1), low_buffer, params, ALL)
+    assert not bool(fired.any())
+
+    losing, params = env_states(trades=6, recent_wins=0b000001, recent_count=6)  # 1 win in 6 = 17%
+    _, _, fired, _ = apply_veto(VetoConfig(), VetoState.create(1), losing, params, ALL)
+    assert fired[0].tolist() == [False, False, True]
+    few, params = env_states(trades=4, recent_wins=0, recent_count=4)  # fewer than 5 trades: no verdict
+    _, _, fired, _ = apply_veto(VetoConfig(), VetoState.create(1), few, params, ALL)
+    assert not bool(fired.any())
+    mask, *_ = apply_veto(VetoConfig(enabled=False), VetoState.create(1), losing, params, ALL)
+    assert bool(mask.all())
+
+
+@pytest.mark.nojit
+def test_veto_expires_after_cooldown_and_at_new_session_and_does_not_lock_out():
+    cfg = VetoConfig(cooldown_bars=30)
+    state, params = env_states(consecutive_losses=3, trades=3)
+    _, veto, _, _ = apply_veto(cfg, VetoState.create(1), state, params, ALL)
+    later = state.replace(t=state.t + 29)
+    assert bool(apply_veto(cfg, veto, later, params, ALL)[3][0])  # still active
+    expired = state.replace(t=state.t + 30)
+    mask, veto2, fired, active = apply_veto(cfg, veto, expired, params, ALL)
+    # The losses are still 3 in a row, but no trade has closed since: the rule does not fire again.
+    assert not bool(active[0]) and not bool(fired.any()) and bool(mask.all())
+    next_session = state.replace(session=state.session + 1, t=state.t + 1)
+    assert not bool(apply_veto(cfg, veto, next_session, params, ALL)[3][0])
+    # Another losing trade re-arms it.
+    assert bool(apply_veto(cfg, veto2, expired.replace(trades=expired.trades + 1, consecutive_losses=expired.consecutive_losses + 1), params, ALL)[3][0])
+
+
+@pytest.mark.nojit
+def test_advice_table_decays_expires_and_selection_respects_budget():
+    cfg = QueryConfig(interval=5, cooldown=10, decay=0.8, max_age_intervals=2)
+    table = AdviceTable.create(4)
+    probs = jnp.tile(jnp.array([0.1, 0.6, 0.1, 0.1, 0.05, 0.05]), (4, 1))
+    table = table.write(jnp.array([0, 1, 2, 3]), probs, jnp.full(4, 0.6), jnp.array([0, 0, 1, 0]), jnp.array([True, True, True, False]))
+    for _ in range(5):
+        table = table.tick()
+    v = view(table, cfg)
+    assert v.valid.tolist() == [True, True, False, False]  # env 2 had a parse error; env 3 was padding
+    np.testing.assert_allclose(v.confidence[:2], 0.6 * 0.8, rtol=1e-5)  # one interval old
+    for _ in range(6):
+        table = table.tick()
+    assert not bool(view(table, cfg).valid.any())  # older than 2 intervals: expired
+
+    pi = jnp.array([[0.9, 0.02, 0.02, 0.02, 0.02, 0.02], [0.4, 0.3, 0.3, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0], [0.3, 0.3, 0.4, 0, 0, 0]])
+    flat = jnp.array([False, False, False, False])
+    ids, ok = select_queries(AdviceTable.create(4), cfg, 2, pi, flat, jnp.zeros(4, bool))
+    assert ok.tolist() == [True, True] and sorted(ids.tolist()) == [1, 3]  # the two most uncertain
+    table = AdviceTable.create(4).mark_queried(jnp.array([1, 3]), jnp.array([True, True]))
+    ids, ok = select_queries(table, cfg, 2, pi, flat, jnp.zeros(4, bool))
+    assert ids[ok].tolist() == [2]  # 1 and 3 are cooling down, 0 is confident and not flat
+    ids, ok = select_queries(table, cfg, 2, pi, jnp.array([True, False, False, False]), jnp.zeros(4, bool))
+    assert sorted(ids[ok].tolist()) == [0, 2]  # a flat env is a candidate however confident
+
+
+@pytest.mark.nojit
+def test_learned_mixture_is_a_masked_distribution_and_gate_starts_low():
+    pi_rl = jnp.array([[0.5, 0.5, 0.0, 0.0, 0.0, 0.0]])
+    advice = jnp.array([[0.0, 0.0, 0.9, 0.1, 0.0, 0.0]])
+    mask = jnp.array([[True, True, False, True, False, False]])
+    pi_llm = masked_advice_probs(advice, mask)
+    np.testing.assert_allclose(pi_llm[0], [0, 0, 0, 1, 0, 0])  # SELL invalid: its mass is dropped
+    p = mix(pi_rl, pi_llm, jnp.array([0.25]), mask)
+    np.testing.assert_allclose(p[0], [0.375, 0.375, 0, 0.25, 0, 0], atol=1e-6)
+    assert float(p.sum()) == pytest.approx(1.0)
+    p0 = mix(pi_rl, pi_llm, jnp.array([0.0]), mask)
+    np.testing.assert_allclose(p0, pi_rl)
+
+    tbl = AdviceTable.create(1).write(jnp.array([0]), advice, jnp.array([0.9]), jnp.array([0]), jnp.array([True]))
+    features = fusion_features(pi_rl, view(tbl, QueryConfig()), jnp.zeros((1, 6)))
+    gate = TrustGate()
+    g = gate.apply(gate.init(jax.random.PRNGKey(0), features), features)
+    assert 0.05 < float(g[0]) < 0.2
+
+
+@pytest.mark.nojit
+def test_rules_fusion_priorities():
+    def advice_for(action, conf):
+        probs = jax.nn.one_hot(jnp.array([action]), 6)
+        tbl = AdviceTable.create(1).write(jnp.array([0]), probs, jnp.array([conf]), jnp.array([0]), jnp.array([True]))
+        return view(tbl, QueryConfig())
+
+    def pi(action, conf):
+        rest = (1.0 - conf) / 5.0
+        return jnp.full((1, 6), rest).at[0, action].set(conf)
+
+    run = lambda rl, pol, adv: int(rules_action(jnp.array([rl]), pol, adv, ALL)[0])  # noqa: E731
+    assert run(BUY, pi(BUY, 0.7), advice_for(BUY, 0.7)) == BUY  # agreement
+    assert run(BUY, pi(BUY, 0.95), advice_for(SELL, 0.55)) == BUY  # RL confident, LLM not
+    assert run(BUY, pi(BUY, 0.55), advice_for(SELL, 0.95)) == SELL  # LLM confident, RL not
+    assert run(BUY, pi(BUY, 0.4), advice_for(SELL, 0.45)) == HOLD  # both unsure
+    assert run(BUY, pi(BUY, 0.7), advice_for(SELL, 0.8)) == BUY  # 0.3·0.8 < 0.7·0.7
+    no_sell = ALL.at[0, SELL].set(False)
+    assert int(rules_action(jnp.array([BUY]), pi(BUY, 0.55), advice_for(SELL, 0.95), no_sell)[0]) == BUY  # invalid → RL
+    invalid = view(AdviceTable.create(1), QueryConfig())
+    assert run(ENABLE_TRAIL, pi(BUY, 0.3), invalid) == ENABLE_TRAIL  # no advice: the policy's sample
