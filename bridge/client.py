@@ -180,6 +180,8 @@ class SidecarClient:
         """
         if self._res.process is not None:
             raise SidecarError("sidecar already started; use restart()")
+        if getattr(prompts, "action_labels", None) and "action_labels" not in options:
+            options["action_labels"] = ",".join(prompts.action_labels)  # the sidecar scores the template's labels
         system = system if system is not None else getattr(prompts, "system", "")
         answer_prefix = answer_prefix if answer_prefix is not None else getattr(prompts, "answer_prefix", "Action:")
         static = json.dumps({"system": system, "answer_prefix": answer_prefix}).encode()

@@ -22,27 +22,32 @@ from bridge.protocol import FIELD_INDEX, NUM_PROMPT_FIELDS, PROMPT_FIELDS
 DEFAULT_PROMPTS_PATH = Path(__file__).resolve().parents[1] / "configs" / "prompts.yaml"
 
 _ROW_END = b"\x01"
-_SPEC = re.compile(r"^(?P<sign>\+)?(?:\.(?P<decimals>[0-4]))?(?P<kind>[df%])$")
+_SPEC = re.compile(r"^(?P<sign>\+)?(?:\.(?P<decimals>[0-4]))?(?P<kind>[df%k])$")
 _TEXT_FIELDS = ("market", "minute_of_day", "position", "headline")
 _MAX_ABS = 1e15  # larger magnitudes are clipped so the int64 digit arithmetic cannot overflow
-_TEMPLATE_KEYS = {"system", "context", "headline", "answer_prefix", "markets", "position_words", "formats"}
+_TEMPLATE_KEYS = {"system", "context", "headline", "answer_prefix", "action_labels", "markets", "position_words", "formats"}
+# How score mode names the 6 actions (bridge.ACTIONS order) after the answer prefix. The default names are the
+# protocol's own, which bridge.parse_answer also reads in generate mode; `action_labels` in the YAML changes them.
+DEFAULT_ACTION_LABELS = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL")
 
 
 @dataclass(frozen=True)
 class NumberFormat:
-    """How a numeric field is written: fixed decimals, optional forced sign, optional percent."""
+    """How a numeric field is written: fixed decimals, optional forced sign, optional percent or thousands."""
 
     decimals: int = 2
     sign: bool = False
     percent: bool = False  # value is a fraction; written x100 with a trailing '%'
+    thousands: bool = False  # written /1000 with a trailing 'k' (52k: two digit tokens fewer than 51937)
 
     @classmethod
     def parse(cls, spec: str, where: str) -> "NumberFormat":
         m = _SPEC.match(spec)
         if m is None:
-            raise ValueError(f"{where}: format {spec!r} is not one of d, .Nf, .N% (N = 0..4, optionally with a leading +)")
+            raise ValueError(f"{where}: format {spec!r} is not one of d, .Nf, .N%, .Nk (N = 0..4, optionally with a "
+                             "leading +)")
         decimals = 0 if m["kind"] == "d" else int(m["decimals"] or 0)
-        return cls(decimals=decimals, sign=bool(m["sign"]), percent=m["kind"] == "%")
+        return cls(decimals=decimals, sign=bool(m["sign"]), percent=m["kind"] == "%", thousands=m["kind"] == "k")
 
 
 def _u8(column: np.ndarray) -> np.ndarray:
@@ -86,6 +91,8 @@ def format_numbers(values: np.ndarray, fmt: NumberFormat) -> list[np.ndarray]:
     v = np.where(finite, values, 0.0).astype(np.float64)
     if fmt.percent:
         v *= 100.0
+    if fmt.thousands:
+        v /= 1000.0
     scaled = np.rint(np.minimum(np.abs(v), _MAX_ABS) * 10**fmt.decimals).astype(np.int64)
     negative = (v < 0) & (scaled > 0)  # no "-0.00"
     sign = np.where(negative, np.uint8(ord("-")), np.uint8(ord("+") if fmt.sign else 0))
@@ -95,6 +102,8 @@ def format_numbers(values: np.ndarray, fmt: NumberFormat) -> list[np.ndarray]:
         pieces += [_literal(b".", n), fraction]
     if fmt.percent:
         pieces.append(_literal(b"%", n))
+    if fmt.thousands:
+        pieces.append(_literal(b"k", n))
     if finite.all():
         return pieces
     hide = finite[:, None]
@@ -110,7 +119,7 @@ def _clean_text(text: str) -> bytes:
 class PromptRenderer:
     """Turns prompt-field rows (see bridge.PROMPT_FIELDS) into the context part of each prompt.
 
-    `system` and `answer_prefix` are not rendered per env: the sidecar receives them once.
+    `system`, `answer_prefix` and `action_labels` are not rendered per env: the sidecar receives them once.
     """
 
     def __init__(
@@ -119,6 +128,7 @@ class PromptRenderer:
         context: str,
         headline: str = " {text}",
         answer_prefix: str = "Action:",
+        action_labels: Sequence[str] = DEFAULT_ACTION_LABELS,
         markets: Sequence[str] = ("ES",),
         position_words: dict[str, str] | None = None,
         formats: dict[str, str] | None = None,
@@ -128,6 +138,11 @@ class PromptRenderer:
         self.context = context
         self.answer_prefix = answer_prefix
         self.source = source
+        labels = tuple(action_labels)
+        if len(labels) != 6 or len(set(labels)) != 6 or not all(isinstance(a, str) and a.strip() for a in labels):
+            raise ValueError(f"{source}: action_labels must be 6 distinct non-empty strings naming HOLD, BUY, SELL, "
+                             f"MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL in that order, got {action_labels!r}")
+        self.action_labels = labels
         words = {"long": "long", "short": "short", "flat": "flat", **(position_words or {})}
         unknown_words = set(words) - {"long", "short", "flat"}
         if unknown_words:

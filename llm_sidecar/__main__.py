@@ -32,6 +32,13 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     hf.add_argument("--lora", default=None, help="a peft LoRA adapter directory")
     hf.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     hf.add_argument("--temperature", type=float, default=1.0, help="score mode softmax temperature")
+    hf.add_argument("--score-tokens", choices=("first", "full"), default="first",
+                    help="score mode: 'first' = one forward pass, one softmax over the 6 labels' first-token logits "
+                         "(exact for one-token labels); 'full' = length-normalised log-likelihood of every label token")
+    hf.add_argument("--action-labels", default=None,
+                    help="score mode: the 6 action names the system prompt uses, comma-separated, in HOLD,BUY,SELL,"
+                         "MOVE_TO_BE,ENABLE_TRAIL,DISABLE_TRAIL order (default: those names; `ask` reads --prompts)")
+    hf.add_argument("--micro-batch", type=int, default=64, help="score mode: prompts per forward pass, length-sorted")
     hf.add_argument("--max-new-tokens", type=int, default=24, help="generate mode answer length")
     hf.add_argument("--sample", action="store_true", help="generate mode: sample instead of greedy")
     hf.add_argument("--no-prefix-cache", action="store_true", help="score mode: recompute the system prefix per batch")
@@ -56,8 +63,10 @@ def make_backend(args: argparse.Namespace, system: str, answer_prefix: str):
     options = TransformersOptions(
         model=args.model, mode=args.mode, dtype=args.dtype, quantize=args.quantize, lora=args.lora,
         device=args.device, temperature=args.temperature, max_new_tokens=args.max_new_tokens, sample=args.sample,
-        prefix_cache=not args.no_prefix_cache,
+        prefix_cache=not args.no_prefix_cache, score_tokens=args.score_tokens, micro_batch=args.micro_batch,
     )  # fmt: skip
+    if args.action_labels:
+        options.action_labels = tuple(a.strip() for a in args.action_labels.split(","))
     return TransformersBackend(options, system, answer_prefix)
 
 
@@ -81,6 +90,8 @@ def ask(args: argparse.Namespace) -> None:
     renderer = PromptRenderer.from_yaml(args.prompts)
     fields, texts = example_fields(args.n, args.seed)
     contexts = [p.decode() for p in renderer.render(fields, texts)]
+    if args.backend == "transformers" and not args.action_labels:
+        args.action_labels = ",".join(renderer.action_labels)
     backend = make_backend(args, renderer.system, renderer.answer_prefix)
     backend.advise(contexts[: min(2, len(contexts))])  # warm-up
     t0 = time.perf_counter()

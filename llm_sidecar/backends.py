@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bridge.parsing import answer_probabilities, parse_answer
+from bridge.prompts import DEFAULT_ACTION_LABELS
 from bridge.protocol import ACTIONS, NUM_ACTIONS, STATUS_OK
 from llm_sidecar.models import log, resolve_model
 
@@ -83,9 +84,9 @@ class MockBackend:
         adx = _read(r"\bADX\s*" + _NUMBER, context, 20.0)
         vwap = _read(r"\bVWAP\s*" + _NUMBER, context, 0.0)
         momentum = _read(r"\bmom(?:entum)?\s*" + _NUMBER, context, 0.0)
-        pnl = _read(r"\buPnL\s*" + _NUMBER, context, 0.0)
-        position = re.search(r"\bposition\s+(long|short|flat)", context, re.I)
-        side = position.group(1).lower() if position else "flat"
+        pnl = _read(r"\b(?:uPnL|PnL|P&L)\s*" + _NUMBER, context, 0.0)
+        position = re.search(r"\b(long|short)\s*\d|\b(flat)\b", context.split("News:", 1)[0], re.I)
+        side = (position.group(1) or position.group(2)).lower() if position else "flat"
         headline = context.split("News:", 1)[1] if "News:" in context else ""
         sentiment = len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
         if side != "flat":
@@ -139,10 +140,19 @@ class TransformersOptions:
     quantize: str = "none"  # none | int8 | int4 (bitsandbytes)
     lora: str | None = None  # a peft adapter directory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    temperature: float = 1.0  # score mode: softmax temperature over the action log-likelihoods
+    temperature: float = 1.0  # score mode: softmax temperature over the action scores
     max_new_tokens: int = 24  # generate mode
     sample: bool = False  # generate mode: sample instead of greedy decoding
     prefix_cache: bool = True  # score mode: compute the shared system prefix once
+    # Score mode: how each action's label (`action_labels`, bridge.ACTIONS order) is scored after the answer prefix.
+    #   'first': one forward pass; each action's score is the next-token logit of its label's first token, and
+    #            the 6 scores go through one softmax. Needs labels whose first tokens differ. Exact when every
+    #            label is one token; for multi-token labels the first token stands for the whole label.
+    #   'full':  the length-normalised log-likelihood of every token of each label (one extra cached forward
+    #            pass per multi-token label): the slow, exact-for-multi-token path.
+    score_tokens: str = "first"
+    action_labels: tuple[str, ...] = DEFAULT_ACTION_LABELS
+    micro_batch: int = 64  # score mode: at most this many prompts per forward pass (length-sorted sub-batches)
 
 
 def quantization_config(quantize: str, compute_dtype):
@@ -213,12 +223,39 @@ class TransformersBackend:
         bos = self.tokenizer.bos_token
         add_special = not (bos and self.prefix_text.startswith(bos))
         self.prefix_ids = self.tokenizer(self.prefix_text, add_special_tokens=add_special).input_ids
-        self.action_ids = [self.tokenizer(" " + a, add_special_tokens=False).input_ids for a in ACTIONS]
+        self._setup_action_labels(system)
         self._prefix_cache = None
         if options.mode == "score" and options.prefix_cache:
             with torch.inference_mode():
                 ids = torch.tensor([self.prefix_ids], device=self.device)
                 self._prefix_cache = self.model(input_ids=ids, use_cache=True).past_key_values
+
+    def _setup_action_labels(self, system: str) -> None:
+        """Token ids of each action's label as it follows the answer prefix (" " + label)."""
+        options = self.options
+        labels = tuple(options.action_labels)
+        if len(labels) != NUM_ACTIONS or len(set(labels)) != NUM_ACTIONS:
+            raise ValueError(f"action_labels must be {NUM_ACTIONS} distinct labels in the order {list(ACTIONS)}, "
+                             f"got {list(labels)}")
+        if options.score_tokens not in ("first", "full"):
+            raise ValueError(f"score_tokens must be first or full, got {options.score_tokens!r}")
+        self.action_labels = labels
+        self.action_ids = [self.tokenizer(" " + a, add_special_tokens=False).input_ids for a in labels]
+        if options.mode != "score":
+            return
+        missing = [a for a in labels if not re.search(rf"(?<![\w]){re.escape(a)}(?![\w])", system)]
+        if missing:  # the model can only pick a label it was told about
+            raise ValueError(f"score mode: action label(s) {missing} do not appear in the system prompt; list them "
+                             f"there or set action_labels (--action-labels) to the names the prompt uses")
+        if options.score_tokens == "first":
+            firsts = [ids[0] for ids in self.action_ids]
+            if len(set(firsts)) != NUM_ACTIONS:
+                clash = {self.tokenizer.decode([t]): [a for a, f in zip(labels, firsts) if f == t] for t in firsts
+                         if firsts.count(t) > 1}  # fmt: skip
+                raise ValueError(f"score_tokens='first' needs action labels whose first tokens differ; {clash} share "
+                                 f"one. Choose other labels or use score_tokens='full'")
+        self.first_token_ids = [ids[0] for ids in self.action_ids]
+        self.single_token_labels = all(len(ids) == 1 for ids in self.action_ids)
 
     def _split_chat_template(self, system: str) -> tuple[str, str]:
         tok = self.tokenizer
@@ -250,28 +287,77 @@ class TransformersBackend:
             mask[row, width - len(tokens) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
+    def _micro_batches(self, lengths: list[int]) -> list[list[int]]:
+        """Splits prompt indices into length-sorted groups of at most `micro_batch`, so little compute goes to
+        padding; a group also ends where the next prompt is longer than its shortest by more than 1/8."""
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        groups, group = [], []
+        limit = max(1, self.options.micro_batch)
+        for i in order:
+            if group and (len(group) >= limit or (len(group) >= 8 and lengths[i] > lengths[group[0]] * 9 / 8)):
+                groups.append(group)
+                group = []
+            group.append(i)
+        if group:
+            groups.append(group)
+        return groups
+
     def _score(self, contexts: list[str]) -> BackendAnswers:
-        """Length-normalised log-likelihood of each action string after the answer prefix → softmax."""
+        """Softmax over the 6 action scores (see TransformersOptions.score_tokens), in length-sorted micro-batches."""
         torch = self.torch
         texts = [c + self.suffix_text + self.answer_prefix for c in contexts]
         if self._prefix_cache is None:
             texts = [self.prefix_text + t for t in texts]
-            suffix_tokens = self.tokenizer(texts, add_special_tokens=False).input_ids
+        tokens = self.tokenizer(texts, add_special_tokens=False).input_ids
+        batch = len(texts)
+        scores = torch.empty((batch, NUM_ACTIONS), dtype=torch.float32)
+        for group in self._micro_batches([len(t) for t in tokens]):
+            scores[group] = self._score_tokens([tokens[i] for i in group]).cpu()
+        probs = torch.softmax(scores / self.options.temperature, dim=-1).numpy().astype(np.float32)
+        action = probs.argmax(axis=1)
+        reasons = [b"score %s %.2f" % (ACTIONS[i].encode(), p) for i, p in zip(action, probs.max(axis=1))]
+        return BackendAnswers(
+            probs=probs,
+            action=action.astype(np.int8),
+            confidence=probs.max(axis=1).astype(np.float32),
+            status=np.full(batch, STATUS_OK, dtype=np.int8),
+            reasons=reasons,
+            prompt_tokens=sum(len(t) for t in tokens),
+        )
+
+    def _shared_prefix_cache(self, batch: int):
+        """The system prefix's key/value cache for `batch` rows. The rows are broadcast views of the one cached
+        row (the first forward pass concatenates new keys onto them, which copies once, as it must)."""
+        cache = copy.deepcopy(self._prefix_cache)
+        layers = getattr(cache, "layers", None)
+        if layers and all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+            for layer in layers:
+                layer.keys = layer.keys.expand(batch, *layer.keys.shape[1:])
+                layer.values = layer.values.expand(batch, *layer.values.shape[1:])
+        else:
+            cache.batch_repeat_interleave(batch)
+        return cache
+
+    def _score_tokens(self, token_lists: list[list[int]]):
+        """[batch, 6] action scores for one micro-batch of tokenised prompts (each ending in the answer prefix)."""
+        torch = self.torch
+        batch = len(token_lists)
+        if self._prefix_cache is None:
             prefix_len, cache = 0, None
         else:
-            suffix_tokens = self.tokenizer(texts, add_special_tokens=False).input_ids
-            prefix_len = len(self.prefix_ids)
-            cache = copy.deepcopy(self._prefix_cache)
-            cache.batch_repeat_interleave(len(texts))
-        ids, mask = self._left_padded(suffix_tokens)
-        batch = len(texts)
+            prefix_len, cache = len(self.prefix_ids), self._shared_prefix_cache(batch)
+        ids, mask = self._left_padded(token_lists)
         # Padding sits between the shared prefix and each context; positions skip it.
         full_mask = torch.cat([torch.ones((batch, prefix_len), dtype=mask.dtype, device=self.device), mask], dim=1)
         positions = (prefix_len + mask.cumsum(dim=1) - 1).clamp(min=0)
+        full = self.options.score_tokens == "full" and not self.single_token_labels
         out = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
+                         use_cache=full or cache is not None, logits_to_keep=1)
+        logits = out.logits[:, -1].float()
+        if not full:  # one softmax over the 6 first-token logits: the log-normaliser cancels
+            return logits[:, self.first_token_ids]
         cache = out.past_key_values
-        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        first = torch.log_softmax(logits, dim=-1)
         last_position = positions[:, -1:]
         scores = torch.empty((batch, NUM_ACTIONS), device=self.device)
         for a, tokens in enumerate(self.action_ids):
@@ -288,17 +374,7 @@ class TransformersBackend:
                 total += logp.gather(2, rest[1:].expand(batch, steps).unsqueeze(-1)).squeeze(-1).sum(dim=1)
                 cache.crop(-steps)  # back to the prompt for the next action
             scores[:, a] = total / len(tokens)
-        probs = torch.softmax(scores / self.options.temperature, dim=-1).cpu().numpy().astype(np.float32)
-        action = probs.argmax(axis=1)
-        reasons = [b"score %s %.2f" % (ACTIONS[i].encode(), p) for i, p in zip(action, probs.max(axis=1))]
-        return BackendAnswers(
-            probs=probs,
-            action=action.astype(np.int8),
-            confidence=probs.max(axis=1).astype(np.float32),
-            status=np.full(batch, STATUS_OK, dtype=np.int8),
-            reasons=reasons,
-            prompt_tokens=int(mask.sum()),
-        )
+        return scores
 
     def _generate(self, contexts: list[str]) -> BackendAnswers:
         """Generates an answer line per prompt and parses it."""

@@ -1,6 +1,8 @@
 """LLM benchmark: prompts/s of the sidecar backends (mock, a tiny random Phi-3, the embedded SmolLM2) in score
 and generate modes at several micro-batch sizes, with token counts. Backends run in this process (no answer
-cache, no transport) so the figure is the model's. Run as `python scripts/benchmark.py llm --json PATH`."""
+cache, no transport) so the figure is the model's: every prompt in a batch is distinct (random example fields),
+no answer cache is involved, and the only thing reused between prompts is the shared system prompt's key/value
+cache, as in production. Run as `python scripts/benchmark.py llm --json PATH`."""
 
 from __future__ import annotations
 
@@ -39,9 +41,14 @@ def run(opts: BenchOptions) -> list[dict]:
     from llm_sidecar.models import build_tiny_phi3
 
     # On a CPU shared with other work (the JAX trainer, other jobs) fewer torch threads can be much faster:
-    # a thread that loses its core stalls every parallel op. BENCH_LLM_THREADS picks the count.
-    if os.environ.get("BENCH_LLM_THREADS"):
-        torch.set_num_threads(int(os.environ["BENCH_LLM_THREADS"]))
+    # a thread that loses its core stalls every parallel op (measured here with one busy core: 2 threads 1.4-2.2
+    # SmolLM2 score prompts/s, 1 thread 4.6). BENCH_LLM_THREADS picks the count; unset or 'auto' = the cores
+    # that the 1-minute load average (taken before any model work) leaves idle, at least 1.
+    threads_env = os.environ.get("BENCH_LLM_THREADS", "auto")
+    if threads_env == "auto":
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), round(os.cpu_count() - os.getloadavg()[0]))))
+    else:
+        torch.set_num_threads(int(threads_env))
 
     renderer = PromptRenderer.from_yaml()
     plan = _plan(opts.quick, opts.envs)
@@ -58,12 +65,15 @@ def run(opts: BenchOptions) -> list[dict]:
                 if model == "mock":
                     backends[key] = MockBackend()
                 else:
-                    options = TransformersOptions(model=tiny_dir if model == "tiny-phi3" else model, mode=mode)
+                    options = TransformersOptions(model=tiny_dir if model == "tiny-phi3" else model, mode=mode,
+                                                  action_labels=renderer.action_labels)
                     backends[key] = TransformersBackend(options, renderer.system, renderer.answer_prefix)
                 load_s = time.perf_counter() - t0
                 backends[key].advise(contexts[:2])  # warm-up: first-call allocations
             advisor = backends[key]
             batch_contexts = contexts[:batch]
+            if len(set(batch_contexts)) != batch:
+                raise RuntimeError("the benchmark must time distinct prompts")
             last = {}
 
             def call():
@@ -74,9 +84,10 @@ def run(opts: BenchOptions) -> list[dict]:
             result = {
                 "suite": "llm", "model": model, "mode": mode, "batch_size": batch,
                 "prompts_per_s": batch / timing["median_s"],
-                "tokens_per_prompt": answers.prompt_tokens / batch,
+                "tokens_per_prompt": answers.prompt_tokens / batch, "distinct_prompts": batch,
                 "ok_fraction": float((answers.status == 0).mean()), "load_s": load_s,
                 "peak_host_mb": peak_host_memory_mb(), "cpu": cpu_model(), "torch_threads": torch.get_num_threads(),
+                "threads_rule": threads_env,
                 "load_avg_1min": os.getloadavg()[0], **timing,
             }  # fmt: skip
             if model != "mock":

@@ -1,5 +1,6 @@
 """Prompt rendering: the vectorised formatter must write exactly what Python's formatting would."""
 
+import re
 import time
 
 import numpy as np
@@ -17,16 +18,16 @@ def render_numbers(values, spec):
     return [bytes(row).replace(b"\x00", b"").decode() for row in matrix]
 
 
-@pytest.mark.parametrize("spec", ["d", ".0f", ".1f", ".2f", "+.2f", ".3f", ".4f", ".0%", "+.1%"])
+@pytest.mark.parametrize("spec", ["d", ".0f", ".1f", ".2f", "+.2f", ".3f", ".4f", ".0%", "+.1%", ".0k", "+.1k"])
 def test_numbers_match_python_formatting(spec):
     rng = np.random.default_rng(1)
     values = np.concatenate([rng.normal(0, 10, 300), rng.uniform(-1e6, 1e6, 300), [0.0, -0.0, 1e-7, -1e-7, 9999.995]])
     values = values.astype(np.float32)
-    python_spec = spec.replace("d", ".0f")
+    python_spec = spec.replace("d", ".0f").replace("k", "f")
     expected = []
     for v in values.astype(np.float64):
-        text = format(v, python_spec)
-        if text.lstrip("+-").strip("0.%") == "":  # Python writes -0.00; the renderer drops the minus
+        text = format(v / 1000, python_spec) + "k" if spec.endswith("k") else format(v, python_spec)
+        if text.lstrip("+-").strip("0.%k") == "":  # Python writes -0.00; the renderer drops the minus
             text = text.replace("-", "+" if spec.startswith("+") else "")
         expected.append(text)
     got = render_numbers(values, spec)
@@ -52,9 +53,14 @@ def test_default_template_renders_every_field():
                      momentum=0.8, position=-2, unrealized_pnl=125.4, win_rate=0.55, consecutive_losses=3,
                      balance=50210.7, headline=1)
     text = renderer.render(row[None], ["ignored", "Fed cuts rates"])[0].decode()
-    assert text == ("NQ 14:05 price 4521.25 ADX 27 RSI 62 VWAP -0.12% momentum +0.80% position short 2 "
-                    "uPnL +125 win rate 55% losses 3 balance 50211 News: Fed cuts rates")
+    # Compact: every digit is a token for SmolLM2, so units and meanings live in the shared system prompt.
+    assert text == "14:05 NQ 4521 ADX27 RSI62 VWAP-0.1 mom+0.8 short 2 pnl+125 win55% loss3 bal50k News: Fed cuts rates"
     assert "system" not in text and renderer.system.startswith("You advise")
+    for meaning in ("time", "symbol", "price", "ADX", "RSI", "VWAP", "momentum", "position", "P&L", "win rate",
+                    "consecutive losses", "balance in $ thousands", "headline"):
+        assert meaning in renderer.system  # the system prompt says what each compact field is
+    assert renderer.action_labels == ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL")
+    assert all(label in renderer.system for label in renderer.action_labels)
 
 
 def test_flat_position_and_missing_headline():
@@ -85,6 +91,8 @@ def test_bad_inputs_fail_loudly_naming_the_problem():
         PromptRenderer.from_dict({"system": "s", "context": "c", "sytem": "typo"})
     with pytest.raises(ValueError, match="'context' is required"):
         PromptRenderer.from_dict({"system": "s"})
+    with pytest.raises(ValueError, match="action_labels must be 6 distinct"):
+        PromptRenderer.from_dict({"system": "s", "context": "c", "action_labels": ["A", "B", "C", "D", "E", "E"]})
 
 
 def test_4096_prompts_render_in_milliseconds():
@@ -95,7 +103,7 @@ def test_4096_prompts_render_in_milliseconds():
     renderer.render(fields, texts)
     best = min(_timed(lambda: renderer.render(fields, texts)) for _ in range(5))
     prompts = renderer.render(fields, texts)
-    assert len(prompts) == 4096 and all(p.startswith((b"ES ", b"NQ ", b"YM ", b"RTY ")) for p in prompts)
+    assert len(prompts) == 4096 and all(re.match(rb"\d\d:\d\d (ES|NQ|YM|RTY) \d+ ADX", p) for p in prompts)
     assert best < 0.05, f"rendering 4096 prompts took {best * 1e3:.1f} ms"  # ~5 ms measured; loose for shared CPUs
 
 

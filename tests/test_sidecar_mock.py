@@ -33,6 +33,16 @@ def test_mock_sidecar_answers_like_the_in_process_mock_and_caches_repeats():
         assert stats["cache_misses"] == unique and stats["cache_hits"] == 300 + (300 - unique)
 
 
+def test_mock_reads_compact_and_spelled_out_prompts():
+    mock = MockBackend()
+    assert mock.advise_text("10:00 ES 4500 ADX30 RSI50 VWAP+0.2 mom+0.5 long 1 pnl+100 win50% loss0 bal50k").startswith("ENABLE_TRAIL")
+    assert mock.advise_text("ES 10:00 price 4500.00 ADX 30 RSI 50 VWAP +0.2% momentum +0.5% position long 1 "
+                            "uPnL +100 win rate 50% losses 0 balance 50000").startswith("ENABLE_TRAIL")
+    assert mock.advise_text("10:00 ES 4500 ADX20 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k").startswith("BUY")
+    assert mock.advise_text("10:00 ES 4500 ADX10 RSI50 VWAP-0.2 mom-0.5 short 2 pnl-50 win50% loss0 bal50k "
+                            "News: long rally").startswith("DISABLE_TRAIL")
+
+
 def test_garbage_answers_become_counted_parse_errors_never_hold():
     prompts = [b"RSI %d ADX 30" % i for i in range(200)]
     with SidecarClient(client_config()) as client:

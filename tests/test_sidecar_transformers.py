@@ -52,6 +52,49 @@ def test_score_mode_gives_valid_distributions_independent_of_batching_and_prefix
     assert np.allclose(alone, answers.probs[:3], atol=1e-5)  # left padding changes nothing
 
 
+def test_first_token_scores_are_the_next_token_distribution_restricted_to_the_labels(tiny_model, contexts):
+    """Default score mode: one forward pass; P(action) = softmax over the 6 labels' first-token logits, i.e. the
+    model's next-token distribution after the answer prefix, renormalised over the 6 labels."""
+    fast = backend(tiny_model)
+    assert len(set(fast.first_token_ids)) == 6
+    answers = fast.advise(contexts)
+    model, tok = fast.model, fast.tokenizer
+    expected = []
+    with torch.inference_mode():
+        for c in contexts:
+            ids = tok(fast.prefix_text + c + fast.suffix_text + fast.answer_prefix, add_special_tokens=False,
+                      return_tensors="pt").input_ids
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, -1].float(), dim=-1)
+            label_logp = torch.tensor([logp[tok(" " + a, add_special_tokens=False).input_ids[0]] for a in RENDERER.action_labels])
+            expected.append(torch.softmax(label_logp, dim=0).numpy())
+    assert np.allclose(answers.probs, np.stack(expected), atol=1e-5)
+
+
+def test_micro_batches_and_full_label_scoring(tiny_model, contexts):
+    whole = backend(tiny_model).advise(contexts).probs
+    assert np.allclose(backend(tiny_model, micro_batch=5).advise(contexts).probs, whole, atol=1e-5)  # length-sorted groups
+    full = backend(tiny_model, score_tokens="full")  # length-normalised log-likelihood of every label token
+    assert not full.single_token_labels  # multi-token labels: the extra continuation passes really run
+    answers = full.advise(contexts)
+    assert_distributions(answers, len(contexts))
+    no_prefix = backend(tiny_model, score_tokens="full", prefix_cache=False, micro_batch=4).advise(contexts)
+    assert np.allclose(answers.probs, no_prefix.probs, atol=1e-5)
+    assert np.abs(answers.probs - whole).max() > 1e-3  # a different estimator, not a copy of the first-token one
+
+
+def test_action_labels_must_be_scoreable(tiny_model):
+    with pytest.raises(ValueError, match="do not appear in the system prompt"):
+        TransformersBackend(TransformersOptions(model=tiny_model), "Say HOLD or BUY.", "Action:")
+    labels = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL")
+    clashing = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "ENABLE_TRAIL_OFF")
+    with pytest.raises(ValueError, match="first tokens differ"):
+        TransformersBackend(TransformersOptions(model=tiny_model, action_labels=clashing), " ".join(clashing), "Action:")
+    with pytest.raises(ValueError, match="6 distinct labels"):
+        TransformersBackend(TransformersOptions(model=tiny_model, action_labels=labels[:5]), " ".join(labels), "Action:")
+    with pytest.raises(ValueError, match="score_tokens must be first or full"):
+        backend(tiny_model, score_tokens="last")
+
+
 def test_temperature_flattens_the_distribution(tiny_model, contexts):
     sharp = backend(tiny_model, temperature=0.1).advise(contexts[:4]).probs
     flat = backend(tiny_model, temperature=10.0).advise(contexts[:4]).probs
