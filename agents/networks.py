@@ -92,5 +92,9 @@ def forward_flops(cfg: NetworkConfig, obs_dim: int, num_actions: int) -> int:
 
 def update_flops_per_step(cfg: NetworkConfig, obs_dim: int, num_actions: int, update_epochs: int) -> int:
     """Network FLOPs per env step over one whole update: the rollout's forward pass, then in every epoch a
-    forward and a backward pass (backward ≈ 2× forward)."""
-    return forward_flops(cfg, obs_dim, num_actions) * (1 + 3 * update_epochs)
+    forward and a backward pass. Backward is 2× forward (weight and input gradients) except for each net's
+    first layer, whose input (the observation) needs no gradient: 1× there."""
+    fwd = forward_flops(cfg, obs_dim, num_actions)
+    first = sum(2 * obs_dim * (hidden[0] if hidden else out)
+                for hidden, out in ((cfg.actor_hidden, num_actions), (cfg.critic_hidden, 1)))
+    return fwd + update_epochs * (3 * fwd - first)

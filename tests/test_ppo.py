@@ -255,7 +255,8 @@ def test_flop_count_from_layer_shapes():
     cfg = load_config(None, [])
     fwd = forward_flops(cfg.network, 261, 6)
     assert fwd == 2 * (261 * 256 + 256 * 256 + 256 * 6) + 2 * (261 * 256 + 256 * 256 + 256 * 1)
-    assert update_flops_per_step(cfg.network, 261, 6, 4) == fwd * 13
+    first_layers = 2 * (261 * 256) * 2  # actor's and critic's: no gradient with respect to the observation
+    assert update_flops_per_step(cfg.network, 261, 6, 4) == fwd + 4 * (3 * fwd - first_layers)
 
 
 # ---------------------------------------------------------------------------------------------------- learning
