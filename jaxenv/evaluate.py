@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxenv.env import HOLD, EnvParams, TradingEnv
+from jaxenv.env import EnvParams, TradingEnv, drawdown_threshold
 from jaxenv.market import Market
 
 PolicyFn = Callable[..., jax.Array]
@@ -36,9 +36,7 @@ def _walk(env: TradingEnv, params: EnvParams, policy_fn: PolicyFn, policy_state:
             "action": jnp.asarray(action, jnp.int32),
             "pnl": next_state.equity - state.equity,
             "equity": next_state.equity,
-            "threshold": jnp.minimum(
-                next_state.peak - params.trailing_drawdown, params.starting_balance + params.trail_stop_offset
-            ),
+            "threshold": drawdown_threshold(next_state.peak, params),
             "position": next_state.side,
             "breach": terminated,
             **{k: info[k] for k in ("entry_side", "entry_price", "exit_reason", "exit_price", "trade_pnl", "invalid_action")},
@@ -95,12 +93,3 @@ def evaluate_policy(
     """Net P&L (mark-to-market, after costs), trades, win rate, breaches and max drawdown on a split."""
     return summarize(walk_split(env, market, split, policy_fn, key, policy_state))
 
-
-def flat_policy(obs: jax.Array, mask: jax.Array, key: jax.Array) -> jax.Array:
-    """Never trades."""
-    return jnp.asarray(HOLD, jnp.int32)
-
-
-def random_valid_policy(obs: jax.Array, mask: jax.Array, key: jax.Array) -> jax.Array:
-    """Uniform over the valid actions."""
-    return jax.random.categorical(key, jnp.where(mask, 0.0, -jnp.inf)).astype(jnp.int32)
