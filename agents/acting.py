@@ -18,7 +18,7 @@ from flax import struct
 
 from agents.advice import AdviceTable, AdviceView, QueryConfig, view
 from agents.fusion import fusion_features, masked_advice_probs, mix, rules_action
-from agents.networks import ActorCritic, log_probs_and_entropy
+from agents.networks import ActorCritic, log_probs_and_entropy, masked_logits
 from agents.risk_veto import RULES, VetoConfig, VetoState, apply_veto
 from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
 
@@ -79,7 +79,7 @@ class HybridActing:
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
         mask, veto, fired, active = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
-        logits = jnp.where(mask, logits, -1e9)
+        logits = masked_logits(logits, mask)
         logp_rl = jax.nn.log_softmax(logits)
         pi_rl = jnp.exp(logp_rl)
         advice = view(carry.advice, self.query)
@@ -126,7 +126,7 @@ class HybridActing:
 
     def log_prob_entropy(self, network, params, logits, mask, extras: StepExtras, action):
         """Log-prob of `action`, entropy, and policy-loss weight under the current parameters."""
-        logits = jnp.where(mask, logits, -1e9)
+        logits = masked_logits(logits, mask)
         if self.fusion != "learned":
             log_prob, entropy = log_probs_and_entropy(logits, action)
             return log_prob, entropy, extras.pg_weight

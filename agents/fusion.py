@@ -17,7 +17,6 @@ import jax.numpy as jnp
 from agents.advice import AdviceView
 from jaxenv.env import HOLD
 
-FUSION_MODES = ("none", "rules", "learned")
 GATE_BIAS_INIT = -2.0  # sigmoid(−2) ≈ 0.12: start by trusting the advice little
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import yaml
 
 from agents.acting import HybridActing
 from agents.advice import select_queries
@@ -62,10 +61,8 @@ class QueryLoop:
         self.chunks = [k] * (steps // k) + ([steps % k] if steps % k else [])  # e.g. 64 steps, k=5: 12×5 + 4
         self.cap = min(self.h.max_budget, cfg.num_envs)
         self.budget = self.cap if self.h.budget == "auto" else min(int(self.h.budget), self.cap)
-        prompts_path = Path(self.h.prompts or DEFAULT_PROMPTS_PATH)
-        self.renderer = PromptRenderer.from_yaml(prompts_path)
-        markets = yaml.safe_load(prompts_path.read_text()).get("markets", [])
-        self.fields = PromptFieldBuilder(market, list(markets), cfg.env.contracts_per_trade)
+        self.renderer = PromptRenderer.from_yaml(self.h.prompts or DEFAULT_PROMPTS_PATH)
+        self.fields = PromptFieldBuilder(market, list(self.renderer.markets), cfg.env.contracts_per_trade)
         self.texts = list(market.text_table) or None
         self.client = client or self._start_client()
         self.pending: list[tuple] = []  # (query step, submit time, prompts) of submissions not yet collected

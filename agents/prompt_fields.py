@@ -8,18 +8,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from bridge.protocol import FIELD_INDEX, NUM_PROMPT_FIELDS
-from jaxenv.env import EnvState
+from jaxenv.env import EnvState, recent_win_rate
 from jaxenv.features import FEATURES
 from jaxenv.market import Market
 
 _BAR = [f.name for f in FEATURES if f.group == "bar"]
 _CONTEXT = [f.name for f in FEATURES if f.group != "bar"]
-STATE_FIELDS = ("t", "side", "entry_price", "balance", "equity", "recent_wins", "recent_count", "consecutive_losses")
+STATE_FIELDS = ("t", "side", "entry_price", "balance", "equity", "recent_count", "consecutive_losses")
 
 
 def gather_state(state: EnvState, env_ids: jax.Array) -> dict[str, jax.Array]:
     """The state scalars prompts need, for env_ids [B] only (jit this with the selection)."""
-    return {k: jnp.take(getattr(state, k), env_ids, axis=0) for k in STATE_FIELDS}
+    out = {k: jnp.take(getattr(state, k), env_ids, axis=0) for k in STATE_FIELDS}
+    out["win_rate"] = jnp.take(recent_win_rate(state), env_ids, axis=0)
+    return out
 
 
 class PromptFieldBuilder:
@@ -44,8 +46,6 @@ class PromptFieldBuilder:
         t = np.asarray(scalars["t"], np.int64)
         side = np.asarray(scalars["side"], np.float64)
         price = self.market.close[t]
-        count = np.asarray(scalars["recent_count"])
-        wins = np.array([bin(int(x)).count("1") for x in np.asarray(scalars["recent_wins"])], np.float64)
         out = np.zeros((len(t), NUM_PROMPT_FIELDS), np.float32)
         out[:, FIELD_INDEX["market"]] = self.market_index
         out[:, FIELD_INDEX["minute_of_day"]] = self.minute[t]
@@ -56,7 +56,7 @@ class PromptFieldBuilder:
         out[:, FIELD_INDEX["momentum"]] = self.momentum_pct[t]
         out[:, FIELD_INDEX["position"]] = side * self.contracts
         out[:, FIELD_INDEX["unrealized_pnl"]] = np.asarray(scalars["equity"]) - np.asarray(scalars["balance"])
-        out[:, FIELD_INDEX["win_rate"]] = np.where(count > 0, wins / np.maximum(count, 1), np.nan)
+        out[:, FIELD_INDEX["win_rate"]] = np.where(np.asarray(scalars["recent_count"]) > 0, scalars["win_rate"], np.nan)
         out[:, FIELD_INDEX["consecutive_losses"]] = np.asarray(scalars["consecutive_losses"])
         out[:, FIELD_INDEX["balance"]] = np.asarray(scalars["balance"])
         out[:, FIELD_INDEX["headline"]] = np.where(self.market.text_index[t] >= 0, self.market.text_index[t], -1)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxenv.env import BUY, ENABLE_TRAIL, SELL, EnvParams, EnvState, drawdown_threshold
+from jaxenv.env import BUY, ENABLE_TRAIL, SELL, EnvParams, EnvState, drawdown_threshold, recent_win_rate
 
 RULES = ("consecutive_losses", "drawdown_buffer", "win_rate")
 BLOCKED_ACTIONS = (BUY, SELL, ENABLE_TRAIL)
@@ -49,7 +49,7 @@ class VetoState:
 def rule_conditions(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.Array:
     """[N, 3] bool: which rules' conditions hold in each env's state."""
     buffer = (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
-    win_rate = jax.lax.population_count(state.recent_wins) / jnp.maximum(state.recent_count, 1)
+    win_rate = recent_win_rate(state)
     return jnp.stack(
         [
             (cfg.consecutive_losses > 0) & (state.consecutive_losses >= cfg.consecutive_losses),

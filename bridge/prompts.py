@@ -136,6 +136,7 @@ class PromptRenderer:
     ):
         self.system = system
         self.context = context
+        self.markets = tuple(markets)  # symbols the `market` field indexes
         self.answer_prefix = answer_prefix
         self.source = source
         labels = tuple(action_labels)

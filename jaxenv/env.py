@@ -83,6 +83,11 @@ class EnvState(environment.EnvState):
     commissions: jax.Array  # paid this episode
 
 
+def recent_win_rate(state: EnvState) -> jax.Array:
+    """Wins / trades over the last (at most 10) closed trades; 0 before any trade."""
+    return jax.lax.population_count(state.recent_wins) / jnp.maximum(state.recent_count, 1)
+
+
 def drawdown_threshold(peak: jax.Array, params: EnvParams) -> jax.Array:
     return jnp.minimum(peak - params.trailing_drawdown, params.starting_balance + params.trail_stop_offset)
 
@@ -279,8 +284,7 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
 
     def risk_features(self, state: EnvState, params: EnvParams) -> jax.Array:
         threshold = drawdown_threshold(state.peak, params)
-        count = state.recent_count
-        win_rate = jnp.where(count > 0, jax.lax.population_count(state.recent_wins) / jnp.maximum(count, 1), 0.5)
+        win_rate = jnp.where(state.recent_count > 0, recent_win_rate(state), 0.5)
         return jnp.stack(
             [
                 (state.equity - threshold) / params.trailing_drawdown,
