@@ -44,12 +44,13 @@ class StepExtras(NamedTuple):
 
 @dataclass(frozen=True)
 class HybridActing:
-    fusion: str  # none | rules | learned
+    fusion: str  # none | rules | learned; advice_only (evaluation ablation): the advice alone, HOLD without it
     query: QueryConfig
     veto: VetoConfig
     llm_weight: float
     window: int  # the env's observation window, to find features in the raw observation
     extended: bool  # the observation has the extended context and risk features
+    greedy: bool = False  # evaluation: the most probable action of the acting distribution instead of a sample
 
     @property
     def gate_features(self) -> int:
@@ -91,12 +92,18 @@ class HybridActing:
             gate = network.apply(params, fusion_features(pi_rl, advice, context), method=ActorCritic.trust)
             gate = jnp.where(advice.valid, gate, 0.0)
             p = mix(pi_rl, masked_advice_probs(advice.probs, mask), gate, mask)
-            action = jax.random.categorical(k_mix, jnp.log(jnp.maximum(p, 1e-30)))
+            log_p = jnp.log(jnp.maximum(p, 1e-30))
+            action = jnp.argmax(log_p, -1) if self.greedy else jax.random.categorical(k_mix, log_p)
             learn_action = action
-            log_prob = jnp.log(jnp.take_along_axis(p, action[:, None], -1)[:, 0])
+            log_prob = jnp.take_along_axis(log_p, action[:, None], -1)[:, 0]
             changed_by_advice = advice.valid & (jnp.argmax(p, -1) != jnp.argmax(pi_rl, -1))
+        elif self.fusion == "advice_only":
+            advised = jnp.argmax(masked_advice_probs(advice.probs, mask), -1)
+            action = learn_action = jnp.where(advice.valid, advised, 0)
+            log_prob = jnp.zeros(pi_rl.shape[0])
+            changed_by_advice = action != jnp.argmax(pi_rl, -1)
         else:
-            learn_action = jax.random.categorical(k_rl, logits)
+            learn_action = jnp.argmax(logits, -1) if self.greedy else jax.random.categorical(k_rl, logits)
             log_prob = jnp.take_along_axis(logp_rl, learn_action[:, None], -1)[:, 0]
             if self.fusion == "rules":
                 action = rules_action(learn_action, pi_rl, advice, mask, self.llm_weight)

@@ -87,8 +87,21 @@ class HybridConfig:
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
     mock_latency_s: float = 0.0  # mock advisor: injected latency per batch (for tests)
+    mock_answers: str = "rules"  # mock advisor: rules (reads the prompt and its headline) | random (a coin flip)
+    eval_with_advice: bool = True  # validation walks query the advisor and act fused (else: the RL policy alone)
     query: QueryConfig = field(default_factory=QueryConfig)
     veto: VetoConfig = field(default_factory=VetoConfig)
+
+
+@dataclass
+class TransferConfig:
+    """Starting from another run's networks (`--init-from`), e.g. a 261-feature policy from a 228-feature one."""
+
+    init_from: str = ""  # run folder whose checkpoint initialises the networks; empty = a fresh init
+    checkpoint: str = "best"  # best (latest when the run has none) | latest | an update number
+    # Env steps at the start during which the copied weights stay frozen and only the new input columns (and
+    # layers the source lacks) learn; 0 = no warm-up. It must end before the run does.
+    freeze_steps: int = 0
 
 
 @dataclass
@@ -97,7 +110,7 @@ class TrainConfig:
     num_envs: int = 4096
     total_steps: int = 50_000_000  # env steps (all envs together); rounded down to whole updates
     seed: int = 0
-    llm: str = "none"  # none (RL only) | mock | smollm2 | a model path or hub id
+    llm: str = "smollm2"  # the embedded advisor | none (RL only, the fastest path) | mock | a model path or hub id
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -105,6 +118,7 @@ class TrainConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)
     hybrid: HybridConfig = field(default_factory=HybridConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
 
     @property
     def steps_per_update(self) -> int:
@@ -123,6 +137,11 @@ LLM_CHOICES = ("none", "mock", "smollm2", "PATH_OR_HUB_ID")
 FUSION_MODES = ("none", "rules", "learned")
 LATENCY_MODES = ("strict", "async")
 ACTIVATIONS = ("tanh", "relu")
+
+
+def freeze_updates(cfg: TrainConfig) -> int:
+    """Updates the transfer warm-up lasts: a partly frozen update counts as frozen."""
+    return -(-cfg.transfer.freeze_steps // cfg.steps_per_update)
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
@@ -145,7 +164,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1"),
         (cfg.checkpoint.eval_every_updates >= 0, "checkpoint.eval_every_updates", "must be >= 0"),
         (bool(cfg.llm.strip()), "llm", "must be none, mock, smollm2 or a model path / hub id"),
-        (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env"),
+        (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env; use --llm none (llm=none) with other envs"),
         (cfg.hybrid.fusion in FUSION_MODES, "hybrid.fusion", f"must be one of {', '.join(FUSION_MODES)}"),
         (cfg.hybrid.latency in LATENCY_MODES, "hybrid.latency", f"must be one of {', '.join(LATENCY_MODES)}"),
         (cfg.hybrid.budget == "auto" or (cfg.hybrid.budget.isdigit() and int(cfg.hybrid.budget) > 0),
@@ -154,6 +173,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
+        (cfg.hybrid.mock_answers in ("rules", "random"), "hybrid.mock_answers", "must be rules or random"),
+        (cfg.transfer.checkpoint in ("best", "latest") or cfg.transfer.checkpoint.isdigit(), "transfer.checkpoint",
+         "must be best, latest or an update number"),
+        (cfg.transfer.freeze_steps >= 0, "transfer.freeze_steps", "must be >= 0"),
+        (cfg.transfer.freeze_steps == 0 or bool(cfg.transfer.init_from), "transfer.freeze_steps",
+         "freezes copied layers, so it needs transfer.init_from (--init-from RUN)"),
+        (freeze_updates(cfg) < cfg.num_updates or cfg.transfer.freeze_steps == 0, "transfer.freeze_steps",
+         f"a warm-up of {cfg.transfer.freeze_steps} steps ({freeze_updates(cfg)} updates of {cfg.steps_per_update}) "
+         f"would freeze the copied layers for the whole run of {cfg.total_steps} steps ({cfg.num_updates} updates); "
+         "use fewer freeze steps or more total_steps"),
     ]
     for ok, key, msg in checks:
         if not ok:

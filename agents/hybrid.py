@@ -39,7 +39,7 @@ def sidecar_options(cfg) -> tuple[str, dict]:
     """The backend and flags `SidecarClient.start` passes to `python -m llm_sidecar serve`."""
     h = cfg.hybrid
     if cfg.llm == "mock":
-        return "mock", {"latency_s": h.mock_latency_s or None}
+        return "mock", {"latency_s": h.mock_latency_s or None, "mock_answers": h.mock_answers}
     model = "smollm2" if cfg.llm == "smollm2" else cfg.llm
     return "transformers", {
         "model": model,
@@ -50,42 +50,43 @@ def sidecar_options(cfg) -> tuple[str, dict]:
     }
 
 
-class QueryLoop:
-    """Runs hybrid updates: chunks with query steps between them, then one PPO learning step."""
+class AdvisorLink:
+    """Query steps for any carry with `.env_state` and `.hybrid` (a RunnerState in training, a one-account walk
+    in evaluation): select envs on device, render and submit their prompts, collect the previous query step's
+    answers into the advice table. Owns the sidecar client, restarts a dead sidecar, and counts everything."""
 
-    def __init__(self, cfg, ppo, market, run_dir: Path | None, client: SidecarClient | None = None):
+    def __init__(self, cfg, market, n_envs: int, run_dir: Path | None = None, client: SidecarClient | None = None,
+                 latency: str | None = None):
         self.cfg = cfg
-        self.ppo = ppo
         self.h: HybridConfig = cfg.hybrid
-        k, steps = self.h.query.interval, cfg.ppo.num_steps
-        self.chunks = [k] * (steps // k) + ([steps % k] if steps % k else [])  # e.g. 64 steps, k=5: 12×5 + 4
-        self.cap = min(self.h.max_budget, cfg.num_envs)
+        self.latency = latency or self.h.latency
+        self.cap = min(self.h.max_budget, n_envs)
         self.budget = self.cap if self.h.budget == "auto" else min(int(self.h.budget), self.cap)
         self.renderer = PromptRenderer.from_yaml(self.h.prompts or DEFAULT_PROMPTS_PATH)
         self.fields = PromptFieldBuilder(market, list(self.renderer.markets), cfg.env.contracts_per_trade)
         self.texts = list(market.text_table) or None
         self.client = client or self._start_client()
         self.pending: list[tuple] = []  # (query step, submit time, prompts) of submissions not yet collected
+        self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
         self.last_restart = -float("inf")
         self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.log_llm) else None
-        self._reset_counters()
+        self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
+        self.reset_counters()
 
-        def select(rs):
-            hy = rs.hybrid
-            flat = rs.env_state.side == 0
+        def select(carry):
+            hy = carry.hybrid
+            flat = carry.env_state.side == 0
             pi_top = jnp.stack([hy.top_prob, 1.0 - hy.top_prob], -1)  # only the top probability matters here
             env_ids, valid = select_queries(hy.advice, self.h.query, self.cap, pi_top, flat, hy.changed)
             hy = hy.replace(advice=hy.advice.mark_queried(env_ids, valid), changed=hy.changed.at[env_ids].set(False))
-            return rs.replace(hybrid=hy), env_ids, valid, gather_state(rs.env_state, env_ids)
+            return carry.replace(hybrid=hy), env_ids, valid, gather_state(carry.env_state, env_ids)
 
-        def write(rs, env_ids, probs, confidence, status, valid):
-            hy = rs.hybrid
-            return rs.replace(hybrid=hy.replace(advice=hy.advice.write(env_ids, probs, confidence, status, valid)))
+        def write(carry, env_ids, probs, confidence, status, valid):
+            hy = carry.hybrid
+            return carry.replace(hybrid=hy.replace(advice=hy.advice.write(env_ids, probs, confidence, status, valid)))
 
         self._select = jax.jit(select)
         self._write = jax.jit(write)
-        self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
-        self._learn = jax.jit(ppo.learn)
 
     def _start_client(self) -> SidecarClient:
         backend, options = sidecar_options(self.cfg)
@@ -102,7 +103,7 @@ class QueryLoop:
             self.llm_log.close()
         self.client.close()
 
-    def _reset_counters(self) -> None:
+    def reset_counters(self) -> None:
         self.n_query_steps = 0
         self.n_prompts = 0
         self.n_answers = {name: 0 for name in STATUS_NAMES}
@@ -110,12 +111,12 @@ class QueryLoop:
         self.latencies: list[float] = []
         self.logged = 0
 
-    # ------------------------------------------------------------------------------------------------
-    def query_step(self, rs):
-        rs, env_ids, valid, scalars = self._select(rs)
+    def query_step(self, carry):
+        carry, env_ids, valid, scalars = self._select(carry)
         env_ids, valid, scalars = jax.device_get((env_ids, valid, scalars))
         take = np.flatnonzero(valid)[: self.budget]  # top_k sorted them by priority
-        step = self.n_query_steps
+        step = self.query_steps_total
+        self.query_steps_total += 1
         self.n_query_steps += 1
         if not self.client.alive:
             # Training goes on without advice while a new sidecar starts; pending rows come back as backend_error.
@@ -130,20 +131,28 @@ class QueryLoop:
             self.n_prompts += len(take)
         # The answers to earlier query steps' prompts: one step of latency.
         while self.pending and self.pending[0][0] < step:
-            rs = self._collect(rs, wait=self.h.latency == "strict")
-        return rs
+            carry = self._collect(carry, wait=self.latency == "strict")
+        return carry
 
-    def _collect(self, rs, wait: bool):
+    def drain(self, carry):
+        """Collects every pending answer (waiting for them), e.g. at the end of an evaluation walk."""
+        while self.pending:
+            carry = self._collect(carry, wait=True)
+        return carry
+
+    def _collect(self, carry, wait: bool):
         t0 = time.perf_counter()
         answers = self.client.collect(timeout_s=self.h.strict_timeout_s if wait else 0.0)
         self.wait_s += time.perf_counter() - t0
         _, submitted_at, prompts = self.pending.pop(0)
         if not len(answers):
-            return rs
+            return carry
         for name, count in answers.counts().items():
             self.n_answers[name] = self.n_answers.get(name, 0) + count
         self.latencies.append(time.perf_counter() - submitted_at)
         self._log_llm(prompts, answers)
+        if self.on_answers is not None:
+            self.on_answers(answers)
         n = len(answers)
         pad = self.cap - n  # fixed shapes: one compiled write for every answer count
         ids = np.concatenate([answers.env_ids, np.zeros(pad, np.int32)]).astype(np.int32)
@@ -151,7 +160,7 @@ class QueryLoop:
         conf = np.concatenate([answers.confidence, np.zeros(pad, np.float32)])
         status = np.concatenate([answers.status, np.zeros(pad, np.int32)]).astype(np.int32)
         valid = np.arange(self.cap) < n
-        return self._write(rs, ids, probs, conf, status, valid)
+        return self._write(carry, ids, probs, conf, status, valid)
 
     def _log_llm(self, prompts, answers) -> None:
         if not self.llm_log or self.logged >= self.h.log_llm:
@@ -171,13 +180,68 @@ class QueryLoop:
             self.logged += 1
         self.llm_log.flush()
 
+    def metrics(self, chunk_s: float) -> dict:
+        """The query side's counters since reset_counters(); with budget `auto`, also resizes B so that
+        answering one query step's prompts hides behind one chunk of `chunk_s` seconds of env steps."""
+        answered = sum(self.n_answers.values())
+        client_stats = self.client.stats()
+        hits, misses = client_stats.get("cache_hits", 0), client_stats.get("cache_misses", 0)
+        lat = np.array(self.latencies) if self.latencies else np.array([0.0])
+        if self.h.budget == "auto" and answered and self.latencies:
+            rate = answered / max(float(np.sum(lat)), 1e-6)
+            self.budget = int(np.clip(rate * chunk_s * 0.9, 8, self.cap))
+        out = {
+            "llm_prompts": self.n_prompts,
+            "llm_budget": self.budget,
+            "llm_wait_s_per_query": self.wait_s / max(self.n_query_steps, 1),
+            "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
+            "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
+            "llm_cache_hit_rate": hits / max(hits + misses, 1),
+        }
+        for name in STATUS_NAMES:
+            out[f"llm_{name}"] = self.n_answers.get(name, 0)
+        return out
+
+
+def acting_metrics(stats: dict) -> dict:
+    """Rates from the acting step's per-step sums (agents.acting.HybridActing stats)."""
+    decisions = max(float(stats["decisions"]), 1.0)
+    with_advice = max(float(stats["with_advice"]), 1.0)
+    return {
+        "llm_coverage": float(stats["with_advice"]) / decisions,
+        "llm_advice_confidence": float(stats["advice_confidence"]) / with_advice,
+        "llm_agreement": float(stats["agreement"]) / with_advice,
+        "llm_override_rate": float(stats["overrides"]) / decisions,
+        "llm_trust": float(stats["trust"]) / with_advice,
+        "veto_rate": float(stats["veto_active"]) / decisions,
+        **{f"veto_fired_{r}": float(stats[f"veto_fired_{r}"]) for r in RULES},
+    }
+
+
+class QueryLoop:
+    """Runs hybrid updates: chunks with query steps between them, then one PPO learning step."""
+
+    def __init__(self, cfg, ppo, market, run_dir: Path | None, client: SidecarClient | None = None):
+        k, steps = cfg.hybrid.query.interval, cfg.ppo.num_steps
+        self.chunks = [k] * (steps // k) + ([steps % k] if steps % k else [])  # e.g. 64 steps, k=5: 12×5 + 4
+        self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir, client)
+        self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
+        self._learn = jax.jit(ppo.learn)
+
+    @property
+    def client(self) -> SidecarClient:
+        return self.link.client
+
+    def close(self) -> None:
+        self.link.close()
+
     def update(self, rs):
         """One PPO update: T/k chunks with query steps between them, then learning."""
-        self._reset_counters()
+        self.link.reset_counters()
         t_chunks = 0.0
         trajs = []
         for k in self.chunks:
-            rs = self.query_step(rs)
+            rs = self.link.query_step(rs)
             t0 = time.perf_counter()
             rs, traj = self._chunk(rs, k)
             jax.block_until_ready(traj.reward)
@@ -187,37 +251,7 @@ class QueryLoop:
         stats = jax.device_get(jax.tree.map(jnp.sum, traj.extras.stats))
         rs, metrics = self._learn(rs, traj)
         metrics = dict(metrics)
-        metrics.update(self._llm_metrics(stats, t_chunks))
+        metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
+        metrics.update(acting_metrics(stats))
+        metrics.update(self.link.metrics(t_chunks / max(self.link.n_query_steps, 1)))
         return rs, metrics
-
-    def _llm_metrics(self, stats: dict, t_chunks: float) -> dict:
-        decisions = max(float(stats["decisions"]), 1.0)
-        with_advice = max(float(stats["with_advice"]), 1.0)
-        answered = sum(self.n_answers.values())
-        client_stats = self.client.stats()
-        hits, misses = client_stats.get("cache_hits", 0), client_stats.get("cache_misses", 0)
-        lat = np.array(self.latencies) if self.latencies else np.array([0.0])
-        chunk_s = t_chunks / max(self.n_query_steps, 1)
-        if self.h.budget == "auto" and answered and self.latencies:
-            # Size B so that answering one query step's prompts hides behind one chunk of env steps.
-            rate = answered / max(float(np.sum(lat)), 1e-6)
-            self.budget = int(np.clip(rate * chunk_s * 0.9, 8, self.cap))
-        out = {
-            "llm_query_rate": self.n_prompts / decisions,
-            "llm_coverage": float(stats["with_advice"]) / decisions,
-            "llm_advice_confidence": float(stats["advice_confidence"]) / with_advice,
-            "llm_agreement": float(stats["agreement"]) / with_advice,
-            "llm_override_rate": float(stats["overrides"]) / decisions,
-            "llm_trust": float(stats["trust"]) / with_advice,
-            "llm_prompts": self.n_prompts,
-            "llm_budget": self.budget,
-            "llm_wait_s_per_query": self.wait_s / max(self.n_query_steps, 1),
-            "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
-            "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
-            "llm_cache_hit_rate": hits / max(hits + misses, 1),
-            "veto_rate": float(stats["veto_active"]) / decisions,
-            **{f"veto_fired_{r}": float(stats[f"veto_fired_{r}"]) for r in RULES},
-        }
-        for name in STATUS_NAMES:
-            out[f"llm_{name}"] = self.n_answers.get(name, 0)
-        return out

@@ -23,6 +23,7 @@ from flax import struct
 from agents.config import TrainConfig
 from agents.networks import ActorCritic, log_probs_and_entropy, make_network, masked_logits
 from agents.normalization import RunningMeanStd
+from agents.transfer import freeze_stage
 
 
 @struct.dataclass
@@ -151,7 +152,8 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
 
     num_grad_steps = cfg.num_updates * p.update_epochs * p.num_minibatches
     lr = optax.linear_schedule(p.lr, 0.0, num_grad_steps) if p.anneal_lr else p.lr
-    tx = optax.chain(optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=1e-5))
+    # freeze_stage: a transfer warm-up's gradient mask (agents/transfer.py), empty for other runs
+    tx = optax.chain(*freeze_stage(cfg), optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=1e-5))
 
     def normalize(obs_norm: RunningMeanStd, obs: jax.Array) -> jax.Array:
         return obs_norm.normalize(obs) if p.normalize_obs else obs

@@ -31,6 +31,7 @@ from agents.metrics import HealthMonitor, MetricsLogger
 from agents.networks import update_flops_per_step
 from agents.hybrid import QueryLoop, make_acting
 from agents.ppo import PPO, RunnerState, make_train
+from agents.transfer import load_source, start_from
 
 CONFIG_FILE = "config.yaml"
 
@@ -122,6 +123,37 @@ def make_act(ppo: PPO, deterministic: bool) -> Callable:
     return act
 
 
+class AgentEvaluator:
+    """Scores a run's network on a split the way the run acts: the policy alone (the env setup's evaluator) or,
+    for hybrid runs, with advice through an `AdvisedWalker` (its own sidecar, so training's pending queries are
+    untouched). `ablation` (a key of agents.advised_eval.ABLATIONS) scores one part of a hybrid agent."""
+
+    def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup):
+        self.setup = setup
+        self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
+        self.walker = None
+        if cfg.llm != "none" and cfg.hybrid.eval_with_advice and setup.market is not None:
+            from agents.advised_eval import AdvisedWalker
+
+            self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market)
+
+    def splits(self) -> dict[str, Evaluator]:
+        return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
+
+    def __call__(self, state: RunnerState, split: str, key: jax.Array, ablation: str | None = None) -> dict:
+        if self.walker is None:
+            return self.splits()[split](self.act, (state.params, state.obs_norm), key)
+        from agents.advised_eval import ABLATIONS, advised_summary
+
+        trace = self.walker.walk(state.params, state.obs_norm, split, key, **(ABLATIONS[ablation] if ablation else {}))
+        result = advised_summary(trace)
+        return {"score": result["net_pnl"], **result}
+
+    def close(self) -> None:
+        if self.walker is not None:
+            self.walker.close()
+
+
 def train(
     cfg: TrainConfig | None,
     run_dir: str | Path,
@@ -141,12 +173,13 @@ def train(
         raise FileExistsError(f"{run_dir} already holds a run; use --resume {run_dir} or another --run-dir")
     assert cfg is not None
     setup = env_setup or make_env_setup(cfg)  # before the run folder exists: bad data leaves nothing behind
+    # --init-from: the source run is read and checked before the run folder exists too
+    source = load_source(cfg, setup.env, setup.params) if cfg.transfer.init_from and not resume else None
     if not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / CONFIG_FILE)
     acting = make_acting(cfg, setup.env) if cfg.llm != "none" else None
     ppo = make_train(cfg, setup.env, setup.params, acting)
-    act = make_act(ppo, cfg.checkpoint.eval_deterministic)
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
 
     init_key = jax.random.PRNGKey(cfg.seed)
@@ -157,6 +190,8 @@ def train(
         print(f"resumed {run_dir} at update {int(state.update)} / {cfg.num_updates}", file=sys.stderr)
     else:
         state = jax.jit(ppo.init)(init_key)
+        if source is not None:
+            state = start_from(state, source, cfg)
     start = int(state.update)
 
     flops = update_flops_per_step(cfg.network, ppo.obs_dim, ppo.num_actions, cfg.ppo.update_epochs)
@@ -175,6 +210,7 @@ def train(
     stop = _StopFlag()
     stop.install()  # from here on Ctrl-C stops at the next update boundary, with a checkpoint
     query_loop = None
+    evaluator = AgentEvaluator(cfg, ppo, setup)
     try:
         if acting is not None:  # chunks with LLM query steps between them; compiled on first use
             query_loop = QueryLoop(cfg, ppo, setup.market, run_dir)
@@ -199,7 +235,7 @@ def train(
             if cfg.checkpoint.eval_every_updates and (
                 update % cfg.checkpoint.eval_every_updates == 0 or update == cfg.num_updates
             ) and setup.evaluate is not None:
-                result = setup.evaluate(act, (state.params, state.obs_norm), jax.random.PRNGKey(cfg.seed + update))
+                result = evaluator(state, "val", jax.random.PRNGKey(cfg.seed + update))
                 metrics.update({setup.score_name if k == "score" else f"eval_{k}": v for k, v in result.items()})
                 if best_score is None or result["score"] > best_score:
                     best_score = float(result["score"])
@@ -221,6 +257,7 @@ def train(
         # Also on an exception: the last finished update is saved, then everything is flushed and closed.
         if query_loop is not None:
             query_loop.close()  # stops the sidecar and unlinks the shared memory
+        evaluator.close()
         ckpt.save_latest(int(state.update), state, host_state())
         ckpt.wait()
         ckpt.close()
@@ -268,12 +305,12 @@ def _postfix(m: dict, score_name: str) -> str:
 def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | None = None) -> dict:
     """Scores the run's best and latest checkpoints against the env's baselines (flat, random-valid, ...) with the run's
     evaluator (the validation split for the trading env, which also picked the best checkpoint) and, where the
-    env has one, on the held-out test split. Writes RUN_DIR/summary.json."""
+    env has one, on the held-out test split. For hybrid runs the best checkpoint's parts are scored too (RL only,
+    LLM only, fused with and without veto: agents.advised_eval.ABLATIONS). Writes RUN_DIR/summary.json."""
     setup = setup or make_env_setup(cfg)
     if setup.evaluate is None:
         return {}
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env) if cfg.llm != "none" else None)
-    act = make_act(ppo, cfg.checkpoint.eval_deterministic)
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
     abstract = jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed))
     agents = {"latest": ckpt.restore(abstract)}
@@ -283,11 +320,18 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
 
     key = jax.random.PRNGKey(cfg.seed + 10_000)
     summary: dict = {"score": setup.score_label, **{f"{k}_update": host["update"] for k, (_, host) in agents.items()}}
-    for split, evaluate in (("val", setup.evaluate), ("test", setup.evaluate_test)):
-        if evaluate is None:
-            continue
-        scores = {f"agent_{k}": evaluate(act, (state.params, state.obs_norm), key) for k, (state, _) in agents.items()}
-        scores.update({name: evaluate(baseline, (), key) for name, baseline in setup.baselines.items()})
-        summary[split] = scores
+    evaluator = AgentEvaluator(cfg, ppo, setup)
+    try:
+        for split, evaluate in evaluator.splits().items():
+            scores = {f"agent_{k}": evaluator(state, split, key) for k, (state, _) in agents.items()}
+            if evaluator.walker is not None:
+                from agents.advised_eval import ABLATIONS
+
+                state = agents.get("best", agents["latest"])[0]
+                scores.update({f"ablation_{name}": evaluator(state, split, key, name) for name in ABLATIONS})
+            scores.update({name: evaluate(baseline, (), key) for name, baseline in setup.baselines.items()})
+            summary[split] = scores
+    finally:
+        evaluator.close()
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

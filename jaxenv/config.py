@@ -14,6 +14,7 @@ class PropFirmRules:
     trailing_drawdown: float = 2_500.0
     # The threshold trails the peak until it reaches starting_balance + trail_stop_offset, then freezes.
     trail_stop_offset: float = 100.0
+    profit_target: float = 3_000.0  # an evaluation passes when equity reaches starting_balance + this (reports only)
     max_contracts: int = 10
     flat_by: str = "16:59"  # exchange time; any position is closed on the last bar at or before this
     no_entry_minutes_before_close: int = 15  # no new entries this close to the session's last bar

@@ -13,10 +13,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxenv.env import EnvParams, TradingEnv, drawdown_threshold
+from jaxenv.env import EXIT_REASONS, EnvParams, TradingEnv, drawdown_threshold
 from jaxenv.market import Market
 
 PolicyFn = Callable[..., jax.Array]
+
+
+def trace_step(state, action, next_state, terminated, info: dict, params: EnvParams) -> dict[str, jax.Array]:
+    """One bar of a walk's trace (also used by the advised walk in agents/, so both traces have the same columns)."""
+    return {
+        "t": state.t,
+        "action": jnp.asarray(action, jnp.int32),
+        "pnl": next_state.equity - state.equity,
+        "equity": next_state.equity,
+        "threshold": drawdown_threshold(next_state.peak, params),
+        "position": next_state.side,
+        "breach": terminated,
+        "commission": next_state.commissions - state.commissions,  # both sides when a trade opens and closes here
+        **{k: info[k] for k in ("entry_side", "entry_price", "exit_reason", "exit_price", "trade_pnl", "invalid_action")},
+    }
+
+
+def continue_after_breach(env: TradingEnv, next_state, terminated, key: jax.Array, params: EnvParams):
+    """A breached account is replaced by a fresh one at the next bar, so the walk covers every bar."""
+    fresh = env.initial_state(key, params, bar=next_state.t)
+    return jax.tree.map(lambda f, s: jax.lax.select(terminated, f, s), fresh, next_state)
 
 
 @partial(jax.jit, static_argnames=("env", "policy_fn", "num_steps"))
@@ -31,18 +52,8 @@ def _walk(env: TradingEnv, params: EnvParams, policy_fn: PolicyFn, policy_state:
         else:
             action = policy_fn(policy_state, obs, mask, act_key)
         next_state, reward, terminated, info = env.transition(state, action, params)
-        step = {
-            "t": state.t,
-            "action": jnp.asarray(action, jnp.int32),
-            "pnl": next_state.equity - state.equity,
-            "equity": next_state.equity,
-            "threshold": drawdown_threshold(next_state.peak, params),
-            "position": next_state.side,
-            "breach": terminated,
-            **{k: info[k] for k in ("entry_side", "entry_price", "exit_reason", "exit_price", "trade_pnl", "invalid_action")},
-        }
-        fresh = env.initial_state(reset_key, params, bar=next_state.t)
-        next_state = jax.tree.map(lambda f, s: jax.lax.select(terminated, f, s), fresh, next_state)
+        step = trace_step(state, action, next_state, terminated, info, params)
+        next_state = continue_after_breach(env, next_state, terminated, reset_key, params)
         return (next_state, key), step
 
     state = env.initial_state(key, params)
@@ -93,3 +104,57 @@ def evaluate_policy(
     """Net P&L (mark-to-market, after costs), trades, win rate, breaches and max drawdown on a split."""
     return summarize(walk_split(env, market, split, policy_fn, key, policy_state))
 
+
+
+def buy_and_hold(env: TradingEnv, market: Market, split: str | tuple[int, int]) -> dict[str, np.ndarray]:
+    """The market benchmark as a trace with walk_split's columns: one contract bought at the open of the walk's
+    first fill bar (plus slippage) and sold at its last close (minus slippage), one commission each way, held
+    through sessions and stops alike. The trailing-drawdown rule is counted, not enforced: at a breach a fresh
+    account takes over the same position."""
+    params = env.make_params(market, split, sequential=True)
+    start, end = int(params.start_bar), int(params.end_bar)
+    t = np.arange(start, end - 1)
+    point_value, commission = float(params.point_value), float(params.commission_per_side)
+    slippage = float(params.slippage)
+    close = market.close[start + 1 : end]
+    entry_price = market.open[start + 1] + slippage
+    marks = np.concatenate([[entry_price], close[:-1]])
+    pnl = (close - marks) * point_value
+    fees = np.zeros(len(t))
+    fees[0] += commission
+    fees[-1] += commission
+    pnl = pnl - fees
+    pnl[-1] -= slippage * point_value
+
+    rules = env.config.prop_firm
+
+    def threshold_of(peak: float) -> float:
+        return min(peak - rules.trailing_drawdown, rules.starting_balance + rules.trail_stop_offset)
+
+    equity, threshold, breach = np.empty(len(t)), np.empty(len(t)), np.zeros(len(t), bool)
+    account = peak = rules.starting_balance
+    for i, step_pnl in enumerate(pnl):  # bar closes only: the env also checks each bar's adverse extreme
+        account += step_pnl
+        breach[i] = account <= threshold_of(peak)
+        peak = max(peak, account)
+        equity[i], threshold[i] = account, threshold_of(peak)
+        if breach[i]:
+            account = peak = rules.starting_balance
+    last = len(t) - 1
+    event = lambda at, value: np.where(np.arange(len(t)) == at, value, 0)  # noqa: E731
+    return {
+        "t": t,
+        "action": event(0, 1).astype(np.int32),  # BUY once
+        "pnl": pnl,
+        "equity": equity,
+        "threshold": threshold,
+        "position": np.where(np.arange(len(t)) < last, 1, 0),
+        "breach": breach,
+        "commission": fees,
+        "entry_side": event(0, 1),
+        "entry_price": event(0, entry_price).astype(np.float64),
+        "exit_reason": event(last, EXIT_REASONS.index("session_close")),
+        "exit_price": event(last, close[-1] - slippage).astype(np.float64),
+        "trade_pnl": event(last, pnl.sum()).astype(np.float64),
+        "invalid_action": np.zeros(len(t), bool),
+    }

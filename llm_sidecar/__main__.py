@@ -46,6 +46,8 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     mock.add_argument("--latency-s", type=float, default=0.0, help="sleep per prompt")
     mock.add_argument("--garbage-rate", type=float, default=0.0, help="fraction of unparseable answers")
     mock.add_argument("--crash-after", type=int, default=None, help="exit with code 70 after this many prompts")
+    mock.add_argument("--mock-answers", choices=("rules", "random"), default="rules",
+                      help="rules: read the prompt (indicators, position, headline); random: ignore it")
 
 
 def make_backend(args: argparse.Namespace, system: str, answer_prefix: str):
@@ -53,7 +55,8 @@ def make_backend(args: argparse.Namespace, system: str, answer_prefix: str):
     if args.backend == "mock":
         from llm_sidecar.backends import MockBackend
 
-        return MockBackend(latency_s=args.latency_s, garbage_rate=args.garbage_rate, crash_after=args.crash_after)
+        return MockBackend(latency_s=args.latency_s, garbage_rate=args.garbage_rate, crash_after=args.crash_after,
+                           answers=args.mock_answers)
     import torch
 
     from llm_sidecar.backends import TransformersBackend, TransformersOptions

@@ -60,6 +60,9 @@ def _read(pattern: str, text: str, default: float) -> float:
     return float(match.group(1)) if match else default
 
 
+MOCK_ANSWERS = ("rules", "random")
+
+
 class MockBackend:
     """A deterministic rule-based advisor that reads the rendered prompt text and answers in the text
     protocol, so rendering, transport and parsing are all exercised without a model.
@@ -67,17 +70,29 @@ class MockBackend:
     Rules: flat → trend following when ADX > 25 (direction from VWAP distance and momentum), mean reversion
     on RSI extremes, headline sentiment words tilt the call; in a position → ENABLE_TRAIL in a strong trend
     with profit, MOVE_TO_BE with profit, DISABLE_TRAIL when the trend fades, else HOLD.
+    With `answers="random"` it ignores the prompt and names a random action with a random confidence (seeded by
+    the prompt's hash, so runs stay reproducible): an advisor with no information, for checking that the
+    learned trust learns to ignore it.
     Fault injection for tests: `latency_s` per prompt, a `garbage_rate` of unparseable answers (chosen by
     prompt hash, so deterministic) and `crash_after` prompts (the process exits with code 70).
     """
 
     name = "mock"
 
-    def __init__(self, latency_s: float = 0.0, garbage_rate: float = 0.0, crash_after: int | None = None):
+    def __init__(self, latency_s: float = 0.0, garbage_rate: float = 0.0, crash_after: int | None = None,
+                 answers: str = "rules"):
+        if answers not in MOCK_ANSWERS:
+            raise ValueError(f"mock answers must be one of {MOCK_ANSWERS}, got {answers!r}")
         self.latency_s = latency_s
         self.garbage_rate = garbage_rate
         self.crash_after = crash_after
+        self.answers = answers
         self.answered = 0
+
+    @staticmethod
+    def random_text(digest: bytes) -> str:
+        rng = np.random.default_rng(int.from_bytes(digest, "little"))
+        return f"{ACTIONS[rng.integers(NUM_ACTIONS)]} | {rng.uniform(0.5, 0.95):.2f} | a coin flip"
 
     def advise_text(self, context: str) -> str:
         rsi = _read(r"\bRSI\s*" + _NUMBER, context, 50.0)
@@ -119,6 +134,8 @@ class MockBackend:
             digest = hashlib.blake2b(context.encode(), digest_size=8).digest()
             if int.from_bytes(digest, "little") / 2**64 < self.garbage_rate:
                 texts.append("lorem ipsum dolor sit amet")
+            elif self.answers == "random":
+                texts.append(self.random_text(digest[::-1]))  # reversed: independent of the garbage draw
             else:
                 texts.append(self.advise_text(context))
             self.answered += 1

@@ -4,7 +4,7 @@ plus prompt rendering. Run as `python scripts/benchmark.py bridge --json PATH`."
 from __future__ import annotations
 
 import numpy as np
-from bench_common import BenchOptions, cpu_model, timed_repeats
+from bench_common import BenchOptions, cpu_model, table, timed_repeats
 
 from bridge import ECHO_PEER_COMMAND, BridgeConfig, PromptRenderer, SidecarClient
 from llm_sidecar.__main__ import example_fields  # numpy only: torch is not imported
@@ -33,6 +33,7 @@ def run(opts: BenchOptions) -> list[dict]:
                 results.append({
                     "suite": "bridge", "case": "round_trip", "prompts": n, "prompt_bytes": PROMPT_BYTES,
                     "input": kind, "round_trip_ms": timing["median_s"] * 1e3, "target_ms": TARGET_MS,
+                    "prompts_per_s": n / timing["median_s"],
                     "cpu": cpu_model(), **timing,
                 })  # fmt: skip
         renderer = PromptRenderer.from_yaml()
@@ -40,6 +41,23 @@ def run(opts: BenchOptions) -> list[dict]:
         timing = timed_repeats(lambda: renderer.render(fields, texts), reps, warmup=2)
         results.append({
             "suite": "bridge", "case": "render", "prompts": n, "render_ms": timing["median_s"] * 1e3,
+            "prompts_per_s": n / timing["median_s"],
             "mean_prompt_bytes": float(np.mean([len(p) for p in renderer.render(fields, texts)])), **timing,
         })  # fmt: skip
     return results
+
+
+def markdown(rows: list[dict]) -> str:
+    ms = lambda r: f"{r['median_s'] * 1e3:.2f} [{r['min_s'] * 1e3:.2f}–{r['max_s'] * 1e3:.2f}]"  # noqa: E731
+    trips = [r for r in rows if r["case"] == "round_trip"]
+    renders = [r for r in rows if r["case"] == "render"]
+    return "\n\n".join([
+        f"Prompts of {PROMPT_BYTES} bytes round trip through shared memory to an echoing peer process (target "
+        f"≤ {TARGET_MS:g} ms for 4096), from a numpy bytes array or a Python list of bytes (which adds packing); "
+        "rendering prompt text from numeric fields.",
+        table(trips, [("prompts", lambda r: r["prompts"]), ("input", lambda r: r["input"]),
+                      ("round trip ms [min–max]", ms), ("prompts/s", lambda r: r["prompts_per_s"]),
+                      ("reps", lambda r: r["reps"])]),
+        table(renders, [("prompts", lambda r: r["prompts"]), ("render ms [min–max]", ms),
+                        ("mean prompt bytes", lambda r: r["mean_prompt_bytes"]), ("reps", lambda r: r["reps"])]),
+    ])  # fmt: skip

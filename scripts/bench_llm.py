@@ -10,7 +10,7 @@ import os
 import tempfile
 import time
 
-from bench_common import BenchOptions, cpu_model, package_versions, peak_host_memory_mb, timed_repeats
+from bench_common import BenchOptions, cpu_model, package_versions, peak_host_memory_mb, table, timed_repeats
 
 from bridge import PromptRenderer
 from llm_sidecar.__main__ import example_fields
@@ -104,3 +104,24 @@ def run(opts: BenchOptions) -> list[dict]:
     if results:
         results[0]["versions"] = package_versions(["torch", "transformers", "peft", "bitsandbytes", "numpy"])
     return results
+
+
+def markdown(rows: list[dict]) -> str:
+    r0 = rows[0]
+    intro = (
+        f"Backends called directly (no answer cache, no transport) on distinct prompts, {r0['torch_threads']} torch "
+        f"thread(s) (rule: `BENCH_LLM_THREADS={r0['threads_rule']}`; `auto` = the cores the load average leaves idle), "
+        f"1-minute load average {r0['load_avg_1min']:.2f} at the first case. tiny Phi-3 has random weights (a speed "
+        f"probe); SmolLM2-135M is the embedded advisor (issue 4's target: score ≥ {TARGET_SCORE_PROMPTS_PER_S:g} "
+        f"prompts/s and ≥ {TARGET_SCORE_OVER_GENERATE:g}× generate)."
+    )
+    columns = [
+        ("model", lambda r: r["model"]), ("mode", lambda r: r["mode"]), ("batch", lambda r: r["batch_size"]),
+        ("prompts/s", lambda r: r["prompts_per_s"]),
+        ("s per batch [min–max]", lambda r: f"{r['median_s']:.3g} [{r['min_s']:.3g}–{r['max_s']:.3g}]"),
+        ("tokens per prompt", lambda r: r["tokens_per_prompt"]),
+        ("shared system tokens", lambda r: r.get("system_prefix_tokens")),
+        ("score ÷ generate", lambda r: r.get("speedup_vs_generate")),
+        ("ok", lambda r: r["ok_fraction"]), ("reps", lambda r: r["reps"]),
+    ]  # fmt: skip
+    return intro + "\n\n" + table(rows, columns)

@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, help="random seed for init, envs and sampling (seed)")
     ap.add_argument("--data", help="market data: a CSV/Parquet file or synthetic:PRESET "
                     "(default, signal, headlines); sets data.source")
-    ap.add_argument("--llm", help=f"LLM advisor: {', '.join(LLM_CHOICES)} (default none: RL only, the fastest path)")
+    ap.add_argument("--llm", help=f"LLM advisor: {', '.join(LLM_CHOICES)} (default smollm2, the embedded model; none: RL only, the fastest path)")
     ap.add_argument("--llm-mode", choices=["score", "generate"], help="score: one forward pass scores the 6 actions; "
                     "generate: text answers parsed (hybrid.llm_mode)")
     ap.add_argument("--quantization", choices=["none", "int8", "int4"], help="bitsandbytes quantization of the "
@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "llm_log.jsonl (hybrid.log_llm)")
     ap.add_argument("--date-format", help="strptime format of the data file's timestamps (data.date_format)")
     ap.add_argument("--run-dir", help="run folder to create (default runs/<date>-<time>)")
+    ap.add_argument("--init-from", metavar="RUN_DIR", help="start the networks from RUN_DIR's best checkpoint, "
+                    "e.g. a 261-feature policy from a 228-feature run (transfer.init_from; see transfer.* keys)")
     ap.add_argument("--resume", metavar="RUN_DIR",
                     help="continue RUN_DIR from its latest checkpoint with its saved config (other options unused)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress=false)")
@@ -57,7 +59,8 @@ def start(args: argparse.Namespace):
     from agents.trainer import train
 
     if args.resume:
-        given = [name for name in ("config", "envs", "total_steps", "seed", "data", "run_dir") if getattr(args, name)]
+        given = [name for name in ("config", "envs", "total_steps", "seed", "data", "run_dir", "init_from")
+                 if getattr(args, name)]
         if given or args.overrides:
             flags = ", ".join("--" + g.replace("_", "-") for g in given) or "--set"
             raise ConfigError(f"--resume continues with the run's saved config; drop {flags}")
@@ -67,7 +70,8 @@ def start(args: argparse.Namespace):
                       ("data", "data.source"), ("llm", "llm"), ("llm_mode", "hybrid.llm_mode"),
                       ("quantization", "hybrid.quantization"), ("fusion", "hybrid.fusion"),
                       ("query_interval", "hybrid.query.interval"), ("llm_budget", "hybrid.budget"),
-                      ("latency", "hybrid.latency"), ("log_llm", "hybrid.log_llm"), ("date_format", "data.date_format")):
+                      ("latency", "hybrid.latency"), ("log_llm", "hybrid.log_llm"), ("date_format", "data.date_format"),
+                      ("init_from", "transfer.init_from")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     if args.no_progress:
@@ -83,11 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     from agents.trainer import final_comparison
+    from agents.saved_runs import CheckpointMismatch
     from jaxenv import DataValidationError
 
     try:
         result = start(args)
-    except (ConfigError, DataValidationError, FileNotFoundError, FileExistsError) as e:
+    except (ConfigError, DataValidationError, FileNotFoundError, FileExistsError, CheckpointMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if result.interrupted:

@@ -20,7 +20,7 @@ from agents.config import load_config
 from agents.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["env_name=CartPole-v1", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",
+TINY = ["llm=none", "env_name=CartPole-v1", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",
         "network.actor_hidden=[16,16]", "network.critic_hidden=[16,16]", "log.progress=false"]
 
 

@@ -20,7 +20,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_are_valid_and_sized_for_the_issue():
     cfg = load_config()
     assert cfg.network.actor_hidden == [256, 256] and cfg.network.critic_hidden == [256, 256]
-    assert cfg.llm == "none" and cfg.num_updates >= 1
+    assert cfg.llm == "smollm2" and cfg.num_envs == 4096 and cfg.num_updates >= 1  # the main job: the full hybrid
     assert cfg.steps_per_update % cfg.ppo.num_minibatches == 0
 
 

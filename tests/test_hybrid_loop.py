@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -44,6 +47,21 @@ def test_strict_mode_with_mock_advisor_is_reproducible(tmp_path):
     assert shm_segments() == before  # the sidecar's segments are gone after training
 
 
+def test_every_update_gets_answers(tmp_path):
+    """Submissions left pending at the end of an update are collected in the next one, so advice keeps coming."""
+    cfg = load_config(None, SMALL + ["ppo.num_steps=64", "total_steps=2048", "hybrid.budget=32"])  # 13 chunks: 12 of 5 steps, one of 4
+    setup = make_env_setup(cfg)
+    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+    loop = QueryLoop(cfg, ppo, setup.market, tmp_path)
+    try:
+        state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
+        for _ in range(4):
+            state, m = loop.update(state)
+            assert m["llm_prompts"] > 0 and m["llm_ok"] > 0
+    finally:
+        loop.close()
+
+
 def test_training_survives_a_killed_sidecar(tmp_path):
     cfg = load_config(None, SMALL)  # strict: collecting must notice the dead sidecar instead of waiting
     setup = make_env_setup(cfg)
@@ -75,3 +93,55 @@ def test_rules_fusion_and_no_veto_run(tmp_path):
     m = result.last_metrics
     assert m["veto_rate"] == 0.0 and m["llm_trust"] == 0.0
     assert 0.0 <= m["llm_override_rate"] <= 1.0
+
+
+def _sidecars(pid: int) -> list[int]:
+    """The llm_sidecar processes whose parent is pid."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    is_child = int(f.read().split(")")[-1].split()[1]) == pid
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if is_child and b"llm_sidecar" in f.read():
+                        out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_stops_training_sidecars_and_all(tmp_path):
+    """Ctrl-C on `train.py --llm mock` (training sidecar and the validation walk's sidecar both up): the run
+    saves a checkpoint and exits, no sidecar outlives it, no shared-memory segment is left."""
+    root = Path(__file__).resolve().parents[1]
+    sets = [a for o in SMALL if not o.startswith(("total_steps", "checkpoint.eval_every", "llm="))
+            for a in ("--set", o)]
+    cmd = [sys.executable, str(root / "scripts" / "train.py"), "--llm", "mock", "--total-steps", "6400000",
+           "--run-dir", str(tmp_path / "run"), *sets, "--set", "checkpoint.eval_every_updates=1"]
+    trainer = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert trainer.poll() is None, trainer.stderr.read()
+            time.sleep(0.2)
+        sidecars = _sidecars(trainer.pid)
+        assert len(sidecars) == 2  # the training loop's and the validation walk's
+        os.killpg(trainer.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
+        assert trainer.wait(timeout=60) == 130
+        assert not [p for p in sidecars if _running(p)], "orphaned sidecar"
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"jxf{trainer.pid}_")]
+        assert "checkpoint saved" in trainer.stderr.read()
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)

@@ -68,7 +68,7 @@ class GuessEnv(environment.Environment):
 
 
 def tiny_cfg(*overrides: str):
-    base = ["num_envs=16", "ppo.num_steps=8", "total_steps=4096", "network.actor_hidden=[32,32]",
+    base = ["llm=none", "num_envs=16", "ppo.num_steps=8", "total_steps=4096", "network.actor_hidden=[32,32]",
             "network.critic_hidden=[32,32]"]
     return load_config(None, base + list(overrides))
 

@@ -13,7 +13,7 @@ from agents.metrics import HealthMonitor, MetricsLogger
 from agents.trainer import final_comparison, train
 from tests.test_config import cli_main
 
-TINY = ["num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",
+TINY = ["llm=none", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",
         "network.actor_hidden=[16,16]", "network.critic_hidden=[16,16]", "log.progress=false"]
 REQUIRED = {"update", "env_steps", "steps_per_s", "episode_return", "episode_length", "approx_kl", "clip_frac",
             "explained_variance", "entropy", "policy_loss", "value_loss", "achieved_gflops"}

@@ -1,0 +1,184 @@
+"""Walking a split with the LLM advisor: the hybrid agent and its ablations, scored like `jaxenv.walk_split`.
+
+One account walks the split bar by bar (after a drawdown breach a fresh account continues from the next bar).
+Every k bars a query step asks the advisor about the account exactly as in training: prompts sent at one query
+step are answered into the advice table at the next, waiting for them (strict), so a walk with the mock advisor
+is reproducible. Acting is greedy by default: the most probable action of the distribution the agent acts from.
+
+    walker = AdvisedWalker(cfg, ppo, env, market)
+    trace = walker.walk(params, obs_norm, "val", key)                          # the agent as trained
+    trace = walker.walk(params, obs_norm, "val", key, **ABLATIONS["llm_only"])  # the advisor alone
+    walker.close()                                                              # stops the sidecar
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from agents.acting import HybridActing, HybridCarry
+from agents.advice import view
+from agents.hybrid import AdvisorLink, make_acting
+from agents.networks import ActorCritic
+from jaxenv.env import EnvState
+from jaxenv.evaluate import continue_after_breach, summarize, trace_step
+
+# name -> the acting changes of that ablation (fusion None = the run's own fusion)
+ABLATIONS: dict[str, dict] = {
+    "rl_only": {"fusion": "none", "veto": False},  # the policy alone: no advice, no veto
+    "llm_only": {"fusion": "advice_only", "veto": False},  # the advice alone; HOLD where there is none
+    "fused_no_veto": {"fusion": None, "veto": False},
+    "fused_veto": {"fusion": None, "veto": True},
+}
+
+
+def advised_summary(trace: dict) -> dict:
+    """`jaxenv.summarize`'s figures plus how the advice was used: the share of bars with valid advice, the mean
+    trust g where it was valid, the share of bars whose action the advice changed, vetoed bars, and the
+    advisor's counters (prompts, answers per status, latency)."""
+    valid = trace["advice_valid"]
+    out = summarize(trace)
+    out.update({
+        "advice_coverage": float(valid.mean()) if len(valid) else 0.0,
+        "mean_trust": float(trace["trust"][valid].mean()) if valid.any() else 0.0,
+        "override_rate": float(trace["overridden"].mean()) if len(valid) else 0.0,
+        "veto_rate": float(trace["vetoed"].mean()) if len(valid) else 0.0,
+    })
+    out.update({k: float(v) for k, v in trace.get("llm", {}).items()})
+    return out
+
+
+@struct.dataclass
+class WalkCarry:
+    env_state: EnvState  # leaves [1, ...]: one account, batched so the hybrid machinery applies unchanged
+    hybrid: HybridCarry
+    key: jax.Array
+
+
+class AdvisedWalker:
+    """Walks splits with a hybrid run's network and the run's advisor (one sidecar, started on first use)."""
+
+    def __init__(self, cfg, ppo, env, market, client=None):
+        self.cfg, self.ppo, self.env, self.market = cfg, ppo, env, market
+        self.acting = dataclasses.replace(make_acting(cfg, env), greedy=cfg.checkpoint.eval_deterministic)
+        self._client = client
+        self._link: AdvisorLink | None = None
+        self.k = cfg.hybrid.query.interval
+        self._compiled: dict[tuple, Any] = {}
+
+    def _chunk_fn(self, acting: HybridActing, k: int):
+        """The jitted k-bar walk for this acting variant (the configs inside are not hashable: cache by key)."""
+        key = (acting.fusion, acting.veto.enabled, acting.greedy, k)
+        if key not in self._compiled:
+            self._compiled[key] = jax.jit(partial(_chunk, self.env, acting, self.ppo.network,
+                                                  self.cfg.ppo.normalize_obs, k=k))
+        return self._compiled[key]
+
+    @property
+    def link(self) -> AdvisorLink:
+        if self._link is None:  # strict: a walk must be reproducible, whatever the run's training latency
+            self._link = AdvisorLink(self.cfg, self.market, 1, client=self._client, latency="strict")
+        return self._link
+
+    def close(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def acting_for(self, fusion: str | None = None, veto: bool | None = None, greedy: bool | None = None) -> HybridActing:
+        a = self.acting
+        return dataclasses.replace(
+            a,
+            fusion=a.fusion if fusion is None else fusion,
+            veto=a.veto if veto is None else dataclasses.replace(a.veto, enabled=veto),
+            greedy=a.greedy if greedy is None else greedy,
+        )
+
+    def walk(self, params: Any, obs_norm: Any, split: str | tuple[int, int], key: jax.Array, *,
+             fusion: str | None = None, veto: bool | None = None, greedy: bool | None = None) -> dict[str, Any]:
+        """Per-bar trace with `jaxenv.walk_split`'s columns plus the advice in force at each bar
+        (`advice_action`, `advice_confidence` (decayed), `advice_valid`, `trust`, `overridden`, `vetoed`) and
+        `reasons`: {bar the answer arrived at: reason text}; `advice_from` gives that bar per step (-1: none)."""
+        acting = self.acting_for(fusion, veto, greedy)
+        uses_advice = acting.fusion != "none"
+        env_params = self.env.make_params(self.market, split, sequential=True)
+        num_steps = int(env_params.max_steps_in_episode)
+        k_init, key = jax.random.split(key)
+        state = jax.vmap(self.env.initial_state, in_axes=(0, None))(k_init[None], env_params)
+        carry = WalkCarry(env_state=state, hybrid=acting.init_carry(1), key=key)
+
+        reasons: dict[int, str] = {}
+        bar_now = [0]  # the bar at which answers being collected enter the advice table
+
+        def keep_reason(answers) -> None:
+            if len(answers):
+                reasons[bar_now[0]] = answers.reasons[0].decode(errors="replace")
+
+        if uses_advice:
+            link = self.link
+            link.reset_counters()
+            link.on_answers = keep_reason
+        chunks = [self.k] * (num_steps // self.k) + ([num_steps % self.k] if num_steps % self.k else [])
+        pieces = []
+        try:
+            for k in chunks:
+                if uses_advice:
+                    bar_now[0] = int(carry.env_state.t[0])
+                    carry = link.query_step(carry)
+                carry, trace = self._chunk_fn(acting, k)(carry, params, obs_norm, env_params)
+                pieces.append(trace)
+            if uses_advice:
+                bar_now[0] = int(carry.env_state.t[0])
+                link.drain(carry)  # nothing pending is left for the next walk
+        finally:
+            if uses_advice:
+                link.on_answers = None
+        out = {name: np.concatenate([np.asarray(p[name]) for p in pieces]) for name in pieces[0]}
+        out["advice_from"] = np.where(out["advice_valid"], out["t"] - out.pop("advice_age"), -1)
+        out["reasons"] = reasons
+        if uses_advice:
+            out["llm"] = link.metrics(chunk_s=0.0)
+        return out
+
+
+def _chunk(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool, carry: WalkCarry, params, obs_norm,
+           env_params, *, k: int):
+    v_obs = jax.vmap(env.get_obs, in_axes=(0, None))
+    v_mask = jax.vmap(env.action_mask, in_axes=(0, None))
+    v_transition = jax.vmap(env.transition, in_axes=(0, 0, None))
+
+    def body(carry: WalkCarry, _):
+        key, k_act, k_reset = jax.random.split(carry.key, 3)
+        state = carry.env_state
+        obs = v_obs(state, env_params).astype(jnp.float32)
+        mask = v_mask(state, env_params)
+        net_in = obs_norm.normalize(obs) if normalize_obs else obs
+        logits = network.apply(params, net_in, method=ActorCritic.logits)
+        advice = view(carry.hybrid.advice, acting.query)
+        action, _, _, acting_mask, extras, hybrid = acting.act(
+            network, params, carry.hybrid, logits, mask, obs, state, env_params, k_act
+        )
+        next_state, _, terminated, info = v_transition(state, action, env_params)
+        hybrid = acting.after_step(hybrid, info)
+        step = jax.tree.map(lambda x: x[0], jax.vmap(trace_step, in_axes=(0, 0, 0, 0, 0, None))(
+            state, action, next_state, terminated, info, env_params))
+        step.update({
+            "advice_action": jnp.argmax(advice.probs[0]).astype(jnp.int32),
+            "advice_confidence": advice.confidence[0],
+            "advice_valid": advice.valid[0],
+            "advice_age": carry.hybrid.advice.age[0],
+            "trust": extras.stats["trust"],
+            "overridden": extras.stats["overrides"] > 0,
+            "vetoed": (mask[0] & ~acting_mask[0]).any(),
+        })
+        next_state = jax.vmap(continue_after_breach, in_axes=(None, 0, 0, 0, None))(
+            env, next_state, terminated, k_reset[None], env_params)
+        return WalkCarry(env_state=next_state, hybrid=hybrid, key=key), step
+
+    return jax.lax.scan(body, carry, None, length=k)

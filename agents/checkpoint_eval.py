@@ -1,0 +1,224 @@
+"""Evaluating trained runs from their checkpoints (`scripts/evaluate.py`).
+
+The agent, its ablations and the baselines walk the same bars: a whole split (or file) bar by bar with one
+account, or N random episodes of it. Every walk is a trace (`jaxenv.walk_split`'s columns) scored by
+`jaxenv.metrics.walk_metrics`; walks of several evaluation seeds, episodes or run folders are summarised by
+their mean and a 95% Student-t interval.
+
+    runs = [load_run("runs/x", "best")]
+    result = evaluate(runs, EvalOptions(split="test", seeds=3))
+    result.summary()   # {"agent": {...}, "ablations": {...}, "baselines": {...}}
+
+Policies are named walks `(bars, key) -> trace` in three groups; `ablation_walks` is where a hybrid run's
+RL-only / LLM-only / fused variants plug in (none for RL-only runs). A policy whose walk does not depend on the
+key (greedy acting, flat, buy-and-hold) is walked once per set of bars, so repeating identical walks over
+seeds never narrows an interval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from rich.progress import Progress
+from scipy import stats
+
+from agents.config import ConfigError, TrainConfig
+from agents.evaluation import flat_policy, random_valid_policy
+from agents.hybrid import make_acting
+from agents.ppo import PPO, make_train
+from agents.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
+from agents.trainer import make_act
+from jaxenv import Market, TradingEnv, load_market, walk_split
+from jaxenv.evaluate import buy_and_hold
+from jaxenv.metrics import METRICS, Trace, walk_metrics
+
+Bars = tuple[int, int]  # [start, end) bar indices of one walk
+WalkFn = Callable[[Bars, jax.Array], Trace]
+GROUPS = ("agent", "ablations", "baselines")
+
+
+@dataclass(frozen=True)
+class Policy:
+    walk: WalkFn
+    stochastic: bool  # the walk depends on its key (sampled actions): walked again for every evaluation seed
+
+
+@dataclass
+class EvalOptions:
+    split: str = "test"  # val | test of the run's data, or "all": every bar of the data (with --data)
+    episodes: int = 0  # > 0: this many random episodes of env.max_steps_in_episode bars instead of the whole split
+    # evaluation seeds: seed i acts with PRNGKey(i) (folded with each walk's index) and draws episodes with numpy seed i
+    seeds: int = 1
+    progress: bool = True
+
+
+@dataclass
+class LoadedRun:
+    """A run's trained policy with the env and market to walk, restored to act exactly as in training."""
+
+    cfg: TrainConfig
+    saved: SavedPolicy
+    env: TradingEnv
+    market: Market
+    ppo: PPO
+    act: Callable  # agents.trainer.make_act: act((params, obs_norm), obs, mask, key)
+    sampled: bool  # act samples actions (else: the most probable one, as training's evaluation does by default)
+
+
+def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | None = None, sample: bool = False) -> LoadedRun:
+    """Restores params and observation normaliser of a run's checkpoint and rebuilds its env from its config
+    (on `data` instead of the run's own data when given). Fails with a message saying what differs when the
+    checkpoint does not fit the current code, config or data."""
+    cfg = load_run_config(run_dir)
+    if cfg.env_name != "trading":
+        raise ConfigError(f"{run_dir}: evaluation walks the trading env; this run trained on {cfg.env_name!r}")
+    if data is not None:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=data))
+    env = TradingEnv(cfg.env)
+    market = load_market(cfg.data)
+    acting = make_acting(cfg, env) if cfg.llm != "none" else None  # the trust gate's params are in the checkpoint
+    ppo = make_train(cfg, env, env.make_params(market, (0, market.num_bars)), acting)
+    saved = restore_policy(run_dir, checkpoint, cfg)
+    check_fits(saved, ppo.network, ppo.obs_dim, ppo.num_actions)
+    return LoadedRun(cfg, saved, env, market, ppo, make_act(ppo, deterministic=not sample), sampled=sample)
+
+
+def walk_bounds(market: Market, split: str) -> Bars:
+    if split == "all":
+        return market.split_range((0, market.num_bars))
+    if split not in ("val", "test"):
+        raise ValueError(f"split {split!r}: use val, test or all")
+    return market.split_range(split)
+
+
+def episode_bars(bounds: Bars, episodes: int, length: int, seed: int) -> list[Bars]:
+    """The whole range, or `episodes` random windows of `length` steps inside it (the same for every policy)."""
+    start, end = bounds
+    if not episodes:
+        return [bounds]
+    if end - start < length + 1:
+        raise ValueError(f"bars [{start}, {end}) are too few for an episode of {length} steps; use fewer steps "
+                         "(env.max_steps_in_episode) or walk the whole split")
+    starts = np.random.default_rng(seed).integers(start, end - length, size=episodes)
+    return [(int(s), int(s) + length + 1) for s in starts]
+
+
+def agent_walk(run: LoadedRun) -> WalkFn:
+    """The trained policy; for a hybrid run, for now its RL policy alone (the advisor is not consulted)."""
+    policy_state = (run.saved.params, run.saved.obs_norm)
+    return lambda bars, key: walk_split(run.env, run.market, bars, run.act, key, policy_state)
+
+
+def ablation_walks(run: LoadedRun, cleanup: ExitStack) -> dict[str, Policy]:
+    """A hybrid run's RL-only, LLM-only, fused-without-veto and fused-with-veto variants need the advisor during
+    the walk (whatever holds it registers its close on `cleanup`): they arrive with the hybrid issue. An RL-only
+    run (llm: none) has no ablations."""
+    return {}
+
+
+def baseline_walks(env: TradingEnv, market: Market) -> dict[str, Policy]:
+    return {
+        "flat": Policy(lambda bars, key: walk_split(env, market, bars, flat_policy, key, ()), stochastic=False),
+        "random_valid": Policy(lambda bars, key: walk_split(env, market, bars, random_valid_policy, key, ()),
+                               stochastic=True),
+        "buy_and_hold": Policy(lambda bars, key: buy_and_hold(env, market, bars), stochastic=False),
+    }
+
+
+def mean_and_interval(values: list[float]) -> tuple[float, tuple[float, float] | None]:
+    """Mean and 95% Student-t interval of the mean (None for fewer than two values)."""
+    mean = float(np.mean(values))
+    if len(values) < 2:
+        return mean, None
+    half = float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
+    return mean, (mean - half, mean + half)
+
+
+def summarize_walks(walks: list[dict]) -> dict[str, Any]:
+    """Every metric's mean over the walks (over those where it is defined), `n` walks and, for n > 1, `ci95`."""
+    out: dict[str, Any] = {}
+    ci95: dict[str, list[float]] = {}
+    for name in METRICS:
+        values = [w[name] for w in walks if w[name] is not None]
+        out[name], interval = mean_and_interval(values) if values else (None, None)
+        if interval is not None:
+            ci95[name] = list(interval)
+    out["n"] = len(walks)
+    if len(walks) > 1:
+        out["ci95"] = ci95
+    return out
+
+
+@dataclass
+class Evaluation:
+    runs: list[LoadedRun]
+    options: EvalOptions
+    walks: dict[str, dict[str, list[dict]]]  # group -> policy -> metrics of each walk
+    first_traces: dict[str, Trace] = field(default_factory=dict)  # policy -> its first walk (plots, trades.csv)
+    bars: list[Bars] = field(default_factory=list)  # the walks of seed 0
+
+    def summary(self) -> dict[str, Any]:
+        """{"agent": {...}, "ablations": {name: {...}}, "baselines": {name: {...}}} plus what was evaluated."""
+        setup = {
+            "runs": [str(r.saved.run_dir) for r in self.runs],
+            "checkpoints": [r.saved.label for r in self.runs],
+            "data": self.runs[0].cfg.data.source,
+            "split": self.options.split,
+            "episodes": self.options.episodes,
+            "seeds": self.options.seeds,
+            "greedy": not any(run.sampled for run in self.runs),
+            "bars": [list(b) for b in self.bars],
+            "period": [str(self.runs[0].market.timestamps[min(start for start, _ in self.bars)]),
+                       str(self.runs[0].market.timestamps[max(end for _, end in self.bars) - 1])],
+        }
+        return {
+            "setup": setup,
+            "agent": summarize_walks(self.walks["agent"]["agent"]),
+            "ablations": {k: summarize_walks(v) for k, v in self.walks["ablations"].items()},
+            "baselines": {k: summarize_walks(v) for k, v in self.walks["baselines"].items()},
+        }
+
+
+def check_comparable(runs: list[LoadedRun]) -> None:
+    """Several run folders are pooled as seeds of one agent: they must trade the same market under the same rules."""
+    for run in runs[1:]:
+        for section in ("data", "env"):
+            if getattr(run.cfg, section) != getattr(runs[0].cfg, section):
+                raise ConfigError(f"{run.saved.run_dir} and {runs[0].saved.run_dir} differ in their {section} config; "
+                                  "evaluate them separately")
+
+
+def evaluate(runs: list[LoadedRun], options: EvalOptions) -> Evaluation:
+    """Walks every policy on the same bars for each evaluation seed (and each run, for the agent and ablations)."""
+    check_comparable(runs)
+    first = runs[0]
+    bounds = walk_bounds(first.market, options.split)
+    timestamps, rules = first.market.timestamps, first.cfg.env.prop_firm
+    length = first.cfg.env.max_steps_in_episode
+    result = Evaluation(runs, options, {g: {} for g in GROUPS}, bars=episode_bars(bounds, options.episodes, length, 0))
+    with ExitStack() as cleanup, Progress(transient=True, disable=not options.progress) as progress:
+        policies = [("agent", {"agent": Policy(agent_walk(run), stochastic=run.sampled)}) for run in runs]
+        policies += [("ablations", ablation_walks(run, cleanup)) for run in runs]
+        policies.append(("baselines", baseline_walks(first.env, first.market)))
+        new_bars_per_seed = options.episodes > 0
+        jobs = [(group, name, policy.walk, seed)
+                for seed in range(options.seeds) for group, named in policies for name, policy in named.items()
+                if seed == 0 or policy.stochastic or new_bars_per_seed]
+        task = progress.add_task("walking", total=len(jobs) * len(result.bars))
+        for group, name, walk, seed in jobs:
+            progress.update(task, description=f"{name} (seed {seed})")
+            key = jax.random.PRNGKey(seed)
+            for i, bars in enumerate(episode_bars(bounds, options.episodes, length, seed)):
+                trace = walk(bars, jax.random.fold_in(key, i))
+                result.walks[group].setdefault(name, []).append(walk_metrics(trace, timestamps, rules))
+                result.first_traces.setdefault(name, trace)
+                progress.advance(task)
+    return result

@@ -1,0 +1,177 @@
+"""What `scripts/evaluate.py` writes: the console table (rich), the same table as markdown, the JSON of every
+figure, trades.csv, and PNG plots (equity with the trailing-drawdown threshold and the trades, underwater
+drawdown, training curves from metrics.jsonl)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from jaxenv.metrics import METRICS, Trace, trades_table, underwater  # noqa: E402
+
+LABELS = {
+    "net_pnl": "net P&L", "sharpe_daily": "Sharpe (daily)", "sortino_daily": "Sortino (daily)",
+    "max_drawdown": "max drawdown", "calmar": "Calmar", "win_rate": "win rate", "profit_factor": "profit factor",
+    "expectancy": "expectancy / trade", "trades": "trades", "trades_per_day": "trades / day",
+    "avg_holding_bars": "avg holding (bars)", "commissions": "commissions", "commission_share": "commissions / gross",
+    "breaches": "breaches", "days_to_first_breach": "days to 1st breach", "prop_passed": "prop-firm target",
+    "days": "trading days",
+}
+MONEY = {"net_pnl", "max_drawdown", "expectancy", "commissions"}
+PERCENT = {"win_rate", "commission_share"}
+WHOLE = {"trades", "breaches", "days_to_first_breach", "days"}
+
+
+def _number(name: str, value: float) -> str:
+    if name in MONEY:
+        return f"{'-' if value < 0 else ''}${abs(value):,.0f}"
+    if name in PERCENT:
+        return f"{value:.1%}"
+    if name in WHOLE:
+        return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+    return f"{value:.2f}"
+
+
+def format_metric(name: str, summary: dict[str, Any]) -> str:
+    """One cell: the value, or `mean ± half-width of the 95% interval` over several walks; `—` if undefined."""
+    value = summary.get(name)
+    if value is None:
+        return "—"
+    if name == "prop_passed":
+        return ("pass" if value else "fail") if summary["n"] == 1 else f"{value:.0%} pass"
+    interval = summary.get("ci95", {}).get(name)
+    if interval is None:
+        return _number(name, value)
+    return f"{_number(name, value)} ± {_number(name, (interval[1] - interval[0]) / 2).lstrip('-')}"
+
+
+def columns(summary: dict[str, Any]) -> dict[str, dict]:
+    """policy name -> its summary, in table order: the agent, its ablations, the baselines."""
+    return {"agent": summary["agent"], **summary["ablations"], **summary["baselines"]}
+
+
+def rich_table(summary: dict[str, Any]) -> Table:
+    setup = summary["setup"]
+    walks = f"{setup['episodes']} episodes" if setup["episodes"] else "whole split"
+    table = Table(title=f"{', '.join(setup['checkpoints'])} on {setup['data']} {setup['split']} "
+                        f"({walks}, {setup['seeds']} seed{'s' if setup['seeds'] > 1 else ''})")
+    table.add_column("metric")
+    for name in columns(summary):
+        table.add_column(name, justify="right")
+    for metric in METRICS:
+        table.add_row(LABELS[metric], *(format_metric(metric, s) for s in columns(summary).values()))
+    return table
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    cols = columns(summary)
+    lines = ["| metric | " + " | ".join(cols) + " |", "|---" + "|---:" * len(cols) + "|"]
+    lines += [f"| {LABELS[m]} | " + " | ".join(format_metric(m, s) for s in cols.values()) + " |" for m in METRICS]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(summary: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2, allow_nan=False))
+
+
+def write_trades(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int, path: Path) -> pd.DataFrame:
+    trades = trades_table(trace, timestamps, contracts)
+    trades.to_csv(path, index=False, float_format="%.2f")
+    return trades
+
+
+def _date_ticks(ax, trace: Trace, timestamps: pd.DatetimeIndex, max_ticks: int = 8) -> None:
+    """Steps on the x axis (nights and weekends take no room), labelled with the dates of some session starts."""
+    days = pd.Series(timestamps[np.asarray(trace["t"]) + 1].date)
+    starts = np.flatnonzero(days.ne(days.shift()).to_numpy())
+    chosen = starts[:: max(1, int(np.ceil(len(starts) / max_ticks)))]
+    ax.set_xticks(chosen, [days[i].strftime("%Y-%m-%d") for i in chosen], rotation=30, ha="right", fontsize=8)
+
+
+def plot_equity(trace: Trace, timestamps: pd.DatetimeIndex, path: Path, title: str) -> None:
+    """Account equity at each bar's close, the trailing-drawdown threshold below it, entries (▲ long, ▼ short)
+    and exits (green: winning trade, red: losing), and breaches (a fresh account starts at the next bar)."""
+    x = np.arange(len(trace["t"]))
+    equity = np.asarray(trace["equity"], np.float64)
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    ax.plot(x, equity, lw=0.8, color="tab:blue", label="equity (mark-to-market)")
+    ax.plot(x, trace["threshold"], lw=0.9, ls="--", color="tab:red", label="trailing-drawdown threshold")
+    side = np.asarray(trace["entry_side"])
+    for sign, marker, color, label in ((1, "^", "tab:green", "long entry"), (-1, "v", "tab:orange", "short entry")):
+        at = side == sign
+        ax.scatter(x[at], equity[at], marker=marker, s=14, color=color, label=label, zorder=3)
+    exits = np.asarray(trace["exit_reason"]) > 0
+    won = np.asarray(trace["trade_pnl"]) > 0
+    ax.scatter(x[exits & won], equity[exits & won], s=5, color="green", label="exit, win", zorder=3)
+    ax.scatter(x[exits & ~won], equity[exits & ~won], s=5, color="red", label="exit, loss", zorder=3)
+    for i, at in enumerate(np.flatnonzero(trace["breach"])):
+        ax.axvline(at, color="black", lw=0.6, alpha=0.5, label="breach" if i == 0 else None)
+    ax.set_title(title)
+    ax.set_ylabel("account equity ($)")
+    _date_ticks(ax, trace, timestamps)
+    ax.legend(fontsize=7, ncol=4, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_underwater(traces: dict[str, Trace], timestamps: pd.DatetimeIndex, path: Path, title: str) -> None:
+    """How far each policy's cumulative P&L is below its running peak, bar by bar (the first is filled)."""
+    fig, ax = plt.subplots(figsize=(11, 3.2))
+    for i, (name, trace) in enumerate(traces.items()):
+        depth = -underwater(trace["pnl"])
+        if i == 0:
+            ax.fill_between(np.arange(len(depth)), depth, 0.0, color="tab:red", alpha=0.4, lw=0, label=name)
+        else:
+            ax.plot(depth, lw=0.8, ls="--", label=name)
+    first = next(iter(traces.values()))
+    ax.set_title(title)
+    ax.set_ylabel("drawdown ($)")
+    _date_ticks(ax, first, timestamps)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+TRAINING_PANELS = (  # metrics.jsonl key, panel title
+    ("episode_pnl", "training episodes: mean P&L ($)"),
+    ("val_net_pnl", "validation split: net P&L ($)"),
+    ("entropy", "policy entropy"),
+    ("approx_kl", "approx. KL per update"),
+)
+
+
+def plot_training(metrics_jsonl: Path, path: Path, title: str) -> bool:
+    """Training curves against env steps; False (nothing written) when the run logged none of them."""
+    if not metrics_jsonl.exists():
+        return False
+    log = pd.read_json(metrics_jsonl, lines=True)
+    panels = [(k, t) for k, t in TRAINING_PANELS if k in log and log[k].notna().any()]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False)
+    for ax, (key, panel_title) in zip(axes[0], panels):
+        points = log[["env_steps", key]].dropna()
+        ax.plot(points["env_steps"] / 1e6, points[key], marker="o" if len(points) < 30 else None, ms=3, lw=1)
+        ax.set_title(panel_title, fontsize=9)
+        ax.set_xlabel("env steps (M)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

@@ -1,0 +1,142 @@
+"""Reading a finished run folder (`scripts/train.py`'s output) for evaluation and transfer: its config and one
+checkpoint's policy, i.e. the network parameters (the trust gate's included) and the observation normaliser.
+
+The checkpoint is restored without a target tree, so it does not matter how the rest of the training state
+(optimiser, env states, hybrid carry) was laid out; what is used is checked against the network the current
+code builds from the run's config, and a mismatch fails with a message saying what differs.
+
+    saved = restore_policy("runs/x", "best")              # or "latest", or an update number as text
+    check_fits(saved, ppo.network, ppo.obs_dim, ppo.num_actions)
+    action = ppo.policy(saved.params, saved.obs_norm, obs, mask, key, True)
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from agents.config import ConfigError, TrainConfig, load_config
+from agents.normalization import RunningMeanStd
+
+RUN_CONFIG = "config.yaml"  # as agents.trainer writes it
+KINDS = ("best", "latest")  # the run's two checkpoint managers (agents.checkpoints.RunCheckpoints)
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint that does not fit the current code, config or data; the message says what differs."""
+
+
+@dataclass
+class SavedPolicy:
+    run_dir: Path
+    cfg: TrainConfig  # the run's config as saved
+    kind: str  # best | latest
+    step: int  # the update the checkpoint was taken after
+    params: Any  # flax variables {"params": {...}}
+    obs_norm: RunningMeanStd
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}-{self.step}"
+
+    @property
+    def obs_dim(self) -> int:
+        return int(self.obs_norm.mean.shape[0])
+
+
+def load_run_config(run_dir: str | Path) -> TrainConfig:
+    path = Path(run_dir) / RUN_CONFIG
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found; is {run_dir} a run folder made by scripts/train.py?")
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (the run's config does not fit the current code)") from None
+
+
+def _manager(run_dir: Path, kind: str) -> ocp.CheckpointManager | None:
+    path = (run_dir / "checkpoints" / kind).absolute()
+    if not path.is_dir():
+        return None
+    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False), item_names=("state", "host"))
+
+
+def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | None = None) -> SavedPolicy:
+    """Params and observation normaliser of the run's `which` checkpoint: best, latest, or an update number
+    (looked up among the latest checkpoints, then the best). `best` falls back to latest, with a note on stderr,
+    for a run that never evaluated."""
+    run_dir = Path(run_dir)
+    cfg = cfg or load_run_config(run_dir)
+    managers = {kind: _manager(run_dir, kind) for kind in KINDS}
+    steps = {kind: (m.all_steps() if m else []) for kind, m in managers.items()}
+    try:
+        if which == "best" and not steps["best"]:
+            print(f"note: {run_dir} has no best checkpoint (no evaluation ran); using the latest", file=sys.stderr)
+            which = "latest"
+        if which in KINDS:
+            kind, step = which, max(steps[which], default=None)
+        elif which.isdigit():
+            kind = next((k for k in ("latest", "best") if int(which) in steps[k]), None)
+            step = int(which)
+        else:
+            raise ValueError(f"checkpoint {which!r}: use best, latest or an update number")
+        if kind is None or step is None:
+            listing = "; ".join(f"{k}: {', '.join(map(str, sorted(s))) or 'none'}" for k, s in steps.items())
+            raise FileNotFoundError(f"{run_dir}: no finished checkpoint {which!r} (checkpoints: {listing})")
+        restored = managers[kind].restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), host=ocp.args.JsonRestore())
+        )
+    finally:
+        for m in managers.values():
+            if m:
+                m.close()
+    state = restored.state
+    obs_norm = RunningMeanStd(**{k: jnp.asarray(v) for k, v in state["obs_norm"].items()})
+    return SavedPolicy(run_dir, cfg, kind, step, state["params"], obs_norm)
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def _outputs(shapes: dict[str, tuple[int, ...]], head: str) -> int | None:
+    """Output width of a head (actor, critic): its last Dense layer's bias."""
+    biases = sorted((p for p in shapes if p.startswith(f"params/{head}/Dense_") and p.endswith("/bias")),
+                    key=lambda p: int(p.split("/")[2].split("_")[1]))
+    return shapes[biases[-1]][0] if biases else None
+
+
+def check_fits(saved: SavedPolicy, network: Any, obs_dim: int, num_actions: int) -> None:
+    """Raises CheckpointMismatch listing every difference between the checkpoint's policy and the network the
+    current code builds from the run's config: observation size, action count, then any other layer."""
+    expected = _shapes(jax.eval_shape(lambda: network.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))))
+    stored = _shapes(saved.params)
+    env = saved.cfg.env
+    stored_actions = _outputs(stored, "actor")
+    problems = []
+    if saved.obs_dim != obs_dim:
+        problems.append(f"observation size {saved.obs_dim} in the checkpoint, {obs_dim} with the current code and "
+                        f"the run's config (env.extended_features={env.extended_features}, env.window={env.window})")
+    if stored_actions != num_actions:
+        problems.append(f"{stored_actions} actions in the checkpoint, {num_actions} in the current env")
+
+    def explained(old: tuple[int, ...], new: tuple[int, ...]) -> bool:  # by the two differences above
+        return (old[1:] == new[1:] and (old[:1], new[:1]) == ((saved.obs_dim,), (obs_dim,))) or (
+            old[:-1] == new[:-1] and (old[-1:], new[-1:]) == ((stored_actions,), (num_actions,)))
+
+    for path in sorted(set(stored) | set(expected)):
+        if path not in expected:
+            problems.append(f"{path} is in the checkpoint only")
+        elif path not in stored:
+            problems.append(f"{path} is in the current network only (network or hybrid.fusion config changed?)")
+        elif stored[path] != expected[path] and not explained(stored[path], expected[path]):
+            problems.append(f"{path}: shape {stored[path]} in the checkpoint, {expected[path]} now (network sizes?)")
+    if problems:
+        raise CheckpointMismatch(f"{saved.run_dir} checkpoint {saved.label} does not fit: " + "; ".join(problems))

@@ -1,0 +1,135 @@
+"""Transfer: a new run starts from another run's networks (`train.py --init-from RUN`), e.g. the seeds' Phase 2 →
+Phase 3, a 261-feature policy from a 228-feature one.
+
+Every layer is copied. An input layer whose kernel has more rows here than in the source (the extended
+observation appends 33 features after the 228 it shares with the short form) gets the source's rows for the
+shared features and zeros for the new ones, so the new network acts exactly as the old one did until it learns
+to use them. Layers the source lacks (the trust gate, when a hybrid run starts from an RL-only one) keep their
+fresh init. The observation normaliser's statistics of the shared features are copied too.
+
+`transfer.freeze_steps` adds a warm-up during which the copied weights stay frozen: their gradients are zeroed,
+so only the new input columns and new layers learn. What may learn is optimiser state (`FreezeState`), so it is
+checkpointed and a resumed run keeps it. A warm-up that would last the whole run is refused by the config
+check (the seeds' failure: a 100K-step warm-up in an 82K-step run froze the policy throughout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from agents.config import TrainConfig, freeze_updates
+from agents.normalization import RunningMeanStd
+from agents.saved_runs import CheckpointMismatch, SavedPolicy, restore_policy
+
+
+class FreezeState(NamedTuple):
+    count: jax.Array  # optimiser steps taken
+    trainable: Any  # like params: 1.0 where a weight learns during the warm-up, 0.0 where it stays frozen
+
+
+def warmup_freeze(frozen_steps: int) -> optax.GradientTransformation:
+    """Zeroes the gradients of frozen weights for the first `frozen_steps` optimiser steps. Everything is
+    trainable until `with_trainable` puts a mask in the state. Placed before gradient clipping, so frozen
+    gradients do not use up the clipping norm."""
+
+    def init(params):
+        return FreezeState(jnp.zeros((), jnp.int32), jax.tree.map(jnp.ones_like, params))
+
+    def update(grads, state: FreezeState, params=None):
+        warm = state.count < frozen_steps
+        grads = jax.tree.map(lambda g, m: jnp.where(warm, g * m, g), grads, state.trainable)
+        return grads, FreezeState(state.count + 1, state.trainable)
+
+    return optax.GradientTransformation(init, update)
+
+
+def freeze_stage(cfg: TrainConfig) -> list[optax.GradientTransformation]:
+    """The optimiser's warm-up stage: none without a warm-up, so other runs' optimiser state keeps its layout."""
+    if not cfg.transfer.freeze_steps:
+        return []
+    return [warmup_freeze(freeze_updates(cfg) * cfg.ppo.update_epochs * cfg.ppo.num_minibatches)]
+
+
+def with_trainable(opt_state: Any, trainable: Any) -> Any:
+    """opt_state with the warm-up's mask replaced (a no-op without a warm-up stage)."""
+    is_freeze = lambda s: isinstance(s, FreezeState)  # noqa: E731
+    return jax.tree.map(lambda s: s._replace(trainable=trainable) if is_freeze(s) else s, opt_state, is_leaf=is_freeze)
+
+
+def load_source(cfg: TrainConfig, env: Any, env_params: Any) -> SavedPolicy:
+    """The run cfg.transfer.init_from names, checked to be a source this run can start from (before anything is
+    written): the same network sizes, and for the trading env the same observation window, so the shared input
+    columns mean the same features."""
+    source = restore_policy(cfg.transfer.init_from, cfg.transfer.checkpoint)
+    obs_dim = math.prod(jax.eval_shape(env.reset, jax.random.PRNGKey(0), env_params)[0].shape)
+    problems = [f"network.{f.name} {getattr(source.cfg.network, f.name)} there, {getattr(cfg.network, f.name)} here"
+                for f in dataclasses.fields(cfg.network)
+                if getattr(source.cfg.network, f.name) != getattr(cfg.network, f.name)]
+    if source.obs_dim > obs_dim:
+        problems.append(f"its observation has {source.obs_dim} features, more than this run's {obs_dim}")
+    if cfg.env_name == "trading" and source.cfg.env.window != cfg.env.window:
+        problems.append(f"env.window {source.cfg.env.window} there, {cfg.env.window} here")
+    if source.cfg.env_name != cfg.env_name:
+        problems.append(f"env_name {source.cfg.env_name!r} there, {cfg.env_name!r} here")
+    if problems:
+        raise CheckpointMismatch(f"--init-from {source.run_dir} ({source.label}) cannot start this run: "
+                                 + "; ".join(problems))
+    return source
+
+
+def _path(path) -> str:
+    return "/".join(str(getattr(k, "key", k)) for k in path)
+
+
+def copy_params(source: Any, target: Any, shared_inputs: int) -> tuple[Any, Any, list[str], list[str]]:
+    """(params, trainable mask, target weights kept fresh, source weights unused): the source's weights in the
+    target's tree, with zero rows for input columns past `shared_inputs`; the mask is 1 for what the source did
+    not provide."""
+    old = {_path(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(source)[0]}
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
+    params, trainable, fresh = [], [], []
+    for path, new in leaves:
+        name = _path(path)
+        was = old.get(name)
+        if was is None:
+            weights, learns = new, jnp.ones_like(new)
+            fresh.append(name)
+        elif was.shape == new.shape:
+            weights, learns = jnp.asarray(was, new.dtype), jnp.zeros_like(new)
+        elif was.shape[1:] == new.shape[1:] and was.shape[0] == shared_inputs < new.shape[0]:  # an input layer
+            weights = jnp.zeros_like(new).at[:shared_inputs].set(was)
+            learns = jnp.zeros_like(new).at[shared_inputs:].set(1.0)
+        else:
+            raise CheckpointMismatch(f"{name}: shape {tuple(was.shape)} in the source, {tuple(new.shape)} here")
+        params.append(weights)
+        trainable.append(learns)
+    unused = sorted(set(old) - {_path(path) for path, _ in leaves})  # e.g. a trust gate this run does not have
+    return treedef.unflatten(params), treedef.unflatten(trainable), fresh, unused
+
+
+def copy_obs_norm(source: RunningMeanStd, target: RunningMeanStd, max_count: float) -> RunningMeanStd:
+    """The source's statistics for the shared features, the fresh ones (mean 0, var 1) for the new. The sample
+    count is capped at one update's worth so the new features' statistics catch up within a few updates (the
+    shared ones see the same data and stay put)."""
+    n = source.mean.shape[0]
+    return RunningMeanStd(target.mean.at[:n].set(source.mean), target.var.at[:n].set(source.var),
+                          jnp.minimum(source.count, max_count).astype(target.count.dtype))
+
+
+def start_from(state: Any, source: SavedPolicy, cfg: TrainConfig) -> Any:
+    """A freshly initialised RunnerState with the source's networks and normaliser (and the warm-up's mask)."""
+    params, trainable, fresh, unused = copy_params(source.params, state.params, source.obs_dim)
+    obs_norm = copy_obs_norm(source.obs_norm, state.obs_norm, float(cfg.steps_per_update))
+    new_inputs = state.obs_norm.mean.shape[0] - source.obs_dim
+    warmup = f", copied layers frozen for {freeze_updates(cfg)} updates" if cfg.transfer.freeze_steps else ""
+    print(f"initialised from {source.run_dir} ({source.label}): {source.obs_dim} inputs + {new_inputs} new "
+          f"(zero weights){', fresh: ' + ', '.join(fresh) if fresh else ''}"
+          f"{', unused: ' + ', '.join(unused) if unused else ''}{warmup}", file=sys.stderr)
+    return state.replace(params=params, obs_norm=obs_norm, opt_state=with_trainable(state.opt_state, trainable))

@@ -1,0 +1,132 @@
+"""Suite `hybrid`: what the LLM advisor costs in training throughput, measured in one run.
+
+    python scripts/benchmark.py hybrid --envs 4096 --json results/hybrid.json
+
+Per env count, whole PPO updates on synthetic:headlines of
+- `rl_only`: `--llm none`, one compiled update (the baseline);
+- `mock`: the mock advisor in its own process through the real bridge, k = 5, B = 256, strict latency;
+- `smollm2` (not with --quick, and only where the embedded model is installed): auto budget.
+Each hybrid row carries steps/s, the RL-only steps/s of the same env count, their ratio, the advice coverage
+(share of decisions made with valid advice), the budget B used, prompts per update and the wait per query step.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jax  # noqa: E402
+
+from bench_common import BenchOptions, jax_device_name, peak_host_memory_mb, rates, timed_repeats  # noqa: E402
+
+from agents.config import load_config  # noqa: E402
+from agents.hybrid import QueryLoop, make_acting  # noqa: E402
+from agents.ppo import make_train  # noqa: E402
+
+DEFAULT_ENVS = [4096]
+QUICK_ENVS = [256]
+QUICK_NUM_STEPS = 20
+ADVISORS = {  # name -> config overrides
+    "mock": ["llm=mock", "hybrid.budget=256", "hybrid.query.interval=5", "hybrid.latency=strict"],
+    "smollm2": ["llm=smollm2", "hybrid.budget=auto", "hybrid.query.interval=5", "hybrid.latency=strict"],
+}
+WARMUP_UPDATES = 2  # the auto budget settles after the first measured update
+
+
+def base_overrides(n_envs: int, num_steps: int) -> list[str]:
+    return [f"num_envs={n_envs}", f"ppo.num_steps={num_steps}", "total_steps=1000000000",
+            "data.source=synthetic:headlines", "log.progress=false", "log.tensorboard=false"]
+
+
+def smollm2_available() -> bool:
+    try:
+        from llm_sidecar.models import find_smollm2_gguf
+
+        find_smollm2_gguf()
+        return True
+    except Exception as err:  # not installed: the suite says so instead of failing
+        print(f"  hybrid: smollm2 skipped ({err})", file=sys.stderr)
+        return False
+
+
+def time_rl_only(n_envs: int, num_steps: int, reps: int, setup) -> dict:
+    cfg = load_config(None, base_overrides(n_envs, num_steps) + ["llm=none"])
+    ppo = make_train(cfg, setup.env, setup.params)
+    t0 = time.perf_counter()
+    update = jax.jit(ppo.update).lower(jax.eval_shape(ppo.init, jax.random.PRNGKey(0))).compile()
+    compile_s = time.perf_counter() - t0
+    holder = {"state": jax.jit(ppo.init)(jax.random.PRNGKey(0))}
+
+    def one():
+        holder["state"], m = update(holder["state"])
+        jax.block_until_ready(m)
+
+    timing = timed_repeats(one, reps, warmup=1)
+    return {**rates(cfg.steps_per_update, timing), "compile_s": compile_s, "reps": timing["reps"]}
+
+
+def time_hybrid(advisor: str, n_envs: int, num_steps: int, reps: int, setup) -> dict:
+    cfg = load_config(None, base_overrides(n_envs, num_steps) + ADVISORS[advisor])
+    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+    t0 = time.perf_counter()
+    loop = QueryLoop(cfg, ppo, setup.market, None)
+    start_s = time.perf_counter() - t0
+    try:
+        holder = {"state": jax.jit(ppo.init)(jax.random.PRNGKey(0)), "metrics": []}
+
+        def one():
+            holder["state"], m = loop.update(holder["state"])
+            holder["metrics"].append(jax.device_get(m))
+
+        timing = timed_repeats(one, reps, warmup=WARMUP_UPDATES)
+    finally:
+        loop.close()
+    timed = holder["metrics"][WARMUP_UPDATES:]
+
+    def mean(key: str) -> float:
+        return float(sum(float(m[key]) for m in timed) / len(timed))
+
+    return {
+        **rates(cfg.steps_per_update, timing),
+        "reps": timing["reps"],
+        "coverage": mean("llm_coverage"),
+        "budget": mean("llm_budget"),
+        "prompts_per_update": mean("llm_prompts"),
+        "wait_s_per_query": mean("llm_wait_s_per_query"),
+        "latency_p50_s": mean("llm_latency_p50_s"),
+        "parse_errors": mean("llm_parse_error"),
+        "timeouts": mean("llm_timeout"),
+        "sidecar_start_s": start_s,
+    }
+
+
+def run(opts: BenchOptions) -> list[dict]:
+    from agents.trainer import make_env_setup
+
+    num_steps = QUICK_NUM_STEPS if opts.quick else load_config(None, []).ppo.num_steps
+    setup = make_env_setup(load_config(None, base_overrides(256, num_steps) + ["llm=none"]))
+    advisors = ["mock"] if opts.quick or not smollm2_available() else ["mock", "smollm2"]
+    results = []
+    for n in opts.envs or (QUICK_ENVS if opts.quick else DEFAULT_ENVS):
+        print(f"  hybrid: {n} envs, RL only ...", file=sys.stderr, flush=True)
+        rl = time_rl_only(n, num_steps, opts.reps, setup)
+        for advisor in advisors:
+            print(f"  hybrid: {n} envs, {advisor} advisor ...", file=sys.stderr, flush=True)
+            figures = time_hybrid(advisor, n, num_steps, opts.reps, setup)
+            results.append({
+                "suite": "hybrid",
+                "advisor": advisor,
+                "envs": n,
+                "num_steps": num_steps,
+                "query_interval": 5,
+                **figures,
+                "rl_only_steps_per_s": rl["steps_per_s"],
+                "ratio": figures["steps_per_s"] / rl["steps_per_s"],
+                "peak_host_mb": peak_host_memory_mb(),
+                "device": jax_device_name(),
+            })
+    return results

@@ -1,0 +1,115 @@
+"""scripts/evaluate.py on a tiny trained run: it reproduces the training-time evaluation, writes its reports, and
+refuses a checkpoint that does not fit, saying what differs."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import pandas as pd
+import pytest
+import yaml
+
+from agents.checkpoint_eval import EvalOptions, agent_walk, evaluate, load_run
+from agents.config import load_config
+from agents.saved_runs import restore_policy
+from agents.trainer import train
+from jaxenv.metrics import walk_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["llm=none", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",
+        "network.actor_hidden=[16,16]", "network.critic_hidden=[16,16]", "log.progress=false",
+        "log.tensorboard=false", "data.source=synthetic:signal", "data.synthetic_days=30",
+        "env.max_steps_in_episode=400", "checkpoint.every_updates=1", "checkpoint.eval_every_updates=1"]
+
+
+def evaluate_main():
+    spec = importlib.util.spec_from_file_location("evaluate_cli", ROOT / "scripts" / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """Two updates, each evaluated on the validation split (so both are in metrics.jsonl) and checkpointed."""
+    path = tmp_path_factory.mktemp("eval") / "run"
+    train(load_config(None, TINY + ["total_steps=256"]), path)
+    return path
+
+
+def test_evaluating_a_checkpoint_reproduces_the_training_time_evaluation(run_dir):
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run = load_run(run_dir, "latest")
+    for line in logged:  # every evaluated update: the same compiled walk, that checkpoint's policy
+        checkpoint = dataclasses.replace(run, saved=restore_policy(run_dir, str(line["update"])))
+        trace = agent_walk(checkpoint)("val", jax.random.PRNGKey(0))
+        agent = walk_metrics(trace, run.market.timestamps, run.cfg.env.prop_firm)
+        assert agent["net_pnl"] == pytest.approx(line["val_net_pnl"], abs=1e-3)
+        for name in ("trades", "win_rate", "breaches", "max_drawdown"):
+            assert agent[name] == pytest.approx(line[f"eval_{name}"], abs=1e-3), name
+    best = restore_policy(run_dir, "best")
+    assert best.step == max(logged, key=lambda m: m["val_net_pnl"])["update"]
+
+
+def test_cli_writes_the_json_table_trades_and_plots(run_dir, tmp_path, capsys):
+    out, json_path = tmp_path / "report", tmp_path / "numbers.json"
+    args = ["--run-dir", str(run_dir), "--checkpoint", "latest", "--split", "val", "--seeds", "2", "--out", str(out),
+            "--json", str(json_path), "--no-progress"]
+    assert evaluate_main()(args) == 0
+    printed = capsys.readouterr().out
+    assert "Sharpe (daily)" in printed and "buy_and_hold" in printed
+
+    numbers = json.loads(json_path.read_text())
+    assert numbers["ablations"] == {}  # an RL-only run has none
+    assert set(numbers["baselines"]) == {"flat", "random_valid", "buy_and_hold"}
+    for who in (numbers["agent"], *numbers["baselines"].values()):
+        assert {"net_pnl", "sharpe_daily", "max_drawdown", "win_rate", "trades", "prop_passed"} <= set(who)
+    assert numbers["baselines"]["flat"]["net_pnl"] == 0.0 and numbers["baselines"]["flat"]["trades"] == 0.0
+    assert numbers["baselines"]["buy_and_hold"]["trades"] == 1.0
+    assert numbers["setup"]["checkpoints"] == ["latest-2"]
+    # a greedy walk of the same bars is the same for every seed: walked once; random actions once per seed
+    assert numbers["agent"]["n"] == numbers["baselines"]["flat"]["n"] == 1 and "ci95" not in numbers["agent"]
+    assert numbers["baselines"]["random_valid"]["n"] == 2 and "net_pnl" in numbers["baselines"]["random_valid"]["ci95"]
+
+    trades = pd.read_csv(out / "trades.csv")
+    assert len(trades) == numbers["agent"]["trades"]
+    assert list(trades.columns[:9]) == ["entry_time", "exit_time", "side", "contracts", "entry_price", "exit_price",
+                                        "pnl", "exit_reason", "bars_held"]
+    assert trades["advice_action"].isna().all()  # no advisor: empty
+    assert trades["pnl"].sum() == pytest.approx(numbers["agent"]["net_pnl"], abs=1.0)  # walks end flat here
+    assert "| net P&L |" in (out / "table.md").read_text()
+    for png in ("equity.png", "underwater.png", "training.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_seeds_and_episodes_give_a_mean_and_a_95_percent_interval(run_dir):
+    run = load_run(run_dir, "latest")
+    result = evaluate([run], EvalOptions(split="val", episodes=2, seeds=2, progress=False))  # different bars per seed
+    summary = result.summary()
+    assert summary["agent"]["n"] == 4 and len(result.bars) == 2
+    assert all(end - start == 401 for start, end in result.bars)  # env.max_steps_in_episode = 400 steps
+    low, high = summary["agent"]["ci95"]["net_pnl"]
+    assert low <= summary["agent"]["net_pnl"] <= high
+    assert summary["baselines"]["flat"]["ci95"]["net_pnl"] == [0.0, 0.0]
+
+
+def test_a_checkpoint_that_does_not_fit_says_what_differs(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    config = yaml.safe_load((copy / "config.yaml").read_text())
+    config["env"]["extended_features"] = False  # the 228-feature observation
+    config["network"]["critic_hidden"] = [32, 16]
+    (copy / "config.yaml").write_text(yaml.safe_dump(config))
+    assert evaluate_main()(["--run-dir", str(copy), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "observation size 261 in the checkpoint, 228" in err
+    assert "params/critic/Dense_0/kernel: shape (261, 16) in the checkpoint, (228, 32) now" in err
+
+    assert evaluate_main()(["--run-dir", str(run_dir), "--checkpoint", "99", "--no-progress"]) == 2
+    assert "no finished checkpoint '99' (checkpoints: best: " in capsys.readouterr().err
+
