@@ -24,7 +24,7 @@ from flax import struct
 
 from agents.acting import HybridActing, HybridCarry
 from agents.advice import view
-from agents.hybrid import AdvisorLink, make_acting
+from agents.hybrid import AdvisorLink, chunk_lengths, make_acting
 from agents.networks import ActorCritic
 from jaxenv.env import EnvState
 from jaxenv.evaluate import continue_after_breach, summarize, trace_step
@@ -124,7 +124,7 @@ class AdvisedWalker:
             link = self.link
             link.reset_counters()
             link.on_answers = keep_reason
-        chunks = [self.k] * (num_steps // self.k) + ([num_steps % self.k] if num_steps % self.k else [])
+        chunks = chunk_lengths(num_steps, self.k)
         pieces = []
         try:
             for k in chunks:

@@ -50,6 +50,11 @@ def sidecar_options(cfg) -> tuple[str, dict]:
     }
 
 
+def chunk_lengths(steps: int, k: int) -> list[int]:
+    """Steps per chunk when `steps` env steps run k at a time, e.g. 64 steps, k=5: 12×5 + 4."""
+    return [k] * (steps // k) + ([steps % k] if steps % k else [])
+
+
 class AdvisorLink:
     """Query steps for any carry with `.env_state` and `.hybrid` (a RunnerState in training, a one-account walk
     in evaluation): select envs on device, render and submit their prompts, collect the previous query step's
@@ -222,8 +227,7 @@ class QueryLoop:
     """Runs hybrid updates: chunks with query steps between them, then one PPO learning step."""
 
     def __init__(self, cfg, ppo, market, run_dir: Path | None, client: SidecarClient | None = None):
-        k, steps = cfg.hybrid.query.interval, cfg.ppo.num_steps
-        self.chunks = [k] * (steps // k) + ([steps % k] if steps % k else [])  # e.g. 64 steps, k=5: 12×5 + 4
+        self.chunks = chunk_lengths(cfg.ppo.num_steps, cfg.hybrid.query.interval)
         self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir, client)
         self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
         self._learn = jax.jit(ppo.learn)

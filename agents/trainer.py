@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from agents.advised_eval import ABLATIONS, AdvisedWalker, advised_summary
 from agents.checkpoints import RunCheckpoints
 from agents.config import ConfigError, TrainConfig, load_config, save_config
 from agents.evaluation import Evaluator, always_when_valid, flat_policy, make_episode_evaluator, random_valid_policy
@@ -133,8 +134,6 @@ class AgentEvaluator:
         self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
         self.walker = None
         if cfg.llm != "none" and cfg.hybrid.eval_with_advice and setup.market is not None:
-            from agents.advised_eval import AdvisedWalker
-
             self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market)
 
     def splits(self) -> dict[str, Evaluator]:
@@ -143,8 +142,6 @@ class AgentEvaluator:
     def __call__(self, state: RunnerState, split: str, key: jax.Array, ablation: str | None = None) -> dict:
         if self.walker is None:
             return self.splits()[split](self.act, (state.params, state.obs_norm), key)
-        from agents.advised_eval import ABLATIONS, advised_summary
-
         trace = self.walker.walk(state.params, state.obs_norm, split, key, **(ABLATIONS[ablation] if ablation else {}))
         result = advised_summary(trace)
         return {"score": result["net_pnl"], **result}
@@ -325,8 +322,6 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
         for split, evaluate in evaluator.splits().items():
             scores = {f"agent_{k}": evaluator(state, split, key) for k, (state, _) in agents.items()}
             if evaluator.walker is not None:
-                from agents.advised_eval import ABLATIONS
-
                 state = agents.get("best", agents["latest"])[0]
                 scores.update({f"ablation_{name}": evaluator(state, split, key, name) for name in ABLATIONS})
             scores.update({name: evaluate(baseline, (), key) for name, baseline in setup.baselines.items()})

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 
 from bench_common import BenchOptions, jax_device_name, peak_host_memory_mb, rates, timed_repeats  # noqa: E402
+from bench_train import time_updates  # noqa: E402
 
 from agents.config import load_config  # noqa: E402
 from agents.hybrid import QueryLoop, make_acting  # noqa: E402
@@ -55,18 +56,8 @@ def smollm2_available() -> bool:
 
 def time_rl_only(n_envs: int, num_steps: int, reps: int, setup) -> dict:
     cfg = load_config(None, base_overrides(n_envs, num_steps) + ["llm=none"])
-    ppo = make_train(cfg, setup.env, setup.params)
-    t0 = time.perf_counter()
-    update = jax.jit(ppo.update).lower(jax.eval_shape(ppo.init, jax.random.PRNGKey(0))).compile()
-    compile_s = time.perf_counter() - t0
-    holder = {"state": jax.jit(ppo.init)(jax.random.PRNGKey(0))}
-
-    def one():
-        holder["state"], m = update(holder["state"])
-        jax.block_until_ready(m)
-
-    timing = timed_repeats(one, reps, warmup=1)
-    return {**rates(cfg.steps_per_update, timing), "compile_s": compile_s, "reps": timing["reps"]}
+    figures, _ = time_updates(cfg, make_train(cfg, setup.env, setup.params), reps)
+    return figures
 
 
 def time_hybrid(advisor: str, n_envs: int, num_steps: int, reps: int, setup) -> dict:
