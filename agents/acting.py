@@ -83,7 +83,7 @@ class HybridActing:
         logits = masked_logits(logits, mask)
         logp_rl = jax.nn.log_softmax(logits)
         pi_rl = jnp.exp(logp_rl)
-        advice = view(carry.advice, self.query)
+        advice = view(carry.advice, self.query, env_state.side)
         context = self.context(obs)
         k_rl, k_mix = jax.random.split(key)
         gate = jnp.zeros(pi_rl.shape[0])

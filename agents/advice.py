@@ -2,7 +2,10 @@
 
 The table holds, per env, the last LLM answer: probabilities over the 6 actions, the confidence it came
 with, its age in env steps and its status. Confidence decays by `decay` per query interval of age and the
-advice expires after `max_age_intervals` intervals. Answers arrive one query step after their prompts.
+advice expires after `max_age_intervals` intervals. Answers arrive one query step after their prompts, and an
+answer holds only while the env's position side (flat, long, short) is the one it was asked about: advice to
+BUY given for a flat account says nothing about the long position opened meanwhile, and "hold" given for a
+long position is no reason to stay out of the market once flat.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class QueryConfig:
     uncertainty_threshold: float = 0.6  # the policy is uncertain when its top probability is below this
     decay: float = 0.8  # confidence × decay per interval of age
     max_age_intervals: int = 6  # advice older than this many intervals has expired
+    entries_only: bool = False  # ask only flat envs (entry decisions): for advisors with nothing to say in a trade
 
 
 @struct.dataclass
@@ -33,6 +37,8 @@ class AdviceTable:
     age: jax.Array  # [N] int32 env steps since the answer arrived
     status: jax.Array  # [N] int32, STATUS_NONE before the first answer
     since_query: jax.Array  # [N] int32 env steps since the env was last asked
+    asked_side: jax.Array  # [N] int32 the env's side (-1, 0, 1) when it was last asked
+    side: jax.Array  # [N] int32 the side the stored advice was asked about
 
     @classmethod
     def create(cls, n_envs: int, num_actions: int = 6) -> "AdviceTable":
@@ -43,6 +49,8 @@ class AdviceTable:
             age=big,
             status=jnp.full(n_envs, STATUS_NONE, jnp.int32),
             since_query=big,
+            asked_side=jnp.zeros(n_envs, jnp.int32),
+            side=jnp.zeros(n_envs, jnp.int32),
         )
 
     def tick(self) -> "AdviceTable":
@@ -58,11 +66,15 @@ class AdviceTable:
             confidence=self.confidence.at[ids].set(confidence, mode="drop"),
             age=self.age.at[ids].set(0, mode="drop"),
             status=self.status.at[ids].set(status, mode="drop"),
+            side=self.side.at[ids].set(self.asked_side[jnp.minimum(ids, n - 1)], mode="drop"),
         )
 
-    def mark_queried(self, env_ids: jax.Array, valid: jax.Array) -> "AdviceTable":
+    def mark_queried(self, env_ids: jax.Array, valid: jax.Array, side: jax.Array) -> "AdviceTable":
+        """env_ids [M] were asked now; `side` [N]: every env's position side now."""
         n = self.age.shape[0]
-        return self.replace(since_query=self.since_query.at[jnp.where(valid, env_ids, n)].set(0, mode="drop"))
+        ids = jnp.where(valid, env_ids, n)
+        return self.replace(since_query=self.since_query.at[ids].set(0, mode="drop"),
+                            asked_side=self.asked_side.at[ids].set(side[jnp.minimum(ids, n - 1)], mode="drop"))
 
 
 @struct.dataclass
@@ -76,9 +88,10 @@ class AdviceView:
     age_frac: jax.Array
 
 
-def view(table: AdviceTable, cfg: QueryConfig) -> AdviceView:
+def view(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> AdviceView:
+    """The advice in force for envs whose position side is `side` [N] now."""
     max_age = cfg.interval * cfg.max_age_intervals
-    valid = (table.status == STATUS_OK) & (table.age <= max_age)
+    valid = (table.status == STATUS_OK) & (table.age <= max_age) & (table.side == side)
     decayed = table.confidence * jnp.power(cfg.decay, table.age / cfg.interval)
     return AdviceView(
         probs=table.probs,
@@ -89,14 +102,18 @@ def view(table: AdviceTable, cfg: QueryConfig) -> AdviceView:
 
 
 def select_queries(
-    table: AdviceTable, cfg: QueryConfig, budget: int, pi_rl: jax.Array, flat: jax.Array, changed: jax.Array
+    table: AdviceTable, cfg: QueryConfig, budget: int, pi_rl: jax.Array, side: jax.Array, changed: jax.Array
 ):
-    """Picks at most `budget` envs to ask: candidates have advice older than the interval (or none),
+    """Picks at most `budget` envs to ask (`side` [N]: their position sides now): candidates have advice older
+    than the interval (or none, or about another side),
     are past their cooldown, and either the policy is uncertain, the env is flat (an entry decision) or its
     state changed (a fill, an exit, a new loss). Most uncertain first. Returns (env_ids [B], valid [B])."""
     top = pi_rl.max(-1)
-    stale = (table.age >= cfg.interval) | (table.status != STATUS_OK)
+    flat = side == 0
+    stale = (table.age >= cfg.interval) | (table.status != STATUS_OK) | (table.side != side)
     candidate = stale & (table.since_query >= cfg.cooldown) & ((top < cfg.uncertainty_threshold) | flat | changed)
+    if cfg.entries_only:
+        candidate &= flat
     priority = jnp.where(candidate, 1.0 - top, -1.0)
     score, env_ids = jax.lax.top_k(priority, min(budget, pi_rl.shape[0]))
     return env_ids.astype(jnp.int32), score >= 0.0

@@ -26,6 +26,7 @@ from agents.acting import HybridActing, HybridCarry
 from agents.advice import view
 from agents.hybrid import AdvisorLink, chunk_lengths, make_acting
 from agents.networks import ActorCritic
+from agents.risk_veto import RULES
 from jaxenv.env import EnvState
 from jaxenv.evaluate import continue_after_breach, summarize, trace_step
 
@@ -38,18 +39,37 @@ ABLATIONS: dict[str, dict] = {
 }
 
 
-def advised_summary(trace: dict) -> dict:
-    """`jaxenv.summarize`'s figures plus how the advice was used: the share of bars with valid advice, the mean
-    trust g where it was valid, the share of bars whose action the advice changed, vetoed bars, and the
-    advisor's counters (prompts, answers per status, latency)."""
-    valid = trace["advice_valid"]
-    out = summarize(trace)
-    out.update({
-        "advice_coverage": float(valid.mean()) if len(valid) else 0.0,
+# name -> what it is: how a hybrid walk used its advice (evaluation tables and JSON, after jaxenv.metrics.METRICS)
+HYBRID_METRICS: dict[str, str] = {
+    "advice_coverage": "share of decisions made with valid advice",
+    "agreement": "share of advised decisions where the advice names the policy's most probable action",
+    "override_rate": "share of decisions whose action the advice changed",
+    "mean_trust": "mean trust gate g over advised decisions (learned fusion)",
+    "veto_rate": "share of decisions where the veto blocked an otherwise valid action",
+    **{f"vetoes_{rule}": f"times the {rule.replace('_', ' ')} rule started a veto" for rule in RULES},
+}
+
+
+def hybrid_metrics(trace: dict) -> dict[str, float]:
+    """Every HYBRID_METRICS figure of one advised walk's trace."""
+    valid = np.asarray(trace["advice_valid"], bool)
+    n = max(len(valid), 1)
+    out = {
+        "advice_coverage": float(valid.sum() / n),
+        "agreement": float(trace["agrees"][valid].mean()) if valid.any() else 0.0,
+        "override_rate": float(np.asarray(trace["overridden"]).sum() / n),
         "mean_trust": float(trace["trust"][valid].mean()) if valid.any() else 0.0,
-        "override_rate": float(trace["overridden"].mean()) if len(valid) else 0.0,
-        "veto_rate": float(trace["vetoed"].mean()) if len(valid) else 0.0,
-    })
+        "veto_rate": float(np.asarray(trace["vetoed"]).sum() / n),
+    }
+    out.update({f"vetoes_{rule}": float(np.asarray(trace[f"veto_fired_{rule}"]).sum()) for rule in RULES})
+    return out
+
+
+def advised_summary(trace: dict) -> dict:
+    """`jaxenv.summarize`'s figures plus how the advice was used (HYBRID_METRICS) and the advisor's counters
+    (prompts, answers per status, latency)."""
+    out = summarize(trace)
+    out.update(hybrid_metrics(trace))
     out.update({k: float(v) for k, v in trace.get("llm", {}).items()})
     return out
 
@@ -143,7 +163,7 @@ class AdvisedWalker:
         out["advice_from"] = np.where(out["advice_valid"], out["t"] - out.pop("advice_age"), -1)
         out["reasons"] = reasons
         if uses_advice:
-            out["llm"] = link.metrics(chunk_s=0.0)
+            out["llm"] = link.metrics()
         return out
 
 
@@ -160,7 +180,7 @@ def _chunk(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool,
         mask = v_mask(state, env_params)
         net_in = obs_norm.normalize(obs) if normalize_obs else obs
         logits = network.apply(params, net_in, method=ActorCritic.logits)
-        advice = view(carry.hybrid.advice, acting.query)
+        advice = view(carry.hybrid.advice, acting.query, state.side)
         action, _, _, acting_mask, extras, hybrid = acting.act(
             network, params, carry.hybrid, logits, mask, obs, state, env_params, k_act
         )
@@ -176,6 +196,8 @@ def _chunk(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool,
             "trust": extras.stats["trust"],
             "overridden": extras.stats["overrides"] > 0,
             "vetoed": (mask[0] & ~acting_mask[0]).any(),
+            "agrees": extras.stats["agreement"] > 0,
+            **{f"veto_fired_{rule}": extras.stats[f"veto_fired_{rule}"] > 0 for rule in RULES},
         })
         next_state = jax.vmap(continue_after_breach, in_axes=(None, 0, 0, 0, None))(
             env, next_state, terminated, k_reset[None], env_params)

@@ -9,10 +9,12 @@ their mean and a 95% Student-t interval.
     result = evaluate(runs, EvalOptions(split="test", seeds=3))
     result.summary()   # {"agent": {...}, "ablations": {...}, "baselines": {...}}
 
-Policies are named walks `(bars, key) -> trace` in three groups; `ablation_walks` is where a hybrid run's
-RL-only / LLM-only / fused variants plug in (none for RL-only runs). A policy whose walk does not depend on the
-key (greedy acting, flat, buy-and-hold) is walked once per set of bars, so repeating identical walks over
-seeds never narrows an interval.
+Policies are named walks `(bars, key) -> trace` in three groups. A hybrid run (one trained with an advisor)
+walks with its advisor exactly as in training's evaluation (`agents.advised_eval.AdvisedWalker`: its own sidecar,
+query steps every k bars, one step of latency, strict waiting), and its ablations are the same walk with the
+acting changed: RL only, LLM only, fused without and with the veto; their metrics add how the advice was used
+(`HYBRID_METRICS`). A policy whose walk does not depend on the key (greedy acting, flat, buy-and-hold) is walked
+once per set of bars, so repeating identical walks over seeds never narrows an interval.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 from rich.progress import Progress
 from scipy import stats
 
+from agents.advised_eval import ABLATIONS, HYBRID_METRICS, AdvisedWalker, hybrid_metrics
 from agents.config import ConfigError, TrainConfig
 from agents.evaluation import flat_policy, random_valid_policy
 from agents.hybrid import make_acting
@@ -71,6 +74,11 @@ class LoadedRun:
     ppo: PPO
     act: Callable  # agents.trainer.make_act: act((params, obs_norm), obs, mask, key)
     sampled: bool  # act samples actions (else: the most probable one, as training's evaluation does by default)
+    walker: AdvisedWalker | None = None  # hybrid runs: walks with the run's advisor (close() stops its sidecar)
+
+    def close(self) -> None:
+        if self.walker is not None:
+            self.walker.close()
 
 
 def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | None = None, sample: bool = False) -> LoadedRun:
@@ -88,7 +96,9 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | None = N
     ppo = make_train(cfg, env, env.make_params(market, (0, market.num_bars)), acting)
     saved = restore_policy(run_dir, checkpoint, cfg)
     check_fits(saved, ppo.network, ppo.obs_dim, ppo.num_actions)
-    return LoadedRun(cfg, saved, env, market, ppo, make_act(ppo, deterministic=not sample), sampled=sample)
+    walker = AdvisedWalker(cfg, ppo, env, market) if acting is not None else None  # its sidecar starts on first walk
+    return LoadedRun(cfg, saved, env, market, ppo, make_act(ppo, deterministic=not sample), sampled=sample,
+                     walker=walker)
 
 
 def walk_bounds(market: Market, split: str) -> Bars:
@@ -111,17 +121,26 @@ def episode_bars(bounds: Bars, episodes: int, length: int, seed: int) -> list[Ba
     return [(int(s), int(s) + length + 1) for s in starts]
 
 
+def advised_walk(run: LoadedRun, **acting_changes) -> WalkFn:
+    saved = run.saved
+    return lambda bars, key: run.walker.walk(saved.params, saved.obs_norm, bars, key, greedy=not run.sampled,
+                                             **acting_changes)
+
+
 def agent_walk(run: LoadedRun) -> WalkFn:
-    """The trained policy; for a hybrid run, for now its RL policy alone (the advisor is not consulted)."""
+    """The trained agent as it acts: the policy alone, or for a hybrid run policy, advice, fusion and veto."""
+    if run.walker is not None:
+        return advised_walk(run)
     policy_state = (run.saved.params, run.saved.obs_norm)
     return lambda bars, key: walk_split(run.env, run.market, bars, run.act, key, policy_state)
 
 
-def ablation_walks(run: LoadedRun, cleanup: ExitStack) -> dict[str, Policy]:
-    """A hybrid run's RL-only, LLM-only, fused-without-veto and fused-with-veto variants need the advisor during
-    the walk (whatever holds it registers its close on `cleanup`): they arrive with the hybrid issue. An RL-only
-    run (llm: none) has no ablations."""
-    return {}
+def ablation_walks(run: LoadedRun) -> dict[str, Policy]:
+    """A hybrid run's parts (agents.advised_eval.ABLATIONS): RL only, LLM only (HOLD where there is no advice),
+    fused without and with the veto, whatever the run trained with. An RL-only run (llm: none) has none."""
+    if run.walker is None:
+        return {}
+    return {name: Policy(advised_walk(run, **changes), stochastic=run.sampled) for name, changes in ABLATIONS.items()}
 
 
 def baseline_walks(env: TradingEnv, market: Market) -> dict[str, Policy]:
@@ -146,7 +165,7 @@ def summarize_walks(walks: list[dict]) -> dict[str, Any]:
     """Every metric's mean over the walks (over those where it is defined), `n` walks and, for n > 1, `ci95`."""
     out: dict[str, Any] = {}
     ci95: dict[str, list[float]] = {}
-    for name in METRICS:
+    for name in [*METRICS, *(m for m in HYBRID_METRICS if m in walks[0])]:
         values = [w[name] for w in walks if w[name] is not None]
         out[name], interval = mean_and_interval(values) if values else (None, None)
         if interval is not None:
@@ -205,8 +224,10 @@ def evaluate(runs: list[LoadedRun], options: EvalOptions) -> Evaluation:
     length = first.cfg.env.max_steps_in_episode
     result = Evaluation(runs, options, {g: {} for g in GROUPS}, bars=episode_bars(bounds, options.episodes, length, 0))
     with ExitStack() as cleanup, Progress(transient=True, disable=not options.progress) as progress:
+        for run in runs:
+            cleanup.callback(run.close)  # advisor sidecars stop even when a walk fails
         policies = [("agent", {"agent": Policy(agent_walk(run), stochastic=run.sampled)}) for run in runs]
-        policies += [("ablations", ablation_walks(run, cleanup)) for run in runs]
+        policies += [("ablations", ablation_walks(run)) for run in runs]
         policies.append(("baselines", baseline_walks(first.env, first.market)))
         new_bars_per_seed = options.episodes > 0
         jobs = [(group, name, policy.walk, seed)
@@ -218,7 +239,10 @@ def evaluate(runs: list[LoadedRun], options: EvalOptions) -> Evaluation:
             key = jax.random.PRNGKey(seed)
             for i, bars in enumerate(episode_bars(bounds, options.episodes, length, seed)):
                 trace = walk(bars, jax.random.fold_in(key, i))
-                result.walks[group].setdefault(name, []).append(walk_metrics(trace, timestamps, rules))
+                metrics = walk_metrics(trace, timestamps, rules)
+                if "advice_valid" in trace:
+                    metrics.update(hybrid_metrics(trace))
+                result.walks[group].setdefault(name, []).append(metrics)
                 result.first_traces.setdefault(name, trace)
                 progress.advance(task)
     return result

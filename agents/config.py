@@ -82,12 +82,13 @@ class HybridConfig:
     latency: str = "strict"  # strict: wait for the previous query step's answers; async: take what is ready
     strict_timeout_s: float = 120.0  # strict mode gives up on an answer after this long (counted as timeouts)
     llm_weight: float = 0.3  # rules fusion: the weight of the LLM's confidence
+    gate_lr_scale: float = 10.0  # learned fusion: the trust gate's learning rate is ppo.lr times this
     sidecar_threads: int = 1  # torch threads in the sidecar: the trainer needs the other cores
     sidecar_batch_size: int = 64
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
     mock_latency_s: float = 0.0  # mock advisor: injected latency per batch (for tests)
-    mock_answers: str = "rules"  # mock advisor: rules (reads the prompt and its headline) | random (a coin flip)
+    mock_answers: str = "rules"  # mock advisor: rules (indicators and headline) | news (the headline alone) | random
     eval_with_advice: bool = True  # validation walks query the advisor and act fused (else: the RL policy alone)
     query: QueryConfig = field(default_factory=QueryConfig)
     veto: VetoConfig = field(default_factory=VetoConfig)
@@ -167,13 +168,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env; use --llm none (llm=none) with other envs"),
         (cfg.hybrid.fusion in FUSION_MODES, "hybrid.fusion", f"must be one of {', '.join(FUSION_MODES)}"),
         (cfg.hybrid.latency in LATENCY_MODES, "hybrid.latency", f"must be one of {', '.join(LATENCY_MODES)}"),
+        (cfg.hybrid.gate_lr_scale > 0, "hybrid.gate_lr_scale", "must be > 0"),
         (cfg.hybrid.budget == "auto" or (cfg.hybrid.budget.isdigit() and int(cfg.hybrid.budget) > 0),
          "hybrid.budget", "must be a positive number or auto"),
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
-        (cfg.hybrid.mock_answers in ("rules", "random"), "hybrid.mock_answers", "must be rules or random"),
+        (cfg.hybrid.mock_answers in ("rules", "news", "random"), "hybrid.mock_answers", "must be rules, news or random"),
         (cfg.transfer.checkpoint in ("best", "latest") or cfg.transfer.checkpoint.isdigit(), "transfer.checkpoint",
          "must be best, latest or an update number"),
         (cfg.transfer.freeze_steps >= 0, "transfer.freeze_steps", "must be >= 0"),

@@ -16,6 +16,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from agents.advised_eval import HYBRID_METRICS  # noqa: E402
+from agents.risk_veto import RULES  # noqa: E402
 from jaxenv.metrics import METRICS, Trace, trades_table, underwater  # noqa: E402
 
 LABELS = {
@@ -25,10 +27,13 @@ LABELS = {
     "avg_holding_bars": "avg holding (bars)", "commissions": "commissions", "commission_share": "commissions / gross",
     "breaches": "breaches", "days_to_first_breach": "days to 1st breach", "prop_passed": "prop-firm target",
     "days": "trading days",
+    "advice_coverage": "advice coverage", "agreement": "advice agrees", "override_rate": "overridden by advice",
+    "mean_trust": "mean trust g", "veto_rate": "vetoed decisions",
+    **{f"vetoes_{rule}": f"vetoes: {rule.replace('_', ' ')}" for rule in RULES},
 }
 MONEY = {"net_pnl", "max_drawdown", "expectancy", "commissions"}
-PERCENT = {"win_rate", "commission_share"}
-WHOLE = {"trades", "breaches", "days_to_first_breach", "days"}
+PERCENT = {"win_rate", "commission_share", "advice_coverage", "agreement", "override_rate", "veto_rate"}
+WHOLE = {"trades", "breaches", "days_to_first_breach", "days", *(f"vetoes_{rule}" for rule in RULES)}
 
 
 def _number(name: str, value: float) -> str:
@@ -59,6 +64,12 @@ def columns(summary: dict[str, Any]) -> dict[str, dict]:
     return {"agent": summary["agent"], **summary["ablations"], **summary["baselines"]}
 
 
+def rows(summary: dict[str, Any]) -> list[str]:
+    """The metrics shown: every one of METRICS, then how advice was used when any column walked with advice."""
+    hybrid = [m for m in HYBRID_METRICS if any(m in column for column in columns(summary).values())]
+    return [*METRICS, *hybrid]
+
+
 def rich_table(summary: dict[str, Any]) -> Table:
     setup = summary["setup"]
     walks = f"{setup['episodes']} episodes" if setup["episodes"] else "whole split"
@@ -67,7 +78,7 @@ def rich_table(summary: dict[str, Any]) -> Table:
     table.add_column("metric")
     for name in columns(summary):
         table.add_column(name, justify="right")
-    for metric in METRICS:
+    for metric in rows(summary):
         table.add_row(LABELS[metric], *(format_metric(metric, s) for s in columns(summary).values()))
     return table
 
@@ -75,7 +86,7 @@ def rich_table(summary: dict[str, Any]) -> Table:
 def markdown_table(summary: dict[str, Any]) -> str:
     cols = columns(summary)
     lines = ["| metric | " + " | ".join(cols) + " |", "|---" + "|---:" * len(cols) + "|"]
-    lines += [f"| {LABELS[m]} | " + " | ".join(format_metric(m, s) for s in cols.values()) + " |" for m in METRICS]
+    lines += [f"| {LABELS[m]} | " + " | ".join(format_metric(m, s) for s in cols.values()) + " |" for m in rows(summary)]
     return "\n".join(lines) + "\n"
 
 

@@ -55,6 +55,10 @@ def chunk_lengths(steps: int, k: int) -> list[int]:
     return [k] * (steps // k) + ([steps % k] if steps % k else [])
 
 
+AUTO_START = 16  # budget `auto`: B of the first query step ...
+AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
+
+
 class AdvisorLink:
     """Query steps for any carry with `.env_state` and `.hybrid` (a RunnerState in training, a one-account walk
     in evaluation): select envs on device, render and submit their prompts, collect the previous query step's
@@ -66,7 +70,8 @@ class AdvisorLink:
         self.h: HybridConfig = cfg.hybrid
         self.latency = latency or self.h.latency
         self.cap = min(self.h.max_budget, n_envs)
-        self.budget = self.cap if self.h.budget == "auto" else min(int(self.h.budget), self.cap)
+        self.auto = self.h.budget == "auto"
+        self.budget = min(AUTO_START, self.cap) if self.auto else min(int(self.h.budget), self.cap)
         self.renderer = PromptRenderer.from_yaml(self.h.prompts or DEFAULT_PROMPTS_PATH)
         self.fields = PromptFieldBuilder(market, list(self.renderer.markets), cfg.env.contracts_per_trade)
         self.texts = list(market.text_table) or None
@@ -80,10 +85,11 @@ class AdvisorLink:
 
         def select(carry):
             hy = carry.hybrid
-            flat = carry.env_state.side == 0
+            side = carry.env_state.side.astype(jnp.int32)
             pi_top = jnp.stack([hy.top_prob, 1.0 - hy.top_prob], -1)  # only the top probability matters here
-            env_ids, valid = select_queries(hy.advice, self.h.query, self.cap, pi_top, flat, hy.changed)
-            hy = hy.replace(advice=hy.advice.mark_queried(env_ids, valid), changed=hy.changed.at[env_ids].set(False))
+            env_ids, valid = select_queries(hy.advice, self.h.query, self.cap, pi_top, side, hy.changed)
+            advice = hy.advice.mark_queried(env_ids, valid, side)
+            hy = hy.replace(advice=advice, changed=hy.changed.at[env_ids].set(False))
             return carry.replace(hybrid=hy), env_ids, valid, gather_state(carry.env_state, env_ids)
 
         def write(carry, env_ids, probs, confidence, status, valid):
@@ -116,7 +122,8 @@ class AdvisorLink:
         self.latencies: list[float] = []
         self.logged = 0
 
-    def query_step(self, carry):
+    def query_step(self, carry, chunk_s: float | None = None):
+        """`chunk_s`: how long the chunk since the previous query step ran (sizes budget `auto`)."""
         carry, env_ids, valid, scalars = self._select(carry)
         env_ids, valid, scalars = jax.device_get((env_ids, valid, scalars))
         take = np.flatnonzero(valid)[: self.budget]  # top_k sorted them by priority
@@ -136,7 +143,7 @@ class AdvisorLink:
             self.n_prompts += len(take)
         # The answers to earlier query steps' prompts: one step of latency.
         while self.pending and self.pending[0][0] < step:
-            carry = self._collect(carry, wait=self.latency == "strict")
+            carry = self._collect(carry, wait=self.latency == "strict", chunk_s=chunk_s)
         return carry
 
     def drain(self, carry):
@@ -145,16 +152,20 @@ class AdvisorLink:
             carry = self._collect(carry, wait=True)
         return carry
 
-    def _collect(self, carry, wait: bool):
+    def _collect(self, carry, wait: bool, chunk_s: float | None = None):
         t0 = time.perf_counter()
         answers = self.client.collect(timeout_s=self.h.strict_timeout_s if wait else 0.0)
-        self.wait_s += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        self.wait_s += waited
         _, submitted_at, prompts = self.pending.pop(0)
         if not len(answers):
             return carry
         for name, count in answers.counts().items():
             self.n_answers[name] = self.n_answers.get(name, 0) + count
-        self.latencies.append(time.perf_counter() - submitted_at)
+        latency = time.perf_counter() - submitted_at
+        self.latencies.append(latency)
+        if self.auto and chunk_s:
+            self._resize(len(answers), latency, waited, chunk_s)
         self._log_llm(prompts, answers)
         if self.on_answers is not None:
             self.on_answers(answers)
@@ -185,16 +196,21 @@ class AdvisorLink:
             self.logged += 1
         self.llm_log.flush()
 
-    def metrics(self, chunk_s: float) -> dict:
-        """The query side's counters since reset_counters(); with budget `auto`, also resizes B so that
-        answering one query step's prompts hides behind one chunk of `chunk_s` seconds of env steps."""
-        answered = sum(self.n_answers.values())
+    def _resize(self, answered: int, latency: float, waited: float, chunk_s: float) -> None:
+        """Budget `auto`: B such that answering one query step's prompts hides behind one chunk. Answers that
+        kept the loop waiting were the sidecar's whole work since they were submitted, so their rate sizes B to
+        90% of the chunk; answers that were ready let B grow by a quarter."""
+        if waited > 0.05 * chunk_s:
+            target = answered / max(latency, 1e-6) * chunk_s * 0.9
+        else:
+            target = max(self.budget * 1.25, self.budget + 1)
+        self.budget = int(np.clip(target, AUTO_MIN, self.cap))
+
+    def metrics(self) -> dict:
+        """The query side's counters since reset_counters()."""
         client_stats = self.client.stats()
         hits, misses = client_stats.get("cache_hits", 0), client_stats.get("cache_misses", 0)
         lat = np.array(self.latencies) if self.latencies else np.array([0.0])
-        if self.h.budget == "auto" and answered and self.latencies:
-            rate = answered / max(float(np.sum(lat)), 1e-6)
-            self.budget = int(np.clip(rate * chunk_s * 0.9, 8, self.cap))
         out = {
             "llm_prompts": self.n_prompts,
             "llm_budget": self.budget,
@@ -242,14 +258,14 @@ class QueryLoop:
     def update(self, rs):
         """One PPO update: T/k chunks with query steps between them, then learning."""
         self.link.reset_counters()
-        t_chunks = 0.0
+        chunk_s = None  # the first query step follows learning, not a chunk
         trajs = []
         for k in self.chunks:
-            rs = self.link.query_step(rs)
+            rs = self.link.query_step(rs, chunk_s)
             t0 = time.perf_counter()
             rs, traj = self._chunk(rs, k)
             jax.block_until_ready(traj.reward)
-            t_chunks += time.perf_counter() - t0
+            chunk_s = time.perf_counter() - t0
             trajs.append(traj)
         traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *trajs)
         stats = jax.device_get(jax.tree.map(jnp.sum, traj.extras.stats))
@@ -257,5 +273,5 @@ class QueryLoop:
         metrics = dict(metrics)
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
         metrics.update(acting_metrics(stats))
-        metrics.update(self.link.metrics(t_chunks / max(self.link.n_query_steps, 1)))
+        metrics.update(self.link.metrics())
         return rs, metrics

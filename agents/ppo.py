@@ -133,6 +133,12 @@ def gae_targets(reward, value, last_value, terminated, truncated, final_value, g
     return adv, adv + value
 
 
+def gate_mask(params: Any) -> Any:
+    """True on the trust gate's parameters (`params/gate/...`), False elsewhere."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: any(getattr(k, "key", None) == "gate" for k in path),
+                                            params)
+
+
 def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
     """`acting` (an agents.acting.HybridActing) routes acting through risk veto and fusion with LLM advice;
     None samples from the policy alone."""
@@ -153,7 +159,11 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
     num_grad_steps = cfg.num_updates * p.update_epochs * p.num_minibatches
     lr = optax.linear_schedule(p.lr, 0.0, num_grad_steps) if p.anneal_lr else p.lr
     # freeze_stage: a transfer warm-up's gradient mask (agents/transfer.py), empty for other runs
-    tx = optax.chain(*freeze_stage(cfg), optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=1e-5))
+    # The trust gate sits on top of a policy that is learning too; at the policy's step size it could barely move
+    # in a run of a few dozen updates, so it learns `hybrid.gate_lr_scale` times faster.
+    gate_scale = cfg.hybrid.gate_lr_scale if acting is not None and acting.gate_features else 1.0
+    tx = optax.chain(*freeze_stage(cfg), optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=1e-5),
+                     *([optax.masked(optax.scale(gate_scale), gate_mask)] if gate_scale != 1.0 else []))
 
     def normalize(obs_norm: RunningMeanStd, obs: jax.Array) -> jax.Array:
         return obs_norm.normalize(obs) if p.normalize_obs else obs

@@ -60,7 +60,7 @@ def _read(pattern: str, text: str, default: float) -> float:
     return float(match.group(1)) if match else default
 
 
-MOCK_ANSWERS = ("rules", "random")
+MOCK_ANSWERS = ("rules", "news", "random")
 
 
 class MockBackend:
@@ -70,6 +70,8 @@ class MockBackend:
     Rules: flat → trend following when ADX > 25 (direction from VWAP distance and momentum), mean reversion
     on RSI extremes, headline sentiment words tilt the call; in a position → ENABLE_TRAIL in a strong trend
     with profit, MOVE_TO_BE with profit, DISABLE_TRAIL when the trend fades, else HOLD.
+    With `answers="news"` it trades the headline alone: flat → BUY on bullish news, SELL on bearish (confidence
+    0.8), HOLD otherwise: an advisor whose information the prices show only slowly (synthetic:headlines).
     With `answers="random"` it ignores the prompt and names a random action with a random confidence (seeded by
     the prompt's hash, so runs stay reproducible): an advisor with no information, for checking that the
     learned trust learns to ignore it.
@@ -93,6 +95,16 @@ class MockBackend:
     def random_text(digest: bytes) -> str:
         rng = np.random.default_rng(int.from_bytes(digest, "little"))
         return f"{ACTIONS[rng.integers(NUM_ACTIONS)]} | {rng.uniform(0.5, 0.95):.2f} | a coin flip"
+
+    @staticmethod
+    def news_text(context: str) -> str:
+        market, _, headline = context.partition("News:")
+        if re.search(r"\b(long|short)\s*\d", market, re.I):
+            return "HOLD | 0.60 | let the bracket work"
+        sentiment = len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
+        if sentiment:
+            return f"{'BUY' if sentiment > 0 else 'SELL'} | 0.80 | {'bullish' if sentiment > 0 else 'bearish'} news"
+        return "HOLD | 0.60 | no news"
 
     def advise_text(self, context: str) -> str:
         rsi = _read(r"\bRSI\s*" + _NUMBER, context, 50.0)
@@ -136,6 +148,8 @@ class MockBackend:
                 texts.append("lorem ipsum dolor sit amet")
             elif self.answers == "random":
                 texts.append(self.random_text(digest[::-1]))  # reversed: independent of the garbage draw
+            elif self.answers == "news":
+                texts.append(self.news_text(context))
             else:
                 texts.append(self.advise_text(context))
             self.answered += 1

@@ -24,14 +24,16 @@ def timed_repeats(fn: Callable[[], object], reps: int, warmup: int = 1, budget_s
     """Runs fn `warmup` times untimed, then `reps` times timed. fn must block until its work is done.
     `cores_used` is this process's CPU time over the timed wall time: how many cores the work kept busy.
 
-    With `budget_s`, slow cases get fewer reps (never fewer than 3, or `reps` if smaller): as many as fit in the
-    budget at the warm-up's pace, so a sweep's largest sizes do not take most of its time."""
+    With `budget_s`, slow cases get fewer reps: as many as fit in the budget at the warm-up's pace, never fewer
+    than 3 (or `reps` if smaller), or 2 for a case whose one call outlasts the whole budget, so a sweep's largest
+    sizes do not take most of its time."""
     t0 = time.perf_counter()
     for _ in range(warmup):
         fn()
     if budget_s is not None and warmup:
         per_call = (time.perf_counter() - t0) / warmup
-        reps = max(min(3, reps), min(reps, int(budget_s / max(per_call, 1e-9))))
+        least = 2 if per_call > budget_s else 3
+        reps = max(min(least, reps), min(reps, int(budget_s / max(per_call, 1e-9))))
     times = []
     cpu0 = time.process_time()
     for _ in range(reps):

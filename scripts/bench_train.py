@@ -42,7 +42,7 @@ from agents.config import load_config  # noqa: E402
 from agents.networks import update_flops_per_step  # noqa: E402
 from agents.ppo import make_train  # noqa: E402
 
-DEFAULT_ENVS = [256, 1024, 4096, 16384]
+DEFAULT_ENVS = [256, 1024, 4096, 16384, 65536]  # 65536 only where its projected memory fits
 QUICK_ENVS = [256]
 COMPILE_ENVS = [256, 4096, 65536]  # the compile grid; shapes only, so 65536 costs no memory
 COMPILE_STEPS = [16, 64, 256]

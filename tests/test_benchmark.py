@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,11 +59,17 @@ def test_scaling_note_finds_where_throughput_stops_growing():
     assert "still growing" in scaling_note(rows[:3])
 
 
-def test_timed_repeats_budget_cuts_reps_but_keeps_three():
+def test_timed_repeats_budget_cuts_reps_but_keeps_three_or_two_for_calls_longer_than_the_budget():
     calls = []
-    timing = timed_repeats(lambda: calls.append(1), reps=50, budget_s=0.0)
+
+    def five_ms():
+        calls.append(1)
+        time.sleep(0.005)
+
+    timing = timed_repeats(five_ms, reps=50, budget_s=0.012)
     assert timing["reps"] == 3 and len(calls) == 4  # one warm-up, three timed
     assert timing["min_s"] <= timing["median_s"] <= timing["max_s"]
+    assert timed_repeats(five_ms, reps=50, budget_s=0.002)["reps"] == 2  # one call outlasts the whole budget
 
 
 @pytest.mark.parametrize("reps", [1, 2])

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import jax
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -113,3 +114,61 @@ def test_a_checkpoint_that_does_not_fit_says_what_differs(run_dir, tmp_path, cap
     assert evaluate_main()(["--run-dir", str(run_dir), "--checkpoint", "99", "--no-progress"]) == 2
     assert "no finished checkpoint '99' (checkpoints: best: " in capsys.readouterr().err
 
+
+
+@pytest.fixture(scope="module")
+def hybrid_run_dir(tmp_path_factory) -> Path:
+    """A tiny hybrid run with the mock advisor reading headlines, evaluated (with advice) after each update."""
+    path = tmp_path_factory.mktemp("eval") / "hybrid"
+    cfg = [c for c in TINY if not c.startswith(("llm=", "data.source="))]
+    train(load_config(None, cfg + ["llm=mock", "hybrid.budget=8", "data.source=synthetic:headlines",
+                                   "total_steps=256"]), path)
+    return path
+
+
+def test_a_hybrid_run_is_evaluated_with_its_advisor_and_its_ablations(hybrid_run_dir, tmp_path):
+    """The agent walks with advice exactly as training's evaluation did; the four ablations and the advice
+    figures are reported, and trades.csv carries the advice in force at each entry."""
+    logged = [json.loads(line) for line in (hybrid_run_dir / "metrics.jsonl").read_text().splitlines()]
+    out, json_path = tmp_path / "report", tmp_path / "numbers.json"
+    args = ["--run-dir", str(hybrid_run_dir), "--checkpoint", "latest", "--split", "val", "--out", str(out),
+            "--json", str(json_path), "--no-progress"]
+    assert evaluate_main()(args) == 0
+    numbers = json.loads(json_path.read_text())
+    agent, ablations = numbers["agent"], numbers["ablations"]
+    assert agent["net_pnl"] == pytest.approx(logged[-1]["val_net_pnl"], abs=1e-3)
+    assert agent["trades"] == pytest.approx(logged[-1]["eval_trades"], abs=1e-3)
+    assert agent["advice_coverage"] == pytest.approx(logged[-1]["eval_advice_coverage"], abs=1e-6)
+
+    assert set(ablations) == {"rl_only", "llm_only", "fused_no_veto", "fused_veto"}
+    assert ablations["rl_only"]["advice_coverage"] == 0.0 and ablations["rl_only"]["override_rate"] == 0.0
+    assert ablations["llm_only"]["advice_coverage"] > 0.3 and ablations["llm_only"]["trades"] > 0
+    assert ablations["fused_no_veto"]["vetoes_consecutive_losses"] == 0.0
+    for who in (agent, *ablations.values()):
+        assert {"agreement", "mean_trust", "veto_rate", "vetoes_win_rate"} <= set(who)
+    assert "advice_coverage" not in numbers["baselines"]["flat"]
+    assert "| advice coverage |" in (out / "table.md").read_text()
+
+    trades = pd.read_csv(out / "trades.csv", keep_default_na=False)
+    advised = trades[trades["advice_action"] != ""]
+    assert len(trades) == agent["trades"] and len(advised) > 0
+    assert set(advised["advice_action"]) <= {"HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL"}
+    assert (advised["advice_reason"].str.len() > 0).all()  # the mock's reason text, kept with the trade
+
+
+def test_the_advised_walk_without_advice_is_the_plain_walk(hybrid_run_dir):
+    """The RL-only ablation walks the same bars, account and breach restarts as `jaxenv.walk_split`: every
+    column they share is equal, so ablations and baselines are compared like for like."""
+    from agents.advised_eval import ABLATIONS
+    from jaxenv import walk_split
+
+    run = load_run(hybrid_run_dir, "latest")
+    key = jax.random.PRNGKey(4)
+    advised = run.walker.walk(run.saved.params, run.saved.obs_norm, "val", key, greedy=True, **ABLATIONS["rl_only"])
+    plain = walk_split(run.env, run.market, "val", run.act, key, (run.saved.params, run.saved.obs_norm))
+    shared = set(plain) & set(advised)
+    assert {"t", "action", "pnl", "equity", "breach", "trade_pnl"} <= shared
+    for column in shared:
+        np.testing.assert_array_equal(np.asarray(advised[column]), np.asarray(plain[column]), err_msg=column)
+    assert not advised["advice_valid"].any()
+    run.close()

@@ -1,7 +1,7 @@
-"""The learned trust on a small version of the README's fusion experiment (configs/headlines.yaml): an advisor
-that answers at random loses trust faster than one that reads the headline, and the agent ends near the policy
-alone. (That the informed advisor's trust *rises* and the fused agent beats the policy alone is not shown yet:
-see the README.) Minutes of training: `pytest -m slow`."""
+"""The learned trust on a small version of the README's fusion experiment (configs/headlines.yaml): the trust in an
+advisor that reads the headline rises and the fused agent beats the policy alone on validation; the trust in an
+advisor that answers at random falls and the agent ends near the policy alone. Minutes of training:
+`pytest -m slow tests/test_fusion_learning.py`."""
 
 from __future__ import annotations
 
@@ -33,16 +33,21 @@ def held_out(summary: dict) -> float:
     return summary["test"]["agent_best"]["score"]
 
 
+def best_val(summary: dict) -> float:
+    return summary["val"]["agent_best"]["score"]
+
+
 @pytest.mark.slow
-def test_trust_tells_an_informed_advisor_from_a_random_one(tmp_path):
+def test_trust_rises_for_an_informed_advisor_and_falls_for_a_random_one(tmp_path):
     rl_only, _ = run(tmp_path, "rl_only", ["llm=none"])
     informed, informed_trust = run(tmp_path, "informed", [])
     random, random_trust = run(tmp_path, "random", ["hybrid.mock_answers=random"])
 
     early, late = slice(0, 5), slice(-5, None)
-    assert np.mean(random_trust[late]) < np.mean(random_trust[early])  # a coin-flipping advisor loses trust ...
-    assert np.mean(informed_trust[late]) > np.mean(random_trust[late])  # ... faster than one that reads the news
+    assert np.mean(informed_trust[late]) > np.mean(informed_trust[early]) + 0.1  # the news reader earns trust ...
+    assert np.mean(random_trust[late]) < np.mean(random_trust[early])  # ... a coin-flipping advisor loses it
+    assert best_val(informed) > best_val(rl_only)  # and the informed advice is used to profit
     # Ignoring a coin-flipping advisor costs little: the agent stays near the policy alone.
     assert held_out(random) > held_out(rl_only) - 0.5 * abs(held_out(rl_only)) - 2_000
     # The random advice alone loses money where the informed advice alone does not.
-    assert informed["test"]["ablation_llm_only"]["score"] > random["test"]["ablation_llm_only"]["score"]
+    assert informed["test"]["ablation_llm_only"]["score"] > max(0.0, random["test"]["ablation_llm_only"]["score"])

@@ -76,22 +76,38 @@ def test_advice_table_decays_expires_and_selection_respects_budget():
     table = table.write(jnp.array([0, 1, 2, 3]), probs, jnp.full(4, 0.6), jnp.array([0, 0, 1, 0]), jnp.array([True, True, True, False]))
     for _ in range(5):
         table = table.tick()
-    v = view(table, cfg)
+    v = view(table, cfg, jnp.zeros(4, jnp.int32))
     assert v.valid.tolist() == [True, True, False, False]  # env 2 had a parse error; env 3 was padding
     np.testing.assert_allclose(v.confidence[:2], 0.6 * 0.8, rtol=1e-5)  # one interval old
     for _ in range(6):
         table = table.tick()
-    assert not bool(view(table, cfg).valid.any())  # older than 2 intervals: expired
+    assert not bool(view(table, cfg, jnp.zeros(4, jnp.int32)).valid.any())  # older than 2 intervals: expired
 
     pi = jnp.array([[0.9, 0.02, 0.02, 0.02, 0.02, 0.02], [0.4, 0.3, 0.3, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0], [0.3, 0.3, 0.4, 0, 0, 0]])
-    flat = jnp.array([False, False, False, False])
-    ids, ok = select_queries(AdviceTable.create(4), cfg, 2, pi, flat, jnp.zeros(4, bool))
+    long = jnp.ones(4, jnp.int32)
+    ids, ok = select_queries(AdviceTable.create(4), cfg, 2, pi, long, jnp.zeros(4, bool))
     assert ok.tolist() == [True, True] and sorted(ids.tolist()) == [1, 3]  # the two most uncertain
-    table = AdviceTable.create(4).mark_queried(jnp.array([1, 3]), jnp.array([True, True]))
-    ids, ok = select_queries(table, cfg, 2, pi, flat, jnp.zeros(4, bool))
+    table = AdviceTable.create(4).mark_queried(jnp.array([1, 3]), jnp.array([True, True]), long)
+    ids, ok = select_queries(table, cfg, 2, pi, long, jnp.zeros(4, bool))
     assert ids[ok].tolist() == [2]  # 1 and 3 are cooling down, 0 is confident and not flat
-    ids, ok = select_queries(table, cfg, 2, pi, jnp.array([True, False, False, False]), jnp.zeros(4, bool))
+    ids, ok = select_queries(table, cfg, 2, pi, jnp.array([0, 1, 1, 1]), jnp.zeros(4, bool))
     assert sorted(ids[ok].tolist()) == [0, 2]  # a flat env is a candidate however confident
+
+
+@pytest.mark.nojit
+def test_advice_holds_only_for_the_position_side_it_was_asked_about():
+    """Envs 0 and 1 are asked while flat; env 0 goes long before the answer comes: its BUY advice is not in force
+    while long, is again once flat, and a long env whose advice is about flat is a candidate again at once."""
+    cfg = QueryConfig(interval=5, cooldown=0)
+    flat = jnp.zeros(2, jnp.int32)
+    table = AdviceTable.create(2).mark_queried(jnp.arange(2), jnp.ones(2, bool), flat)
+    probs = jnp.tile(jnp.array([0.05, 0.75, 0.05, 0.05, 0.05, 0.05]), (2, 1))
+    table = table.tick().write(jnp.arange(2), probs, jnp.full(2, 0.75), jnp.zeros(2, jnp.int32), jnp.ones(2, bool))
+    now = jnp.array([1, 0])  # env 0 is long now
+    assert view(table, cfg, now).valid.tolist() == [False, True]
+    assert view(table, cfg, flat).valid.tolist() == [True, True]  # flat again: the advice applies again
+    ids, ok = select_queries(table, cfg, 2, jnp.full((2, 6), 1 / 6), now, jnp.zeros(2, bool))
+    assert ids[ok].tolist() == [0]  # env 1's flat advice is fresh: not asked again yet
 
 
 @pytest.mark.nojit
@@ -108,7 +124,7 @@ def test_learned_mixture_is_a_masked_distribution_and_gate_starts_low():
     np.testing.assert_allclose(p0, pi_rl)
 
     tbl = AdviceTable.create(1).write(jnp.array([0]), advice, jnp.array([0.9]), jnp.array([0]), jnp.array([True]))
-    features = fusion_features(pi_rl, view(tbl, QueryConfig()), jnp.zeros((1, 6)))
+    features = fusion_features(pi_rl, view(tbl, QueryConfig(), jnp.zeros(1, jnp.int32)), jnp.zeros((1, 6)))
     gate = TrustGate()
     g = gate.apply(gate.init(jax.random.PRNGKey(0), features), features)
     assert 0.05 < float(g[0]) < 0.2
@@ -119,7 +135,7 @@ def test_rules_fusion_priorities():
     def advice_for(action, conf):
         probs = jax.nn.one_hot(jnp.array([action]), 6)
         tbl = AdviceTable.create(1).write(jnp.array([0]), probs, jnp.array([conf]), jnp.array([0]), jnp.array([True]))
-        return view(tbl, QueryConfig())
+        return view(tbl, QueryConfig(), jnp.zeros(1, jnp.int32))
 
     def pi(action, conf):
         rest = (1.0 - conf) / 5.0
@@ -133,5 +149,5 @@ def test_rules_fusion_priorities():
     assert run(BUY, pi(BUY, 0.7), advice_for(SELL, 0.8)) == BUY  # 0.3·0.8 < 0.7·0.7
     no_sell = ALL.at[0, SELL].set(False)
     assert int(rules_action(jnp.array([BUY]), pi(BUY, 0.55), advice_for(SELL, 0.95), no_sell)[0]) == BUY  # invalid → RL
-    invalid = view(AdviceTable.create(1), QueryConfig())
+    invalid = view(AdviceTable.create(1), QueryConfig(), jnp.zeros(1, jnp.int32))
     assert run(ENABLE_TRAIL, pi(BUY, 0.3), invalid) == ENABLE_TRAIL  # no advice: the policy's sample

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from bridge import STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, PromptRenderer, SidecarClient
+from bridge import ACTIONS, STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, PromptRenderer, SidecarClient
 from llm_sidecar.__main__ import example_fields
 from llm_sidecar.backends import MockBackend
 
@@ -41,6 +41,21 @@ def test_mock_reads_compact_and_spelled_out_prompts():
     assert mock.advise_text("10:00 ES 4500 ADX20 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k").startswith("BUY")
     assert mock.advise_text("10:00 ES 4500 ADX10 RSI50 VWAP-0.2 mom-0.5 short 2 pnl-50 win50% loss0 bal50k "
                             "News: long rally").startswith("DISABLE_TRAIL")
+
+
+def test_news_mock_trades_the_headline_alone_and_random_mock_ignores_the_prompt():
+    flat = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
+    news = MockBackend(answers="news").advise([
+        flat + " News: Acme beats estimates, shares surge", flat + " News: Hawkish Fed remarks spark a selloff",
+        flat,  # indicators alone (oversold RSI here) say nothing to it
+        flat.replace("flat", "long 1") + " News: stocks rally",
+    ])
+    assert [ACTIONS[a] for a in news.action] == ["BUY", "SELL", "HOLD", "HOLD"]
+    assert np.allclose(news.confidence, [0.8, 0.8, 0.6, 0.6])
+    prompts = [flat.replace("RSI20", f"RSI{r}") for r in range(100)]
+    coin = MockBackend(answers="random").advise(prompts)
+    assert len(set(coin.action.tolist())) == 6 and (coin.confidence >= 0.5).all()
+    assert (MockBackend(answers="random").advise(prompts).action == coin.action).all()  # seeded by the prompt
 
 
 def test_garbage_answers_become_counted_parse_errors_never_hold():

@@ -18,7 +18,7 @@ from agents.transfer import FreezeState, load_source, start_from
 from jaxenv import EnvConfig, TradingEnv, load_market, walk_split
 from tests.test_config import cli_main
 
-TINY = ["num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",
+TINY = ["llm=none", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",
         "network.actor_hidden=[16,16]", "network.critic_hidden=[16,16]", "log.progress=false",
         "log.tensorboard=false", "data.source=synthetic:signal", "data.synthetic_days=30",
         "transfer.checkpoint=latest"]
