@@ -77,6 +77,7 @@ class HybridConfig:
     fusion: str = "learned"  # none | rules | learned
     llm_mode: str = "score"  # score | generate (transformers backends)
     quantization: str = "none"  # none | int8 | int4 (bitsandbytes; GPU)
+    llm_adapter: str = ""  # a peft LoRA adapter directory applied to a transformers advisor (--llm-adapter)
     budget: str = "auto"  # B: most envs asked per query step, a number or `auto` (sized from the sidecar's rate)
     max_budget: int = 1024  # the most `auto` may choose, and the bridge's capacity
     latency: str = "strict"  # strict: wait for the previous query step's answers; async: take what is ready
@@ -169,6 +170,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.hybrid.fusion in FUSION_MODES, "hybrid.fusion", f"must be one of {', '.join(FUSION_MODES)}"),
         (cfg.hybrid.latency in LATENCY_MODES, "hybrid.latency", f"must be one of {', '.join(LATENCY_MODES)}"),
         (cfg.hybrid.gate_lr_scale > 0, "hybrid.gate_lr_scale", "must be > 0"),
+        (not cfg.hybrid.llm_adapter or cfg.llm not in ("none", "mock"), "hybrid.llm_adapter",
+         "a LoRA adapter needs a transformers advisor (--llm smollm2 or a model path / hub id)"),
         (cfg.hybrid.budget == "auto" or (cfg.hybrid.budget.isdigit() and int(cfg.hybrid.budget) > 0),
          "hybrid.budget", "must be a positive number or auto"),
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",

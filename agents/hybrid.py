@@ -22,7 +22,7 @@ import numpy as np
 
 from agents.acting import HybridActing
 from agents.advice import select_queries
-from agents.config import HybridConfig
+from agents.config import ConfigError, HybridConfig
 from agents.prompt_fields import PromptFieldBuilder, gather_state
 from agents.risk_veto import RULES
 from bridge import STATUS_NAMES, BridgeConfig, PromptRenderer, SidecarClient
@@ -41,10 +41,13 @@ def sidecar_options(cfg) -> tuple[str, dict]:
     if cfg.llm == "mock":
         return "mock", {"latency_s": h.mock_latency_s or None, "mock_answers": h.mock_answers}
     model = "smollm2" if cfg.llm == "smollm2" else cfg.llm
+    if h.llm_adapter and not Path(h.llm_adapter).is_dir():
+        raise ConfigError(f"hybrid.llm_adapter: no LoRA adapter directory at {h.llm_adapter}")
     return "transformers", {
         "model": model,
         "mode": h.llm_mode,
         "quantize": None if h.quantization == "none" else h.quantization,
+        "lora": h.llm_adapter or None,
         "threads": h.sidecar_threads,
         "batch_size": h.sidecar_batch_size,
     }

@@ -227,7 +227,10 @@ class PeerEndpoint:
         return bytes(self.request["static"][: self.request["header"][REQ_STATIC_LEN]])
 
     def heartbeat(self) -> None:
-        self.response["header"][RESP_HEARTBEAT_NS] = time.monotonic_ns()
+        """Stamps the heartbeat; a no-op once the endpoint is closed (the heartbeat thread may outlive it)."""
+        header = self.response.views.get("header")
+        if header is not None:
+            header[RESP_HEARTBEAT_NS] = time.monotonic_ns()
 
     def set_state(self, state: int) -> None:
         self.response["header"][RESP_STATE] = state

@@ -201,23 +201,36 @@ def markdown(rows: list[dict]) -> str:
     return "\n\n".join(part for part in parts if part)
 
 
+def span(values: list[float], form: str) -> str:
+    """`low–high` of the values as `form` writes them, or one figure when they print the same."""
+    low, high = format(min(values), form), format(max(values), form)
+    return low if low == high else f"{low}–{high}"
+
+
 def why_training_scales(updates: list[dict]) -> str:
     """The measured reasons, in words: where an update's time goes, the FLOP rate across sizes, cores kept busy."""
     learn_share = [r["learn_s"] / r["update_s"] for r in updates]
     gflops = [r["achieved_gflops"] for r in updates]
     cores = [r["cores_used"] for r in updates]
     text = (
-        f"Why: learning (GAE + epochs of minibatch forward and backward passes) is {min(learn_share):.0%}–"
-        f"{max(learn_share):.0%} of an update, and it is matrix multiplication over minibatches of envs × steps / "
-        f"{updates[0]['minibatches']} rows. The update ran at {min(gflops):.0f}–{max(gflops):.0f} GFLOP/s across "
-        f"the sizes and kept {min(cores):.2f}–{max(cores):.2f} of {os.cpu_count()} cores busy"
+        f"Why: learning (GAE + epochs of minibatch forward and backward passes) is {span(learn_share, '.0%')} of an "
+        f"update, and it is matrix multiplication over minibatches of envs × steps / {updates[0]['minibatches']} "
+        f"rows. The update ran at {span(gflops, '.0f')} GFLOP/s across the sizes and kept {span(cores, '.2f')} of "
+        f"{os.cpu_count()} cores busy"
     )
     if min(cores) < 0.85 * os.cpu_count():
         text += ": not all of them; other jobs held the rest (see the load average), which caps every figure here"
     if max(gflops) <= 1.15 * min(gflops):
         return text + (". A flat FLOP rate means the smallest size's minibatches already keep the cores' vector "
                        "units as busy as the largest's: more envs only make each update longer.")
-    return text + ". The FLOP rate still rises with the batch: larger batches use the hardware better."
+    best = max(updates, key=lambda r: r["achieved_gflops"])
+    if best is updates[-1]:
+        return text + ". The FLOP rate still rises with the batch: larger batches use the hardware better."
+    last = updates[-1]
+    return text + (f". The FLOP rate peaks at {best['envs']:,} envs ({best['achieved_gflops']:.0f} GFLOP/s) and is "
+                   f"{last['achieved_gflops']:.0f} at {last['envs']:,} (whose update holds "
+                   f"{last['peak_host_mb'] / 1024:.1f} GiB): past {best['envs']:,} envs more envs do not raise it, "
+                   "they only make each update longer.")
 
 
 def compile_and_memory_note(compiles: list[dict], updates: list[dict]) -> str:

@@ -5,6 +5,7 @@
     python scripts/benchmark.py env --envs 256,1024,4096 --json results/env.json
     python scripts/benchmark.py env train --quick
     python scripts/benchmark.py all --markdown BENCHMARKS.md --json results/benchmarks.json --plot results/throughput.png
+    python scripts/benchmark.py --from-json results/benchmarks.json --markdown BENCHMARKS.md   # re-render, no timing
 """
 
 from __future__ import annotations
@@ -158,9 +159,37 @@ def write_json(path: Path, report: dict) -> None:
     path.write_text(json.dumps(report, indent=2, default=str))
 
 
+def rendered_sections(report: dict) -> dict[str, str]:
+    """Each suite's section of a saved report, rendered again by the suite's current `markdown()`."""
+    sections = {}
+    for name in SUITES:
+        rows = [r for r in report["results"] if r.get("suite") == name]
+        if name in report.get("skipped", {}):
+            sections[name] = f"Skipped: {report['skipped'][name]}"
+        elif name in report.get("failed", {}):
+            sections[name] = "Failed (traceback in the JSON report)"
+        elif rows:
+            module, why_not = import_suite(name)
+            sections[name] = suite_markdown(module, rows) if module else markdown_table(rows)
+    return sections
+
+
+def write_outputs(report: dict, sections: dict[str, str], plot_path: Path | None, markdown_path: Path | None) -> None:
+    if plot_path:
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+        machine = report["machine"]
+        title = f"{machine['jax_devices'][0]} · {machine['cpu']}, {machine['cores']} cores · load avg at start {report['run']['load_avg_start'][0]}"
+        plot(report["results"], plot_path, title)
+        print(f"wrote {plot_path}", file=sys.stderr)
+    if markdown_path:
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(report_markdown(report, sections, plot_path, markdown_path))
+        print(f"wrote {markdown_path}", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="+", choices=[*SUITES, "all"], metavar="SUITE",
+    parser.add_argument("suites", nargs="*", metavar="SUITE",  # checked below: choices reject an empty list
                         help=f"one or more of {', '.join(SUITES)}; `all` runs every suite")  # fmt: skip
     parser.add_argument("--envs", type=str, default=None, help="comma-separated env counts to sweep, e.g. 1024,4096")
     parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions: under a minute a suite")
@@ -168,7 +197,20 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here (after every suite)")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG of steps/s against env count here")
     parser.add_argument("--markdown", type=Path, default=None, help="write a whole Markdown report here")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="PATH",
+                        help="measure nothing: write --markdown / --plot from a report --json wrote earlier")
     args = parser.parse_args()
+    unknown = [name for name in args.suites if name not in [*SUITES, "all"]]
+    if unknown:
+        parser.error(f"unknown suite(s) {', '.join(unknown)}: choose from {', '.join([*SUITES, 'all'])}")
+    if bool(args.suites) == bool(args.from_json):
+        parser.error("name the suites to run, or give --from-json to re-render a saved report")
+    if args.from_json:
+        if not (args.markdown or args.plot):
+            parser.error("--from-json writes --markdown and/or --plot; give at least one")
+        report = json.loads(args.from_json.read_text())
+        write_outputs(report, rendered_sections(report), args.plot, args.markdown)
+        return
 
     envs = [int(x) for x in args.envs.split(",")] if args.envs else None
     if envs and any(n < 1 for n in envs):
@@ -220,16 +262,7 @@ def main() -> None:
     if args.json:
         write_json(args.json, report)
         print(f"wrote {args.json}", file=sys.stderr)
-    if args.plot:
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        machine = report["machine"]
-        title = f"{machine['jax_devices'][0]} · {machine['cpu']}, {machine['cores']} cores · load avg at start {report['run']['load_avg_start'][0]}"
-        plot(report["results"], args.plot, title)
-        print(f"wrote {args.plot}", file=sys.stderr)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(report_markdown(report, sections, args.plot, args.markdown))
-        print(f"wrote {args.markdown}", file=sys.stderr)
+    write_outputs(report, sections, args.plot, args.markdown)
     if report["failed"]:
         sys.exit(f"failed suites: {', '.join(report['failed'])}")
 

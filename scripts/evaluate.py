@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     json_path = Path(args.json) if args.json else out / "evaluation.json"
     write_json(summary, json_path)
     (out / "table.md").write_text(markdown_table(summary))
-    Console().print(rich_table(summary))
+    Console(width=None if sys.stdout.isatty() else 200).print(rich_table(summary))  # piped: no wrapping
 
     timestamps = first.market.timestamps
     agent = result.first_traces["agent"]

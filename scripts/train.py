@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "generate: text answers parsed (hybrid.llm_mode)")
     ap.add_argument("--quantization", choices=["none", "int8", "int4"], help="bitsandbytes quantization of the "
                     "advisor (GPU) (hybrid.quantization)")
+    ap.add_argument("--llm-adapter", metavar="PATH", help="a peft LoRA adapter directory for the advisor; saved in "
+                    "the run's config, so evaluation loads it too (hybrid.llm_adapter)")
     ap.add_argument("--fusion", choices=["none", "rules", "learned"], help="how advice changes actions: learned "
                     "trust gate (default), the seeds' priority rules, or none (queries for statistics only)")
     ap.add_argument("--query-interval", type=int, help="env steps between LLM query steps, k (hybrid.query.interval)")
@@ -74,6 +76,8 @@ def start(args: argparse.Namespace):
                       ("init_from", "transfer.init_from")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
+    if args.llm_adapter is not None:  # absolute, so the run's config finds it from anywhere
+        overrides.append(f"hybrid.llm_adapter={Path(args.llm_adapter).resolve()}")
     if args.no_progress:
         overrides.append("log.progress=false")
     if args.no_veto:

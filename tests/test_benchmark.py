@@ -44,6 +44,14 @@ def test_quick_run_writes_valid_json_plot_and_markdown(tmp_path):
     assert "## env" in markdown and "## bridge" in markdown and "| envs |" in markdown
     assert "### env" in done.stdout  # the tables go to stdout too
 
+    # the report re-rendered from its JSON, measuring nothing, is the same report
+    again = tmp_path / "AGAIN.md"
+    cmd = [sys.executable, str(SCRIPTS / "benchmark.py"), "--from-json", str(out), "--markdown", str(again),
+           "--plot", str(tmp_path / "bench.png")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert again.read_text() == markdown
+
 
 def test_suite_that_cannot_be_imported_is_skipped_with_the_reason(monkeypatch):
     monkeypatch.setitem(benchmark.SUITES, "sb3", "no_such_bench_module")

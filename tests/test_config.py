@@ -130,3 +130,15 @@ def test_cli_rejects_bad_hybrid_values_and_bad_keys(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and "--total-steps" in out and "ppo.lr=1e-4" in out and "--resume RUN_DIR" in out
+
+
+def test_a_lora_adapter_goes_to_a_transformers_sidecar_and_is_checked(tmp_path):
+    from agents.hybrid import sidecar_options
+
+    cfg = load_config(None, ["llm=smollm2", f"hybrid.llm_adapter={tmp_path}"])
+    assert sidecar_options(cfg) == ("transformers", {**sidecar_options(load_config(None, ["llm=smollm2"]))[1],
+                                                     "lora": str(tmp_path)})
+    with pytest.raises(ConfigError, match="no LoRA adapter directory at"):
+        sidecar_options(load_config(None, ["llm=smollm2", f"hybrid.llm_adapter={tmp_path / 'gone'}"]))
+    with pytest.raises(ConfigError, match="hybrid.llm_adapter"):
+        load_config(None, ["llm=mock", f"hybrid.llm_adapter={tmp_path}"])
