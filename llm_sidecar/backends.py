@@ -60,6 +60,15 @@ def _read(pattern: str, text: str, default: float) -> float:
     return float(match.group(1)) if match else default
 
 
+def _side_and_sentiment(context: str) -> tuple[str, int]:
+    """The position side a prompt states (long, short or flat) and its headline's sentiment: bullish minus
+    bearish words after "News:"."""
+    market, _, headline = context.partition("News:")
+    position = re.search(r"\b(long|short)\s*\d", market, re.I)
+    side = position.group(1).lower() if position else "flat"
+    return side, len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
+
+
 MOCK_ANSWERS = ("rules", "news", "random")
 
 
@@ -98,10 +107,9 @@ class MockBackend:
 
     @staticmethod
     def news_text(context: str) -> str:
-        market, _, headline = context.partition("News:")
-        if re.search(r"\b(long|short)\s*\d", market, re.I):
+        side, sentiment = _side_and_sentiment(context)
+        if side != "flat":
             return "HOLD | 0.60 | let the bracket work"
-        sentiment = len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
         if sentiment:
             return f"{'BUY' if sentiment > 0 else 'SELL'} | 0.80 | {'bullish' if sentiment > 0 else 'bearish'} news"
         return "HOLD | 0.60 | no news"
@@ -112,10 +120,7 @@ class MockBackend:
         vwap = _read(r"\bVWAP\s*" + _NUMBER, context, 0.0)
         momentum = _read(r"\bmom(?:entum)?\s*" + _NUMBER, context, 0.0)
         pnl = _read(r"\b(?:uPnL|PnL|P&L)\s*" + _NUMBER, context, 0.0)
-        position = re.search(r"\b(long|short)\s*\d|\b(flat)\b", context.split("News:", 1)[0], re.I)
-        side = (position.group(1) or position.group(2)).lower() if position else "flat"
-        headline = context.split("News:", 1)[1] if "News:" in context else ""
-        sentiment = len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
+        side, sentiment = _side_and_sentiment(context)
         if side != "flat":
             if pnl > 0 and adx > 25:
                 return f"ENABLE_TRAIL | {min(0.9, 0.5 + adx / 100):.2f} | {side} in profit with ADX {adx:.0f}"
