@@ -40,6 +40,7 @@ class StepExtras(NamedTuple):
     context: jax.Array  # [N, N_FUSION_CONTEXT]
     pg_weight: jax.Array  # [N] 1 where the policy chose the action, 0 where rules overrode it
     stats: dict[str, jax.Array]  # per-step sums over envs, for metrics
+    trade: Any = None  # the step's fills ({entered, exited, trade_pnl}, leaves [N]): outcomes sent to the advisor
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,10 @@ class HybridActing:
         extras = StepExtras(advice=advice, context=context, pg_weight=pg_weight, stats=stats)
         carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1))
         return action, learn_action, log_prob, mask, extras, carry
+
+    @staticmethod
+    def trade_events(info: dict) -> dict[str, jax.Array]:
+        return {"entered": info["entry_side"] != 0, "exited": info["exit_reason"] > 0, "trade_pnl": info["trade_pnl"]}
 
     def after_step(self, carry: HybridCarry, info: dict) -> HybridCarry:
         event = (info["entry_side"] != 0) | (info["exit_reason"] > 0)

@@ -37,6 +37,9 @@ ABLATIONS: dict[str, dict] = {
     "fused_no_veto": {"fusion": None, "veto": False},
     "fused_veto": {"fusion": None, "veto": True},
 }
+# A run whose advisor learned (hybrid.learning) is also scored with the advice alone from the advisor as it
+# started (frozen): LLM-only before and after learning.
+FROZEN_ABLATION = "llm_only_frozen"
 
 
 # name -> what it is: how a hybrid walk used its advice (evaluation tables and JSON, after jaxenv.metrics.METRICS)
@@ -91,6 +94,7 @@ class AdvisedWalker:
         self._link: AdvisorLink | None = None
         self.k = cfg.hybrid.query.interval
         self._compiled: dict[tuple, Any] = {}
+        self._adapter = cfg.hybrid.llm_adapter or None  # the adapter the sidecar answers with
 
     def _chunk_fn(self, acting: HybridActing, k: int):
         """The jitted k-bar walk for this acting variant (the configs inside are not hashable: cache by key)."""
@@ -110,6 +114,15 @@ class AdvisedWalker:
         if self._link is not None:
             self._link.close()
             self._link = None
+        self._adapter = self.cfg.hybrid.llm_adapter or None
+
+    def use_adapter(self, path: str | None) -> None:
+        """The advisor answers the next walks with LoRA adapter `path` (None: the base model). A run whose
+        advisor learned has one per checkpoint; other runs keep the adapter they started with."""
+        if self.cfg.llm in ("none", "mock") or path == self._adapter:
+            return
+        self.link.client.command("load", path=path, timeout_s=600.0)
+        self._adapter = path
 
     def acting_for(self, fusion: str | None = None, veto: bool | None = None, greedy: bool | None = None) -> HybridActing:
         a = self.acting
@@ -121,12 +134,17 @@ class AdvisedWalker:
         )
 
     def walk(self, params: Any, obs_norm: Any, split: str | tuple[int, int], key: jax.Array, *,
-             fusion: str | None = None, veto: bool | None = None, greedy: bool | None = None) -> dict[str, Any]:
+             fusion: str | None = None, veto: bool | None = None, greedy: bool | None = None,
+             adapter: Any = ...) -> dict[str, Any]:
         """Per-bar trace with `jaxenv.walk_split`'s columns plus the advice in force at each bar
         (`advice_action`, `advice_confidence` (decayed), `advice_valid`, `trust`, `overridden`, `vetoed`) and
-        `reasons`: {bar the answer arrived at: reason text}; `advice_from` gives that bar per step (-1: none)."""
+        `reasons`: {bar the answer arrived at: reason text}; `advice_from` gives that bar per step (-1: none).
+        `adapter`: the advisor's LoRA adapter for this walk (a path, or None for the base model; `...` keeps the
+        current one)."""
         acting = self.acting_for(fusion, veto, greedy)
         uses_advice = acting.fusion != "none"
+        if uses_advice and adapter is not ...:
+            self.use_adapter(adapter)
         env_params = self.env.make_params(self.market, split, sequential=True)
         num_steps = int(env_params.max_steps_in_episode)
         k_init, key = jax.random.split(key)

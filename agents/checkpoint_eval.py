@@ -32,10 +32,10 @@ import numpy as np
 from rich.progress import Progress
 from scipy import stats
 
-from agents.advised_eval import ABLATIONS, HYBRID_METRICS, AdvisedWalker, hybrid_metrics
+from agents.advised_eval import ABLATIONS, FROZEN_ABLATION, HYBRID_METRICS, AdvisedWalker, hybrid_metrics
 from agents.config import ConfigError, TrainConfig
 from agents.evaluation import flat_policy, random_valid_policy
-from agents.hybrid import make_acting
+from agents.hybrid import checkpoint_adapter, make_acting
 from agents.ppo import PPO, make_train
 from agents.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
 from agents.trainer import make_act
@@ -121,10 +121,13 @@ def episode_bars(bounds: Bars, episodes: int, length: int, seed: int) -> list[Ba
     return [(int(s), int(s) + length + 1) for s in starts]
 
 
-def advised_walk(run: LoadedRun, **acting_changes) -> WalkFn:
+def advised_walk(run: LoadedRun, **changes) -> WalkFn:
+    """A walk with the run's advisor as it was at the checkpoint: the LoRA adapter it had learned by then (saved
+    beside the checkpoint), unless `changes` names another `adapter`."""
     saved = run.saved
+    changes.setdefault("adapter", checkpoint_adapter(run.cfg, saved.run_dir, saved.step))
     return lambda bars, key: run.walker.walk(saved.params, saved.obs_norm, bars, key, greedy=not run.sampled,
-                                             **acting_changes)
+                                             **changes)
 
 
 def agent_walk(run: LoadedRun) -> WalkFn:
@@ -140,7 +143,10 @@ def ablation_walks(run: LoadedRun) -> dict[str, Policy]:
     fused without and with the veto, whatever the run trained with. An RL-only run (llm: none) has none."""
     if run.walker is None:
         return {}
-    return {name: Policy(advised_walk(run, **changes), stochastic=run.sampled) for name, changes in ABLATIONS.items()}
+    ablations = dict(ABLATIONS)
+    if run.cfg.hybrid.learning.enabled:  # LLM-only before learning as well as after
+        ablations[FROZEN_ABLATION] = {**ABLATIONS["llm_only"], "adapter": run.cfg.hybrid.llm_adapter or None}
+    return {name: Policy(advised_walk(run, **changes), stochastic=run.sampled) for name, changes in ablations.items()}
 
 
 def baseline_walks(env: TradingEnv, market: Market) -> dict[str, Policy]:

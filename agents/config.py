@@ -71,6 +71,38 @@ class LogConfig:
 
 
 @dataclass
+class LearningConfig:
+    """LoRA learning of the advisor from the outcomes of its advice (llm_sidecar.learning). The fields after
+    `every_updates` are llm_sidecar.learning.LearningOptions."""
+
+    enabled: bool = False  # needs a transformers advisor (smollm2, a model path) in score mode
+    every_updates: int = 2  # M: a learning round starts after every M PPO updates (the sidecar runs it between answers)
+    objective: str = "advantage"  # advantage: weight by the PPO advantage | profitable: fine-tune on profitable ones
+    lr: float = 5e-5  # well below the policy's ppo.lr
+    rank: int = 8
+    alpha: int = 16
+    batch_size: int = 16
+    max_epochs: int = 3
+    patience: int = 1  # early stopping on the held-out share's loss
+    grad_clip: float = 1.0
+    kl_coef: float = 0.1  # KL(base ‖ adapted) over the 6 actions, so answers do not collapse
+    advantage_clip: float = 3.0
+    buffer_size: int = 4096
+    val_share: float = 0.2
+    min_examples: int = 64
+
+
+@dataclass
+class ReasoningConfig:
+    """Chain of thought (the prompt templates' `reasoning` section) on a budget: only where the policy is unsure,
+    at most a few times per episode; every other query is answered in the advisor's usual mode."""
+
+    enabled: bool = False
+    policy_confidence: float = 0.5  # ask for reasoning only when the policy's top probability is below this
+    per_episode: int = 2  # at most this many reasoned answers per env per episode
+
+
+@dataclass
 class HybridConfig:
     """The LLM advisor and how its advice is used (`--llm` other than none)."""
 
@@ -93,6 +125,8 @@ class HybridConfig:
     eval_with_advice: bool = True  # validation walks query the advisor and act fused (else: the RL policy alone)
     query: QueryConfig = field(default_factory=QueryConfig)
     veto: VetoConfig = field(default_factory=VetoConfig)
+    learning: LearningConfig = field(default_factory=LearningConfig)
+    reasoning: ReasoningConfig = field(default_factory=ReasoningConfig)
 
 
 @dataclass
@@ -178,6 +212,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
+        (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),
+         "hybrid.learning.enabled", "LoRA learning needs a transformers advisor (smollm2 or a model path) in score mode"),
+        (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
+        (cfg.hybrid.learning.objective in ("advantage", "profitable"), "hybrid.learning.objective",
+         "must be advantage or profitable"),
+        (0 < cfg.hybrid.learning.val_share < 1, "hybrid.learning.val_share", "must be between 0 and 1"),
+        (cfg.hybrid.learning.lr > 0, "hybrid.learning.lr", "must be > 0"),
+        (cfg.hybrid.reasoning.per_episode >= 0, "hybrid.reasoning.per_episode", "must be >= 0"),
         (cfg.hybrid.mock_answers in ("rules", "news", "random"), "hybrid.mock_answers", "must be rules, news or random"),
         (cfg.transfer.checkpoint in ("best", "latest") or cfg.transfer.checkpoint.isdigit(), "transfer.checkpoint",
          "must be best, latest or an update number"),

@@ -12,7 +12,9 @@ Then PPO learns from the concatenated chunks, through the fused distribution the
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -35,19 +37,46 @@ def make_acting(cfg, env) -> HybridActing:
     return HybridActing(h.fusion, h.query, h.veto, h.llm_weight, env.window, env.extended)
 
 
-def sidecar_options(cfg) -> tuple[str, dict]:
-    """The backend and flags `SidecarClient.start` passes to `python -m llm_sidecar serve`."""
+ADAPTERS_DIR = "adapters"  # RUN_DIR/adapters/<update>/: the advisor's learned LoRA adapter at each checkpoint
+
+
+def adapter_dir(run_dir: str | Path, update: int) -> Path:
+    return Path(run_dir) / ADAPTERS_DIR / str(int(update))
+
+
+def checkpoint_adapter(cfg, run_dir: str | Path, update: int) -> str | None:
+    """The adapter the advisor answered with at checkpoint `update`: the one learned by then (saved beside the
+    checkpoint), else the run's starting adapter (--llm-adapter), else None (the base model)."""
+    learned = adapter_dir(run_dir, update)
+    if (learned / "adapter_config.json").exists():
+        return str(learned)
+    return cfg.hybrid.llm_adapter or None
+
+
+def learning_options(cfg) -> dict | None:
+    """What the sidecar's LoRA learner gets (llm_sidecar.learning.LearningOptions and a seed), or None."""
+    learning = cfg.hybrid.learning
+    if not learning.enabled:
+        return None
+    options = {k: v for k, v in dataclasses.asdict(learning).items() if k not in ("enabled", "every_updates")}
+    return {**options, "seed": cfg.seed}
+
+
+def sidecar_options(cfg, adapter: str | None = None) -> tuple[str, dict]:
+    """The backend and flags `SidecarClient.start` passes to `python -m llm_sidecar serve`; `adapter` replaces
+    the run's starting adapter (a checkpoint's learned one)."""
     h = cfg.hybrid
     if cfg.llm == "mock":
         return "mock", {"latency_s": h.mock_latency_s or None, "mock_answers": h.mock_answers}
     model = "smollm2" if cfg.llm == "smollm2" else cfg.llm
-    if h.llm_adapter and not Path(h.llm_adapter).is_dir():
-        raise ConfigError(f"hybrid.llm_adapter: no LoRA adapter directory at {h.llm_adapter}")
+    adapter = adapter or h.llm_adapter or None
+    if adapter and not Path(adapter).is_dir():
+        raise ConfigError(f"hybrid.llm_adapter: no LoRA adapter directory at {adapter}")
     return "transformers", {
         "model": model,
         "mode": h.llm_mode,
         "quantize": None if h.quantization == "none" else h.quantization,
-        "lora": h.llm_adapter or None,
+        "lora": adapter,
         "threads": h.sidecar_threads,
         "batch_size": h.sidecar_batch_size,
     }
@@ -68,7 +97,9 @@ class AdvisorLink:
     answers into the advice table. Owns the sidecar client, restarts a dead sidecar, and counts everything."""
 
     def __init__(self, cfg, market, n_envs: int, run_dir: Path | None = None, client: SidecarClient | None = None,
-                 latency: str | None = None):
+                 latency: str | None = None, learn: bool = False, adapter: str | None = None):
+        """`learn`: the sidecar learns from outcomes (training's link; never a validation walk's). `adapter`: the
+        LoRA adapter to start from instead of the run's (a resumed run's learned one)."""
         self.cfg = cfg
         self.h: HybridConfig = cfg.hybrid
         self.latency = latency or self.h.latency
@@ -78,7 +109,14 @@ class AdvisorLink:
         self.renderer = PromptRenderer.from_yaml(self.h.prompts or DEFAULT_PROMPTS_PATH)
         self.fields = PromptFieldBuilder(market, list(self.renderer.markets), cfg.env.contracts_per_trade)
         self.texts = list(market.text_table) or None
-        self.client = client or self._start_client()
+        self.learning = learning_options(cfg) if learn else None
+        r = self.h.reasoning
+        self.reasoning = r.enabled and self.renderer.reasoning is not None
+        self.think_used = np.zeros(n_envs, np.int32)  # reasoned answers this episode, per env
+        self.episode_time = np.zeros(n_envs, np.int64)  # the env's episode step when last asked
+        self.n_thoughts = 0
+        self.client = client or self._start_client(adapter)
+        self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, env ids) written, ok only
         self.pending: list[tuple] = []  # (query step, submit time, prompts) of submissions not yet collected
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
         self.last_restart = -float("inf")
@@ -93,7 +131,10 @@ class AdvisorLink:
             env_ids, valid = select_queries(hy.advice, self.h.query, self.cap, pi_top, side, hy.changed)
             advice = hy.advice.mark_queried(env_ids, valid, side)
             hy = hy.replace(advice=advice, changed=hy.changed.at[env_ids].set(False))
-            return carry.replace(hybrid=hy), env_ids, valid, gather_state(carry.env_state, env_ids)
+            scalars = gather_state(carry.env_state, env_ids)
+            scalars["top_prob"] = hy.top_prob[env_ids]
+            scalars["episode_time"] = carry.env_state.time[env_ids]
+            return carry.replace(hybrid=hy), env_ids, valid, scalars
 
         def write(carry, env_ids, probs, confidence, status, valid):
             hy = carry.hybrid
@@ -102,11 +143,11 @@ class AdvisorLink:
         self._select = jax.jit(select)
         self._write = jax.jit(write)
 
-    def _start_client(self) -> SidecarClient:
-        backend, options = sidecar_options(self.cfg)
+    def _start_client(self, adapter: str | None) -> SidecarClient:
+        backend, options = sidecar_options(self.cfg, adapter)
         client = SidecarClient(BridgeConfig(capacity=self.cap))
         try:
-            client.start(backend=backend, prompts=self.renderer, **options)
+            client.start(backend=backend, prompts=self.renderer, learning=self.learning, **options)
         except Exception:
             client.close()
             raise
@@ -124,6 +165,7 @@ class AdvisorLink:
         self.wait_s = 0.0
         self.latencies: list[float] = []
         self.logged = 0
+        self.n_thoughts = 0
 
     def query_step(self, carry, chunk_s: float | None = None):
         """`chunk_s`: how long the chunk since the previous query step ran (sizes budget `auto`)."""
@@ -141,13 +183,33 @@ class AdvisorLink:
         elif len(take) and self.client.pending < 2:
             rows = {k: v[take] for k, v in scalars.items()}
             prompts = self.renderer.render(self.fields.build(rows), self.texts)
-            self.client.submit(env_ids[take], prompts)
+            self.client.submit(env_ids[take], prompts, self._think(env_ids[take], rows))
             self.pending.append((step, time.perf_counter(), prompts))
             self.n_prompts += len(take)
         # The answers to earlier query steps' prompts: one step of latency.
         while self.pending and self.pending[0][0] < step:
             carry = self._collect(carry, wait=self.latency == "strict", chunk_s=chunk_s)
         return carry
+
+    def _think(self, env_ids: np.ndarray, rows: dict) -> np.ndarray | None:
+        """Which of the asked envs get chain of thought: the policy is unsure, and the env has reasoning left
+        in this episode (an episode step below the last one seen means a new episode)."""
+        if not self.reasoning:
+            return None
+        r = self.h.reasoning
+        time_now = rows["episode_time"].astype(np.int64)
+        new_episode = time_now < self.episode_time[env_ids]
+        self.think_used[env_ids[new_episode]] = 0
+        self.episode_time[env_ids] = time_now
+        think = (rows["top_prob"] < r.policy_confidence) & (self.think_used[env_ids] < r.per_episode)
+        self.think_used[env_ids[think]] += 1
+        self.n_thoughts += int(think.sum())
+        return think
+
+    def take_written(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """The (seq, answer rows, env ids) of ok answers written into the advice table since the last call."""
+        written, self.written = self.written, []
+        return written
 
     def drain(self, carry):
         """Collects every pending answer (waiting for them), e.g. at the end of an evaluation walk."""
@@ -172,6 +234,9 @@ class AdvisorLink:
         self._log_llm(prompts, answers)
         if self.on_answers is not None:
             self.on_answers(answers)
+        ok = np.flatnonzero(answers.status == 0)
+        if self.learning and len(ok):
+            self.written.append((answers.seq, ok, answers.env_ids[ok]))
         n = len(answers)
         pad = self.cap - n  # fixed shapes: one compiled write for every answer count
         ids = np.concatenate([answers.env_ids, np.zeros(pad, np.int32)]).astype(np.int32)
@@ -222,6 +287,8 @@ class AdvisorLink:
             "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
             "llm_cache_hit_rate": hits / max(hits + misses, 1),
         }
+        if self.reasoning:
+            out["llm_reasoned"] = self.n_thoughts
         for name in STATUS_NAMES:
             out[f"llm_{name}"] = self.n_answers.get(name, 0)
         return out
@@ -242,14 +309,58 @@ def acting_metrics(stats: dict) -> dict:
     }
 
 
-class QueryLoop:
-    """Runs hybrid updates: chunks with query steps between them, then one PPO learning step."""
+def outcome_rows(applied: list[tuple[int, int, list]], traj: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Outcome rows (bridge.transport.OUTCOME_FIELDS) of the answers written before each chunk.
 
-    def __init__(self, cfg, ppo, market, run_dir: Path | None, client: SidecarClient | None = None):
+    `applied`: (first step t0 of the chunk, its length k, [(seq, answer rows, env ids)]) per chunk; `traj`: [T, N]
+    numpy arrays action, reward, advantage, advice_valid, entered, exited, trade_pnl. An answer counts only
+    where its advice was in force at t0 (the env may have changed side meanwhile); its outcome is the action
+    taken at t0, its advantage, the reward over [t0, t0 + k) and, when that action opened a trade, the trade's
+    P&L at its exit (NaN when the trade was still open at the rollout's end).
+    """
+    seqs, rows, envs, starts, lengths = [], [], [], [], []
+    for t0, k, written in applied:
+        for seq, answer_rows, env_ids in written:
+            seqs.append(np.full(len(env_ids), seq, np.int64))
+            rows.append(answer_rows)
+            envs.append(env_ids)
+            starts.append(np.full(len(env_ids), t0))
+            lengths.append(np.full(len(env_ids), k))
+    if not seqs:
+        return {"seq": np.zeros(0, np.int64), "row": np.zeros(0, np.int32), "action": np.zeros(0, np.int8),
+                "reward": np.zeros(0, np.float32), "trade_pnl": np.zeros(0, np.float32),
+                "advantage": np.zeros(0, np.float32)}
+    seq, row, env, t0, k = (np.concatenate(x) for x in (seqs, rows, envs, starts, lengths))
+    keep = traj["advice_valid"][t0, env]
+    seq, row, env, t0, k = seq[keep], row[keep], env[keep], t0[keep], k[keep]
+    steps = np.arange(traj["reward"].shape[0])[:, None]
+    window = (steps >= t0) & (steps < t0 + k)  # [T, R]
+    reward = (traj["reward"][:, env] * window).sum(0)
+    later_exit = traj["exited"][:, env] & (steps >= t0)
+    closes = later_exit.any(0)
+    exit_step = later_exit.argmax(0)
+    trade_pnl = np.where(traj["entered"][t0, env] & closes, traj["trade_pnl"][exit_step, env], np.nan)
+    return {"seq": seq, "row": row.astype(np.int32), "action": traj["action"][t0, env].astype(np.int8),
+            "reward": reward.astype(np.float32), "trade_pnl": trade_pnl.astype(np.float32),
+            "advantage": traj["advantage"][t0, env].astype(np.float32)}
+
+
+class QueryLoop:
+    """Runs hybrid updates: chunks with query steps between them, then one PPO learning step. With
+    `hybrid.learning` on, it also sends each update's outcomes to the sidecar and starts a LoRA round every M
+    updates (the sidecar learns between answering batches, so the rollout does not wait for it)."""
+
+    def __init__(self, cfg, ppo, market, run_dir: Path | None, client: SidecarClient | None = None,
+                 adapter: str | None = None):
         self.chunks = chunk_lengths(cfg.ppo.num_steps, cfg.hybrid.query.interval)
-        self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir, client)
+        self.learning = cfg.hybrid.learning if cfg.hybrid.learning.enabled else None
+        self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir, client, learn=self.learning is not None,
+                                adapter=adapter)
         self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
         self._learn = jax.jit(ppo.learn)
+        self._advantages = jax.jit(ppo.advantages)
+        self.rounds_seen = 0
+        self.saved: dict[int, Path] = {}
 
     @property
     def client(self) -> SidecarClient:
@@ -262,19 +373,69 @@ class QueryLoop:
         """One PPO update: T/k chunks with query steps between them, then learning."""
         self.link.reset_counters()
         chunk_s = None  # the first query step follows learning, not a chunk
-        trajs = []
+        trajs, applied, t0 = [], [], 0
         for k in self.chunks:
             rs = self.link.query_step(rs, chunk_s)
-            t0 = time.perf_counter()
+            applied.append((t0, k, self.link.take_written()))
+            t = time.perf_counter()
             rs, traj = self._chunk(rs, k)
             jax.block_until_ready(traj.reward)
-            chunk_s = time.perf_counter() - t0
+            chunk_s = time.perf_counter() - t
             trajs.append(traj)
+            t0 += k
         traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *trajs)
         stats = jax.device_get(jax.tree.map(jnp.sum, traj.extras.stats))
+        sent = self._send_outcomes(rs, traj, applied) if self.learning else 0
         rs, metrics = self._learn(rs, traj)
         metrics = dict(metrics)
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
         metrics.update(acting_metrics(stats))
         metrics.update(self.link.metrics())
+        if self.learning:
+            metrics.update(self._learning_step(int(rs.update), sent))
         return rs, metrics
+
+    def _send_outcomes(self, rs, traj, applied) -> int:
+        advantage = self._advantages(rs, traj)
+        host = jax.device_get({
+            "action": traj.action, "reward": traj.reward, "advantage": advantage,
+            "advice_valid": traj.extras.advice.valid, **traj.extras.trade,
+        })  # fmt: skip
+        return self.client.send_outcomes(outcome_rows(applied, host), wait_s=1.0)
+
+    def _learning_step(self, update: int, sent: int) -> dict:
+        """Starts a LoRA round every M updates; the metrics of rounds finished since the last update."""
+        out = {"lora_outcomes_sent": float(sent)}
+        if update % self.learning.every_updates == 0:
+            started = self.client.command("learn")
+            out["lora_round_started"] = float(started.get("started", False))
+        stats = self.client.command("stats")
+        out.update({"lora_buffer": float(stats["buffer_train"] + stats["buffer_val"]),
+                    "lora_learn_s_total": float(stats["learn_s"]), "lora_rounds": float(len(stats["rounds"]))})
+        for record in stats["rounds"][self.rounds_seen:]:  # the latest finished round's figures
+            out.update({f"lora_{k}": float(v) for k, v in record.items() if k != "round"})
+        self.rounds_seen = len(stats["rounds"])
+        return out
+
+    def save_adapter(self, run_dir: Path, update: int) -> str | None:
+        """Writes the advisor's serving adapter beside checkpoint `update` (once); None when nothing learns."""
+        if not self.learning:
+            return None
+        path = adapter_dir(run_dir, update)
+        if update not in self.saved and not (path / "adapter_config.json").exists():
+            staging = path.with_name(path.name + ".tmp")
+            shutil.rmtree(staging, ignore_errors=True)
+            self.client.command("save", path=str(staging), timeout_s=600.0)
+            staging.replace(path)  # a crash mid-save leaves no half-written adapter under the checkpoint's name
+        self.saved[update] = path
+        return str(path)
+
+
+def prune_adapters(run_dir: Path, keep: set[int]) -> None:
+    """Removes saved adapters whose checkpoint is gone (orbax keeps the last K and the best)."""
+    root = Path(run_dir) / ADAPTERS_DIR
+    if not root.is_dir():
+        return
+    for path in root.iterdir():
+        if path.name.isdigit() and int(path.name) not in keep:
+            shutil.rmtree(path, ignore_errors=True)

@@ -81,6 +81,7 @@ class PPO(NamedTuple):
     init: Any  # (key) -> RunnerState
     rollout_chunk: Any  # (state, k: static int) -> (state, Transition[k, N])
     learn: Any  # (state, Transition[T, N]) -> (state, metrics)
+    advantages: Any  # (state, Transition[T, N]) -> [T, N] the GAE advantages `learn` will use (call it before)
     update: Any  # (state) -> (state, metrics): learn(rollout_chunk(state, T))
     policy: Any  # (params, obs_norm, obs, mask, key, deterministic) -> action; obs/mask of any batch shape
     network: ActorCritic
@@ -217,6 +218,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
         )
         if acting is not None:
             hybrid = acting.after_step(hybrid, info)
+            extras = extras._replace(trade=acting.trade_events(info))
         obs = flat(obs)
         reward = reward.astype(jnp.float32)
         terminated, truncated = terminated.astype(bool), truncated.astype(bool)
@@ -295,7 +297,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
     def learn(rs: RunnerState, traj: Transition) -> tuple[RunnerState, dict]:
         adv, ret = _gae(rs, traj)
         batch_size = adv.size
-        extras = traj.extras._replace(stats={}) if traj.extras is not None else None
+        extras = traj.extras._replace(stats={}, trade=None) if traj.extras is not None else None
         data = Batch(traj.obs, traj.mask, traj.action, traj.log_prob, traj.value, adv, ret, extras)
         data = jax.tree.map(lambda x: x.reshape((batch_size, *x.shape[2:])), data)
 
@@ -345,4 +347,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
         rs, traj = rollout_chunk(rs, p.num_steps)
         return learn(rs, traj)
 
-    return PPO(init, rollout_chunk, learn, update, policy, network, obs_dim, num_actions)
+    def advantages(rs: RunnerState, traj: Transition) -> jax.Array:
+        return _gae(rs, traj)[0]
+
+    return PPO(init, rollout_chunk, learn, advantages, update, policy, network, obs_dim, num_actions)

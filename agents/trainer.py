@@ -24,13 +24,14 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from agents.advised_eval import ABLATIONS, AdvisedWalker, advised_summary
+from agents.advised_eval import ABLATIONS, FROZEN_ABLATION, AdvisedWalker, advised_summary
 from agents.checkpoints import RunCheckpoints
+from bridge import SidecarError
 from agents.config import ConfigError, TrainConfig, load_config, save_config
 from agents.evaluation import Evaluator, always_when_valid, flat_policy, make_episode_evaluator, random_valid_policy
 from agents.metrics import HealthMonitor, MetricsLogger
 from agents.networks import update_flops_per_step
-from agents.hybrid import QueryLoop, make_acting
+from agents.hybrid import QueryLoop, checkpoint_adapter, make_acting, prune_adapters
 from agents.ppo import PPO, RunnerState, make_train
 from agents.transfer import load_source, start_from
 
@@ -129,12 +130,22 @@ class AgentEvaluator:
     for hybrid runs, with advice through an `AdvisedWalker` (its own sidecar, so training's pending queries are
     untouched). `ablation` (a key of agents.advised_eval.ABLATIONS) scores one part of a hybrid agent."""
 
-    def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup):
+    def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None):
+        """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns."""
         self.setup = setup
         self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
         self.walker = None
+        self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
+        self.frozen_adapter = cfg.hybrid.llm_adapter or None
         if cfg.llm != "none" and cfg.hybrid.eval_with_advice and setup.market is not None:
             self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market)
+
+    def ablations(self) -> dict[str, dict]:
+        """The hybrid ablations to score (agents.advised_eval), with LLM-only from the frozen advisor when it learned."""
+        if self.walker is None:
+            return {}
+        extra = {FROZEN_ABLATION: {**ABLATIONS["llm_only"], "adapter": self.frozen_adapter}} if self.adapter_for else {}
+        return {**ABLATIONS, **extra}
 
     def splits(self) -> dict[str, Evaluator]:
         return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
@@ -142,7 +153,10 @@ class AgentEvaluator:
     def __call__(self, state: RunnerState, split: str, key: jax.Array, ablation: str | None = None) -> dict:
         if self.walker is None:
             return self.splits()[split](self.act, (state.params, state.obs_norm), key)
-        trace = self.walker.walk(state.params, state.obs_norm, split, key, **(ABLATIONS[ablation] if ablation else {}))
+        changes = dict(self.ablations()[ablation]) if ablation else {}
+        if self.adapter_for is not None and "adapter" not in changes:
+            changes["adapter"] = self.adapter_for(int(state.update))
+        trace = self.walker.walk(state.params, state.obs_norm, split, key, **changes)
         result = advised_summary(trace)
         return {"score": result["net_pnl"], **result}
 
@@ -207,10 +221,23 @@ def train(
     stop = _StopFlag()
     stop.install()  # from here on Ctrl-C stops at the next update boundary, with a checkpoint
     query_loop = None
-    evaluator = AgentEvaluator(cfg, ppo, setup)
+
+    def adapter_now(update: int) -> str | None:  # the learning advisor's adapter, saved for this update
+        return query_loop.save_adapter(run_dir, update)
+
+    def save_checkpoint(update: int, best: bool = False) -> None:
+        """A checkpoint, and beside it the learning advisor's adapter (adapters of dropped checkpoints go)."""
+        (ckpt.save_best if best else ckpt.save_latest)(update, state, host_state())
+        if query_loop is not None and query_loop.learning:
+            query_loop.save_adapter(run_dir, update)
+            prune_adapters(run_dir, set(ckpt.latest.all_steps()) | set(ckpt.best.all_steps()) | {update})
+
+    evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now)
     try:
         if acting is not None:  # chunks with LLM query steps between them; compiled on first use
-            query_loop = QueryLoop(cfg, ppo, setup.market, run_dir)
+            # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
+            resumed_adapter = checkpoint_adapter(cfg, run_dir, start) if resume else None
+            query_loop = QueryLoop(cfg, ppo, setup.market, run_dir, adapter=resumed_adapter)
             update_fn, compile_s = query_loop.update, math.nan
         elif start < end:  # a finished run resumed has nothing to compile
             t0 = time.perf_counter()
@@ -236,7 +263,7 @@ def train(
                 metrics.update({setup.score_name if k == "score" else f"eval_{k}": v for k, v in result.items()})
                 if best_score is None or result["score"] > best_score:
                     best_score = float(result["score"])
-                    ckpt.save_best(update, state, host_state())
+                    save_checkpoint(update, best=True)
 
             warnings = health.check(metrics)
             if warnings:
@@ -248,14 +275,19 @@ def train(
             bar.set_postfix_str(_postfix(metrics, setup.score_name), refresh=False)
 
             if update % cfg.checkpoint.every_updates == 0 or update == cfg.num_updates:
-                ckpt.save_latest(update, state, host_state())
+                save_checkpoint(update)
         interrupted = interrupted or (stop.set and int(state.update) < end)
     finally:
         # Also on an exception: the last finished update is saved, then everything is flushed and closed.
-        if query_loop is not None:
-            query_loop.close()  # stops the sidecar and unlinks the shared memory
-        evaluator.close()
-        ckpt.save_latest(int(state.update), state, host_state())
+        try:
+            save_checkpoint(int(state.update))
+        except SidecarError as error:  # the checkpoint is saved; only its adapter is missing
+            print(f"WARNING: the advisor's adapter for update {int(state.update)} was not saved: {error}",
+                  file=sys.stderr)
+        finally:
+            if query_loop is not None:
+                query_loop.close()  # stops the sidecar and unlinks the shared memory
+            evaluator.close()
         ckpt.wait()
         ckpt.close()
         logger.close()
@@ -317,13 +349,13 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
 
     key = jax.random.PRNGKey(cfg.seed + 10_000)
     summary: dict = {"score": setup.score_label, **{f"{k}_update": host["update"] for k, (_, host) in agents.items()}}
-    evaluator = AgentEvaluator(cfg, ppo, setup)
+    evaluator = AgentEvaluator(cfg, ppo, setup, lambda update: checkpoint_adapter(cfg, run_dir, update))
     try:
         for split, evaluate in evaluator.splits().items():
             scores = {f"agent_{k}": evaluator(state, split, key) for k, (state, _) in agents.items()}
             if evaluator.walker is not None:
                 state = agents.get("best", agents["latest"])[0]
-                scores.update({f"ablation_{name}": evaluator(state, split, key, name) for name in ABLATIONS})
+                scores.update({f"ablation_{name}": evaluator(state, split, key, name) for name in evaluator.ablations()})
             scores.update({name: evaluate(baseline, (), key) for name, baseline in setup.baselines.items()})
             summary[split] = scores
     finally:

@@ -35,8 +35,9 @@ class SidecarError(RuntimeError):
 class BridgeConfig:
     capacity: int = 4096  # most prompts in one submission
     max_prompt_bytes: int = 512  # bytes per prompt in the request slab
-    reason_bytes: int = 128  # bytes of the model's reason kept per answer
-    static_bytes: int = 16384  # room for the system prompt and answer prefix
+    reason_bytes: int = 512  # bytes of the model's reason kept per answer (chain-of-thought summaries are long)
+    static_bytes: int = 16384  # room for the system prompts, answer prefix and sidecar options
+    outcome_capacity: int = 65536  # most outcome rows sent at once (the rest are dropped and counted)
     overflow: str = "error"  # a prompt longer than max_prompt_bytes: "error" or "truncate" (counted)
     heartbeat_timeout_s: float = 10.0  # a sidecar silent this long counts as hung
     start_timeout_s: float = 600.0  # model loading included
@@ -44,7 +45,7 @@ class BridgeConfig:
     name_prefix: str = "jxf"  # shared-memory names: {prefix}{pid}_{counter}_{random}{q|a}
 
     def __post_init__(self):
-        for name in ("capacity", "max_prompt_bytes", "reason_bytes", "static_bytes"):
+        for name in ("capacity", "max_prompt_bytes", "reason_bytes", "static_bytes", "outcome_capacity"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"BridgeConfig.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.overflow not in ("error", "truncate"):
@@ -141,19 +142,23 @@ class SidecarClient:
         base = f"{c.name_prefix}{os.getpid()}_{next(_segment_counter)}_{secrets.token_hex(3)}"
         self._res = _Resources(stop_timeout_s=c.stop_timeout_s)
         self._finalizer = weakref.finalize(self, _Resources.release, self._res)
-        self._res.request = tp.Segment.create(base + "q", tp.request_layout(c.capacity, c.max_prompt_bytes, c.static_bytes))
+        self._res.request = tp.Segment.create(
+            base + "q", tp.request_layout(c.capacity, c.max_prompt_bytes, c.static_bytes, c.outcome_capacity))
         self._res.response = tp.Segment.create(base + "a", tp.response_layout(c.capacity, c.reason_bytes))
         self._res.request_signal = tp.EventFd()
         self._res.response_signal = tp.EventFd()
         header = self._res.request["header"]
         header[[tp.REQ_MAGIC, tp.REQ_VERSION, tp.REQ_CAPACITY, tp.REQ_PROMPT_BYTES, tp.REQ_REASON_BYTES,
-                tp.REQ_STATIC_BYTES]] = [tp.MAGIC, tp.VERSION, c.capacity, c.max_prompt_bytes, c.reason_bytes,
-                                         c.static_bytes]
+                tp.REQ_STATIC_BYTES, tp.REQ_OUTCOME_CAPACITY]] = [tp.MAGIC, tp.VERSION, c.capacity, c.max_prompt_bytes,
+                                                                  c.reason_bytes, c.static_bytes, c.outcome_capacity]
         self._next_seq = 1
         self._pending: deque[_Submission] = deque()
         self._command: list[str] = []  # python and the sidecar module
         self._options: list[str] = []  # backend flags
-        self.counters = {"submitted": 0, "truncated": 0, "restarts": 0, **{name: 0 for name in STATUS_NAMES}}
+        self._outcome_batch = 0
+        self._command_id = 0
+        self.counters = {"submitted": 0, "truncated": 0, "restarts": 0, "outcomes_sent": 0, "outcomes_dropped": 0,
+                         **{name: 0 for name in STATUS_NAMES}}
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -170,11 +175,14 @@ class SidecarClient:
         answer_prefix: str | None = None,
         command: Sequence[str] = SIDECAR_COMMAND,
         wait: bool = True,
+        learning: dict | None = None,
         **options: Any,
     ) -> "SidecarClient":
         """Spawns `python <command>` as the sidecar and (by default) waits until it reports ready.
 
-        `prompts` (a PromptRenderer) supplies the system prompt and answer prefix, unless given directly.
+        `prompts` (a PromptRenderer) supplies the system prompt, answer prefix and chain-of-thought template,
+        unless given directly. `learning` (a dict of llm_sidecar.learning.LearningOptions fields) turns on LoRA
+        learning from the outcomes sent with send_outcomes().
         Other keyword options become command-line flags: model="smollm2", batch_size=64 → --model smollm2
         --batch-size 64; True → a bare flag. See `python -m llm_sidecar serve --help`.
         """
@@ -184,7 +192,8 @@ class SidecarClient:
             options["action_labels"] = ",".join(prompts.action_labels)  # the sidecar scores the template's labels
         system = system if system is not None else getattr(prompts, "system", "")
         answer_prefix = answer_prefix if answer_prefix is not None else getattr(prompts, "answer_prefix", "Action:")
-        static = json.dumps({"system": system, "answer_prefix": answer_prefix}).encode()
+        static = json.dumps({"system": system, "answer_prefix": answer_prefix,
+                             "reasoning": getattr(prompts, "reasoning", None), "learning": learning}).encode()
         if len(static) > self.config.static_bytes:
             raise ValueError(f"system prompt + answer prefix take {len(static)} bytes; raise BridgeConfig.static_bytes "
                              f"(now {self.config.static_bytes})")
@@ -250,6 +259,10 @@ class SidecarClient:
         for submission in self._pending:
             submission.lost = True
         self._res.request["header"][tp.REQ_ABANDONED] = self._next_seq - 1
+        # The new peer starts from the response header's marks: nothing of the old exchanges is pending for it.
+        header = self._res.response["header"]
+        header[tp.RESP_OUTCOMES_TAKEN] = self._outcome_batch
+        header[tp.RESP_REPLY_ID] = self._command_id
         self.counters["restarts"] += 1
         self._spawn()
         if wait:
@@ -295,8 +308,10 @@ class SidecarClient:
         """Submissions awaiting collect()."""
         return len(self._pending)
 
-    def submit(self, env_ids: np.ndarray | Sequence[int], prompts: np.ndarray | Sequence[bytes | str]) -> int:
-        """Copies prompts into the request slab and signals the sidecar; never waits. Returns the seq."""
+    def submit(self, env_ids: np.ndarray | Sequence[int], prompts: np.ndarray | Sequence[bytes | str],
+               think: np.ndarray | Sequence[bool] | None = None) -> int:
+        """Copies prompts into the request slab and signals the sidecar; never waits. Returns the seq.
+        `think` marks rows to answer with chain of thought (generate mode) instead of the sidecar's usual mode."""
         if self._res.request is None:
             raise SidecarError("submit() after close()")
         if len(self._pending) >= tp.NUM_SLOTS:
@@ -317,6 +332,7 @@ class SidecarClient:
         req[f"env_ids{slot}"][:n] = env_ids
         req[f"lengths{slot}"][:n] = lengths
         req[f"prompts{slot}"][:n, : matrix.shape[1]] = matrix
+        req[f"think{slot}"][:n] = 0 if think is None else np.asarray(think, dtype=bool)
         header[tp.REQ_SLOT_COUNT + slot] = n
         header[tp.REQ_SLOT_SEQ + slot] = seq
         self._res.request_signal.post()
@@ -418,6 +434,68 @@ class SidecarClient:
                     os.eventfd_read(fd)
                 except BlockingIOError:
                     pass
+
+    # ---- outcomes and commands (the sidecar's learning) -----------------------------------------------
+
+    def send_outcomes(self, rows: dict[str, np.ndarray], wait_s: float = 0.0) -> int:
+        """Writes one batch of outcome rows (columns named as bridge.transport.OUTCOME_FIELDS) for the sidecar
+        and signals it; never blocks longer than `wait_s`. If the sidecar has not yet taken the previous batch,
+        or the rows exceed BridgeConfig.outcome_capacity, rows are dropped and counted. Returns rows sent."""
+        if self._res.request is None:
+            raise SidecarError("send_outcomes() after close()")
+        missing = [name for name, _ in tp.OUTCOME_FIELDS if name not in rows]
+        if missing:
+            raise ValueError(f"outcome rows lack column(s) {missing}")
+        n = len(rows["seq"])
+        header, taken = self._res.request["header"], self._res.response["header"]
+        deadline = time.monotonic() + wait_s
+        while taken[tp.RESP_OUTCOMES_TAKEN] < self._outcome_batch:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.alive:
+                self.counters["outcomes_dropped"] += n
+                return 0
+            self._wait_signal(min(remaining, 0.5))
+        keep = min(n, self.config.outcome_capacity)
+        self.counters["outcomes_dropped"] += n - keep
+        header[tp.REQ_OUTCOME_BATCH] = -1
+        for name, dtype in tp.OUTCOME_FIELDS:
+            self._res.request[f"outcome_{name}"][:keep] = np.asarray(rows[name][:keep], dtype=dtype)
+        header[tp.REQ_OUTCOME_COUNT] = keep
+        self._outcome_batch += 1
+        header[tp.REQ_OUTCOME_BATCH] = self._outcome_batch
+        self._res.request_signal.post()
+        self.counters["outcomes_sent"] += keep
+        return keep
+
+    def command(self, op: str, timeout_s: float = 60.0, **args: Any) -> dict:
+        """Sends a JSON command ({"op": op, **args}) and waits for the sidecar's JSON reply, which it gives
+        between answering batches. Raises SidecarError if the sidecar is down, replies with an error, or is
+        silent for timeout_s."""
+        if self._res.request is None:
+            raise SidecarError("command() after close()")
+        data = json.dumps({"op": op, **args}).encode()
+        if len(data) > tp.COMMAND_BYTES:
+            raise ValueError(f"command {op!r} takes {len(data)} bytes, more than {tp.COMMAND_BYTES}")
+        header, resp = self._res.request["header"], self._res.response["header"]
+        self._command_id += 1
+        header[tp.REQ_COMMAND_ID] = -1
+        self._res.request["command"][: len(data)] = np.frombuffer(data, np.uint8)
+        header[tp.REQ_COMMAND_LEN] = len(data)
+        header[tp.REQ_COMMAND_ID] = self._command_id
+        self._res.request_signal.post()
+        deadline = time.monotonic() + timeout_s
+        while resp[tp.RESP_REPLY_ID] != self._command_id:
+            failure = self._down_reason()
+            if failure:
+                raise SidecarError(f"command {op!r}: {failure}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SidecarError(f"command {op!r}: no reply within {timeout_s:.0f} s")
+            self._wait_signal(min(remaining, 0.5))
+        reply = json.loads(bytes(self._res.response["reply"][: int(resp[tp.RESP_REPLY_LEN])]))
+        if "error" in reply:
+            raise SidecarError(f"command {op!r} failed in the sidecar: {reply['error']}")
+        return reply
 
     def stats(self) -> dict[str, int]:
         """Client counters (rows per status, truncations, restarts) and the sidecar's (cache, tokens)."""

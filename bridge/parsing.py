@@ -1,7 +1,8 @@
 """Reads `ACTION | confidence | reason` answers out of generated text.
 
 Language models wrap the protocol in markdown, JSON, prose and percentages. The parser accepts those, but
-an answer naming no action, or two different ones, is a parse error: never a silent HOLD.
+an answer naming no action, or two different ones, is a parse error: never a silent HOLD. Chain-of-thought
+answers (numbered steps ending in that line) are split into their steps by `parse_reasoning`.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from bridge.protocol import NUM_ACTIONS, STATUS_OK, STATUS_PARSE_ERROR
+from bridge.protocol import ACTIONS, NUM_ACTIONS, STATUS_OK, STATUS_PARSE_ERROR
 
 DEFAULT_CONFIDENCE = 0.5  # used when an answer names an action but no confidence
 
@@ -157,3 +159,89 @@ def answer_probabilities(action: int, confidence: float) -> np.ndarray:
     probs = np.full(NUM_ACTIONS, (1.0 - confidence) / (NUM_ACTIONS - 1), dtype=np.float32)
     probs[action] = confidence
     return probs
+
+
+# ---- chain-of-thought answers ------------------------------------------------------------------------------
+
+_MARKS = r"[ \t>#*_\-]*"  # markdown heading, quote, list and emphasis marks opening a heading line
+_STEP_NUMBER = r"(?:step[ \t]*)?\d+[ \t]*[.):\-–—]?[ \t]*"  # "3.", "3)", "Step 3 -"
+
+
+def _heading(step: str) -> re.Pattern:
+    """Where `step`'s heading is written: "3. Risks:", "**Risks:**", "### Risks", "Step 3 - Risks", or mid-line
+    after a step number ("... 3. Risks: ...") or a sentence ("... fine. Risks: ..."). Case does not matter."""
+    name = r"[ \t_\-]+".join(re.escape(word) for word in step.split())
+    label = rf"[*_]*[ \t]*{name}[ \t]*[*_]*[ \t]*"
+    return re.compile(
+        rf"^{_MARKS}(?:{_STEP_NUMBER})?{label}(?:[:\-–—][ \t]*[*_]*|$)"
+        rf"|(?<=\s)(?:step[ \t]*)?\d+[ \t]*[.):][ \t]*{label}[:\-–—][ \t]*[*_]*"
+        rf"|(?<=[.;!?]\s){label}:[ \t]*[*_]*",
+        re.IGNORECASE | re.MULTILINE,
+    )
+
+
+def _shorten(text: str, limit: int) -> str:
+    """`text` on one line, cut to at most `limit` characters with '...' marking a cut."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return text[: limit - 3].rstrip() + "..." if limit > 3 else text[: max(limit, 0)]
+
+
+@dataclass(frozen=True)
+class ReasonedAnswer:
+    """A chain-of-thought answer: the text of each step found, by step name (steps not found are absent), and
+    the answer read from the decision step."""
+
+    steps: dict[str, str]
+    answer: ParsedAnswer
+    decision_step: str = "decision"  # the step that holds the `ACTION | confidence | reason` line
+
+    def summary(self, max_chars: int = 480) -> str:
+        """One line of at most `max_chars` characters for trade logs: "market analysis: ...; options: ...;
+        risks: ...; decision: BUY | 0.70 | reason". The decision (or why none was read) always shows; the other
+        steps share what room it leaves."""
+        answer = self.answer
+        if answer.status == STATUS_OK:
+            outcome = f"{ACTIONS[answer.action]} | {answer.confidence:.2f} | {answer.reason}"
+        else:
+            outcome = f"parse error ({answer.reason})"
+        decision = _shorten(f"{self.decision_step}: {outcome}", max_chars // 2)
+        notes = [f"{name}: {text}" for name, text in self.steps.items() if name != self.decision_step]
+        room = max_chars - len(decision) - len("; ") * len(notes)
+        short = {}
+        # Shortest first: the room a short note leaves goes to the longer ones.
+        for i, note in sorted(enumerate(notes), key=lambda item: len(item[1])):
+            short[i] = _shorten(note, room // (len(notes) - len(short)))
+            room -= len(short[i])
+        return _shorten("; ".join([short[i] for i in range(len(notes))] + [decision]), max_chars)
+
+
+def parse_reasoning(text: str, steps: Sequence[str]) -> ReasonedAnswer:
+    """Splits a chain-of-thought answer into its `steps` (the headings the prompt asked for; the last one is the
+    decision) and parses the decision with `parse_answer`: the first line of the decision step holding a '|', else
+    the whole step. Without a decision heading, the last line written as an answer (`ACTION | ...` or JSON)
+    counts. Nothing readable is a parse error: prose in the other steps names actions too, so it never decides."""
+    if not steps:
+        raise ValueError("parse_reasoning needs at least one step name (the last one is the decision)")
+    decision_step = steps[-1]
+    found = []  # (heading start, heading end, step name)
+    for step in steps:
+        headings = list(_heading(step).finditer(text))
+        if headings:
+            # A decision the model revises is the last one it writes; other steps start at their first heading.
+            heading = headings[-1] if step == decision_step else headings[0]
+            found.append((heading.start(), heading.end(), step))
+    found.sort()
+    next_starts = [start for start, _, _ in found[1:]] + [len(text)]  # a step's text ends where the next begins
+    bodies = {step: text[end:next_start].strip() for (_, end, step), next_start in zip(found, next_starts)}
+    by_name = {step: bodies[step] for step in steps if step in bodies}
+    if decision_step in by_name:
+        decision = by_name[decision_step]
+        answer = parse_answer(next((line for line in decision.splitlines() if "|" in line), decision))
+    else:
+        answer_lines = [line for line in text.splitlines() if "|" in line or "{" in line]
+        parsed = (parse_answer(line) for line in reversed(answer_lines))
+        answer = next((p for p in parsed if p.status == STATUS_OK),
+                      _error(f"no {decision_step!r} step and no ACTION | confidence | reason line"))
+    return ReasonedAnswer(steps=by_name, answer=answer, decision_step=decision_step)

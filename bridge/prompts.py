@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from bridge.protocol import FIELD_INDEX, NUM_PROMPT_FIELDS, PROMPT_FIELDS
+from bridge.protocol import ACTIONS, FIELD_INDEX, NUM_PROMPT_FIELDS, PROMPT_FIELDS
 
 DEFAULT_PROMPTS_PATH = Path(__file__).resolve().parents[1] / "configs" / "prompts.yaml"
 
@@ -25,10 +25,18 @@ _ROW_END = b"\x01"
 _SPEC = re.compile(r"^(?P<sign>\+)?(?:\.(?P<decimals>[0-4]))?(?P<kind>[df%k])$")
 _TEXT_FIELDS = ("market", "minute_of_day", "position", "headline")
 _MAX_ABS = 1e15  # larger magnitudes are clipped so the int64 digit arithmetic cannot overflow
-_TEMPLATE_KEYS = {"system", "context", "headline", "answer_prefix", "action_labels", "markets", "position_words", "formats"}
+_TEMPLATE_KEYS = {
+    "system", "context", "headline", "answer_prefix", "action_labels", "markets", "position_words", "formats",
+    "reasoning",
+}  # fmt: skip
 # How score mode names the 6 actions (bridge.ACTIONS order) after the answer prefix. The default names are the
 # protocol's own, which bridge.parse_answer also reads in generate mode; `action_labels` in the YAML changes them.
 DEFAULT_ACTION_LABELS = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL")
+# Chain-of-thought answers (the optional `reasoning` mapping): the step headings the model writes, the last one
+# holding the `ACTION | confidence | reason` line, and how many tokens it may generate for them.
+DEFAULT_REASONING_STEPS = ("market analysis", "options", "risks", "decision")
+DEFAULT_REASONING_TOKENS = 160
+_REASONING_KEYS = {"system", "steps", "max_new_tokens"}
 
 
 @dataclass(frozen=True)
@@ -116,10 +124,46 @@ def _clean_text(text: str) -> bytes:
     return text.encode("utf-8").translate(None, b"\x00\x01")
 
 
+def check_reasoning(reasoning: object, source: str) -> dict:
+    """The `reasoning` mapping with its defaults filled in, as plain JSON types (it travels to the sidecar in a
+    JSON blob). Raises ValueError naming `source` and the offending key."""
+    if not isinstance(reasoning, dict):
+        raise ValueError(f"{source}: reasoning must be a mapping with keys {sorted(_REASONING_KEYS)}, "
+                         f"got {type(reasoning).__name__}")
+    unknown = set(reasoning) - _REASONING_KEYS
+    if unknown:
+        raise ValueError(f"{source}: reasoning has unknown key(s) {sorted(unknown)}; "
+                         f"allowed: {sorted(_REASONING_KEYS)}")
+    system = reasoning.get("system")
+    if not isinstance(system, str) or not system.strip():
+        raise ValueError(f"{source}: reasoning.system is required and must be a non-empty string")
+    steps = reasoning.get("steps", DEFAULT_REASONING_STEPS)
+    if (not isinstance(steps, (list, tuple)) or not steps or not all(isinstance(s, str) and s.strip() for s in steps)
+            or len({s.strip().lower() for s in steps}) != len(steps)):
+        raise ValueError(f"{source}: reasoning.steps must be a non-empty list of distinct step names (the last one "
+                         f"holds the answer), got {steps!r}")
+    steps = [" ".join(s.split()) for s in steps]
+    # The parser finds the steps by their names and reads the protocol's action names: the prompt must use both.
+    flat_system = " ".join(system.lower().split())
+    unnamed = [s for s in steps if s.lower() not in flat_system]
+    if unnamed:
+        raise ValueError(f"{source}: reasoning.steps {unnamed} do not appear in reasoning.system; the prompt must ask "
+                         "for each step under its name")
+    unlisted = [a for a in ACTIONS if a not in system]
+    if unlisted:
+        raise ValueError(f"{source}: reasoning.system must list the actions {list(ACTIONS)}; missing {unlisted}")
+    max_new_tokens = reasoning.get("max_new_tokens", DEFAULT_REASONING_TOKENS)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"{source}: reasoning.max_new_tokens must be an integer >= 1 (the tokens a thought may "
+                         f"generate), got {max_new_tokens!r}")
+    return {"system": system, "steps": steps, "max_new_tokens": max_new_tokens}
+
+
 class PromptRenderer:
     """Turns prompt-field rows (see bridge.PROMPT_FIELDS) into the context part of each prompt.
 
-    `system`, `answer_prefix` and `action_labels` are not rendered per env: the sidecar receives them once.
+    `system`, `answer_prefix` and `action_labels` are not rendered per env: the sidecar receives them once, and so
+    does `reasoning` (None, or the chain-of-thought settings checked by `check_reasoning`).
     """
 
     def __init__(
@@ -132,6 +176,7 @@ class PromptRenderer:
         markets: Sequence[str] = ("ES",),
         position_words: dict[str, str] | None = None,
         formats: dict[str, str] | None = None,
+        reasoning: dict | None = None,
         source: str = "<arguments>",
     ):
         self.system = system
@@ -144,6 +189,7 @@ class PromptRenderer:
             raise ValueError(f"{source}: action_labels must be 6 distinct non-empty strings naming HOLD, BUY, SELL, "
                              f"MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL in that order, got {action_labels!r}")
         self.action_labels = labels
+        self.reasoning = None if reasoning is None else check_reasoning(reasoning, source)
         words = {"long": "long", "short": "short", "flat": "flat", **(position_words or {})}
         unknown_words = set(words) - {"long", "short", "flat"}
         if unknown_words:

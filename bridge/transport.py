@@ -1,8 +1,9 @@
 """Shared-memory slabs and eventfd semaphores between the trainer (client) and the sidecar (peer).
 
 Two segments, both created and unlinked by the client:
-  request  — header, the static text (system prompt, answer prefix) and two request slots;
-  response — header (state, pid, heartbeat, counters) and two answer slots.
+  request  — header, the static text (system prompt, answer prefix, options), two request slots, the outcome
+             slab (what happened after answered queries, for the sidecar's learning) and a command area;
+  response — header (state, pid, heartbeat, counters), two answer slots and the reply to the last command.
 Submission `seq` uses slot `seq % 2`, so the trainer can submit step q while step q-1 is still being answered
 (DESIGN.md's one-step latency). Each answer row carries the seq it answers: a row is taken by collect() only
 when its seq matches, so an answer to an older submission is never taken for a newer one.
@@ -17,6 +18,7 @@ reader copies the slot and accepts the copy only if the seq was the same before 
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import sys
@@ -29,7 +31,7 @@ import numpy as np
 from bridge.protocol import NUM_ACTIONS
 
 MAGIC = 0x4A58464252494447  # "JXFBRIDG"
-VERSION = 1
+VERSION = 2
 NUM_SLOTS = 2
 _ALIGN = 64
 
@@ -40,7 +42,14 @@ REQ_ABANDONED = 7  # submissions with seq <= this are no longer wanted (timed ou
 REQ_STOP = 8  # 1 = peer should exit
 REQ_SLOT_SEQ = 9  # two words: the seq held by each slot (-1 while being written, 0 = empty)
 REQ_SLOT_COUNT = 11  # two words: prompts in each slot
-REQ_HEADER_WORDS = 16
+REQ_OUTCOME_CAPACITY = 13  # rows of the outcome slab
+REQ_OUTCOME_BATCH = 14  # id of the outcome batch in the slab (-1 while being written, 0 = none yet)
+REQ_OUTCOME_COUNT = 15  # rows in that batch
+REQ_COMMAND_ID = 16  # id of the command in the command area (-1 while being written, 0 = none yet)
+REQ_COMMAND_LEN = 17
+REQ_HEADER_WORDS = 32
+COMMAND_BYTES = 8192  # a JSON command, e.g. {"op": "save", "path": ...}
+REPLY_BYTES = 65536  # the JSON reply (learning statistics can list many rounds)
 
 # Response header (int64 words).
 RESP_STATE = 0  # PEER_STARTING / PEER_READY / PEER_STOPPED / PEER_FAILED
@@ -51,6 +60,9 @@ RESP_CACHE_MISSES = 4
 RESP_ANSWERED = 5  # rows answered since start, all statuses
 RESP_PARSE_ERRORS = 6
 RESP_PROMPT_TOKENS = 7  # tokens of prompts sent through the model (0 for backends without tokens)
+RESP_OUTCOMES_TAKEN = 8  # id of the last outcome batch the peer copied out (the client may then overwrite it)
+RESP_REPLY_ID = 9  # id of the command the reply answers (-1 while being written)
+RESP_REPLY_LEN = 10
 RESP_HEADER_WORDS = 16
 
 PEER_STARTING, PEER_READY, PEER_STOPPED, PEER_FAILED = 0, 1, 2, 3
@@ -66,15 +78,30 @@ def _layout(fields: list[tuple[str, np.dtype, tuple[int, ...]]]) -> tuple[dict[s
     return offsets, max(offset, 1)
 
 
-def request_layout(capacity: int, prompt_bytes: int, static_bytes: int):
+def request_layout(capacity: int, prompt_bytes: int, static_bytes: int, outcome_capacity: int):
     fields = [("header", np.int64, (REQ_HEADER_WORDS,)), ("static", np.uint8, (static_bytes,))]
     for s in range(NUM_SLOTS):
         fields += [
             (f"env_ids{s}", np.int32, (capacity,)),
             (f"lengths{s}", np.int32, (capacity,)),
+            (f"think{s}", np.int8, (capacity,)),  # 1 = answer this row with chain of thought
             (f"prompts{s}", np.uint8, (capacity, prompt_bytes)),
         ]
+    fields += [(f"outcome_{name}", dtype, (outcome_capacity,)) for name, dtype in OUTCOME_FIELDS]
+    fields += [("command", np.uint8, (COMMAND_BYTES,))]
     return _layout(fields)
+
+
+# One row per answered query whose advice was in force at the env's next decision: which answer (submission seq
+# and row), the action the agent then took, and what followed it.
+OUTCOME_FIELDS = (
+    ("seq", np.int64),
+    ("row", np.int32),
+    ("action", np.int8),  # the action taken at the first step the advice was in force
+    ("reward", np.float32),  # the env's reward summed over the following query interval
+    ("trade_pnl", np.float32),  # final P&L ($) of the trade that action opened; NaN if none opened or still open
+    ("advantage", np.float32),  # PPO's GAE advantage of that action
+)
 
 
 def response_layout(capacity: int, reason_bytes: int):
@@ -90,6 +117,7 @@ def response_layout(capacity: int, reason_bytes: int):
             (f"reason_len{s}", np.int32, (capacity,)),
             (f"reasons{s}", np.uint8, (capacity, reason_bytes)),
         ]
+    fields += [("reply", np.uint8, (REPLY_BYTES,))]
     return _layout(fields)
 
 
@@ -195,6 +223,7 @@ class Request:
     env_ids: np.ndarray  # int32 [n]
     lengths: np.ndarray  # int32 [n]
     prompts: np.ndarray  # uint8 [n, prompt_bytes], NUL padded
+    think: np.ndarray  # bool [n]: answer with chain of thought
 
     def texts(self) -> list[str]:
         return [bytes(row[:length]).decode("utf-8", errors="replace") for row, length in zip(self.prompts, self.lengths)]
@@ -213,13 +242,17 @@ class PeerEndpoint:
             raise RuntimeError(f"shared memory {request_name!r} is not a bridge request segment of version {VERSION}")
         self.capacity, self.prompt_bytes = int(header[REQ_CAPACITY]), int(header[REQ_PROMPT_BYTES])
         self.reason_bytes, static_bytes = int(header[REQ_REASON_BYTES]), int(header[REQ_STATIC_BYTES])
+        outcome_capacity = int(header[REQ_OUTCOME_CAPACITY])
         del header
         probe.close()
-        self.request = Segment.attach(request_name, request_layout(self.capacity, self.prompt_bytes, static_bytes))
+        self.request = Segment.attach(request_name,
+                                      request_layout(self.capacity, self.prompt_bytes, static_bytes, outcome_capacity))
         self.response = Segment.attach(response_name, response_layout(self.capacity, self.reason_bytes))
         self.request_signal = EventFd(request_fd)
         self.response_signal = EventFd(response_fd)
         self.last_taken = int(self.request["header"][REQ_ABANDONED])
+        self.last_outcomes = int(self.response["header"][RESP_OUTCOMES_TAKEN])
+        self.last_command = int(self.response["header"][RESP_REPLY_ID])
         self.response["header"][RESP_PID] = os.getpid()
         self.heartbeat()
 
@@ -246,16 +279,12 @@ class PeerEndpoint:
         return seq <= self.request["header"][REQ_ABANDONED]
 
     def wait_request(self, timeout_s: float | None) -> Request | None:
-        """The oldest submission not yet taken and still wanted, or None after timeout_s without one."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
+        """The oldest submission not yet taken and still wanted; None after timeout_s without one, or as soon as
+        the client signals something else (outcomes, a command), so the caller can look at it."""
+        request = self._take_next()
+        if request is None and not self.stop_requested and self.request_signal.wait(timeout_s):
             request = self._take_next()
-            if request is not None or self.stop_requested:
-                return request
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
-            self.request_signal.wait(remaining)
+        return request
 
     def _take_next(self) -> Request | None:
         header = self.request["header"]
@@ -271,6 +300,7 @@ class PeerEndpoint:
                 env_ids=self.request[f"env_ids{slot}"][:n].copy(),
                 lengths=self.request[f"lengths{slot}"][:n].copy(),
                 prompts=self.request[f"prompts{slot}"][:n].copy(),
+                think=self.request[f"think{slot}"][:n] != 0,
             )
             if header[REQ_SLOT_SEQ + slot] != seq:  # rewritten while we copied: look again
                 return self._take_next()
@@ -304,6 +334,49 @@ class PeerEndpoint:
             r[f"reason_len{s}"][rows] = np.strings.str_len(packed)
         r[f"row_seq{s}"][rows] = request.seq  # last: marks the rows above as complete
         r["header"][RESP_ANSWERED] += len(request.env_ids[rows])
+        self.response_signal.post()
+
+    def take_outcomes(self) -> dict[str, np.ndarray] | None:
+        """The outcome batch the client wrote since the last call (a copy), or None."""
+        header = self.request["header"]
+        batch = int(header[REQ_OUTCOME_BATCH])
+        if batch <= self.last_outcomes:  # nothing new, or -1: being written
+            return None
+        n = int(header[REQ_OUTCOME_COUNT])
+        rows = {name: self.request[f"outcome_{name}"][:n].copy() for name, _ in OUTCOME_FIELDS}
+        if header[REQ_OUTCOME_BATCH] != batch:  # rewritten while we copied
+            return self.take_outcomes()
+        self.last_outcomes = batch
+        self.response["header"][RESP_OUTCOMES_TAKEN] = batch
+        self.response_signal.post()
+        return rows
+
+    def take_command(self) -> tuple[int, dict] | None:
+        """The client's newest unanswered command as (id, parsed JSON), or None."""
+        header = self.request["header"]
+        command_id = int(header[REQ_COMMAND_ID])
+        if command_id <= self.last_command:
+            return None
+        text = bytes(self.request["command"][: int(header[REQ_COMMAND_LEN])])
+        if header[REQ_COMMAND_ID] != command_id:
+            return self.take_command()
+        self.last_command = command_id
+        try:
+            command = json.loads(text)
+        except json.JSONDecodeError as error:
+            command = {"op": "invalid", "error": str(error)}
+        return command_id, command if isinstance(command, dict) else {"op": "invalid"}
+
+    def reply(self, command_id: int, reply: dict) -> None:
+        """Answers command `command_id` with a JSON object (shortened to an error if it does not fit)."""
+        data = json.dumps(reply, default=float).encode()
+        if len(data) > REPLY_BYTES:
+            data = json.dumps({"error": f"reply of {len(data)} bytes exceeds {REPLY_BYTES}"}).encode()
+        header = self.response["header"]
+        header[RESP_REPLY_ID] = -1
+        self.response["reply"][: len(data)] = np.frombuffer(data, np.uint8)
+        header[RESP_REPLY_LEN] = len(data)
+        header[RESP_REPLY_ID] = command_id
         self.response_signal.post()
 
     def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
@@ -250,6 +251,7 @@ class TransformersBackend:
             log(f"applying LoRA adapter {options.lora}")
             model = PeftModel.from_pretrained(model, options.lora)
         self.model = model.eval()
+        self.use_adapter = True  # False: answer with the base model (a LoRA model's `disable_adapter`)
         log(f"model ready in {time.perf_counter() - t0:.1f} s")
 
         # Prompt = prefix (chat template up to the user's text, system prompt included: shared by all)
@@ -261,10 +263,7 @@ class TransformersBackend:
         self.prefix_ids = self.tokenizer(self.prefix_text, add_special_tokens=add_special).input_ids
         self._setup_action_labels(system)
         self._prefix_cache = None
-        if options.mode == "score" and options.prefix_cache:
-            with torch.inference_mode():
-                ids = torch.tensor([self.prefix_ids], device=self.device)
-                self._prefix_cache = self.model(input_ids=ids, use_cache=True).past_key_values
+        self.refresh_prefix_cache()
 
     def _setup_action_labels(self, system: str) -> None:
         """Token ids of each action's label as it follows the answer prefix (" " + label)."""
@@ -307,10 +306,29 @@ class TransformersBackend:
         return prefix, suffix
 
     def advise(self, contexts: list[str]) -> BackendAnswers:
-        with self.torch.inference_mode():
+        with self.torch.inference_mode(), self.adapter_scope():
             if self.options.mode == "score":
                 return self._score(contexts)
             return self._generate(contexts)
+
+    def adapter_scope(self):
+        """A context in which the model answers as configured: with its LoRA adapter, or as the base model."""
+        if self.use_adapter or not hasattr(self.model, "disable_adapter"):
+            return contextlib.nullcontext()
+        return self.model.disable_adapter()
+
+    def action_scores(self, contexts: list[str]):
+        """[n, 6] score-mode action scores over temperature (log-softmax them for log-probabilities): the
+        computation `advise` answers with, in one micro-batch, under the caller's autograd mode and with the
+        system prefix recomputed for the weights (and adapter) active now. For LoRA learning."""
+        if self.options.mode != "score" or self.options.score_tokens != "first":
+            raise ValueError("LoRA learning needs the transformers backend in score mode with score_tokens='first'")
+        texts = [c + self.suffix_text + self.answer_prefix for c in contexts]
+        if self._prefix_cache is None:
+            texts = [self.prefix_text + t for t in texts]
+        tokens = self.tokenizer(texts, add_special_tokens=False).input_ids
+        cache = None if self._prefix_cache is None else self.fresh_prefix_cache()
+        return self._score_tokens(tokens, cache) / self.options.temperature
 
     def _left_padded(self, token_lists: list[list[int]]):
         torch = self.torch
@@ -361,10 +379,23 @@ class TransformersBackend:
             prompt_tokens=sum(len(t) for t in tokens),
         )
 
-    def _shared_prefix_cache(self, batch: int):
+    def refresh_prefix_cache(self) -> None:
+        """Recomputes the system prefix's key/value cache (after the weights changed: LoRA learning)."""
+        if self.options.mode == "score" and self.options.prefix_cache:
+            with self.torch.inference_mode(), self.adapter_scope():
+                ids = self.torch.tensor([self.prefix_ids], device=self.device)
+                self._prefix_cache = self.model(input_ids=ids, use_cache=True).past_key_values
+
+    def fresh_prefix_cache(self):
+        """A one-row system-prefix cache for the weights active now, under the caller's autograd mode."""
+        ids = self.torch.tensor([self.prefix_ids], device=self.device)
+        return self.model(input_ids=ids, use_cache=True).past_key_values
+
+    def _shared_prefix_cache(self, batch: int, cache=None):
         """The system prefix's key/value cache for `batch` rows. The rows are broadcast views of the one cached
-        row (the first forward pass concatenates new keys onto them, which copies once, as it must)."""
-        cache = copy.deepcopy(self._prefix_cache)
+        row (the first forward pass concatenates new keys onto them, which copies once, as it must). `cache`:
+        a one-row cache to expand in place instead of a copy of the stored one."""
+        cache = copy.deepcopy(self._prefix_cache) if cache is None else cache
         layers = getattr(cache, "layers", None)
         if layers and all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
             for layer in layers:
@@ -374,14 +405,15 @@ class TransformersBackend:
             cache.batch_repeat_interleave(batch)
         return cache
 
-    def _score_tokens(self, token_lists: list[list[int]]):
-        """[batch, 6] action scores for one micro-batch of tokenised prompts (each ending in the answer prefix)."""
+    def _score_tokens(self, token_lists: list[list[int]], prefix_cache=None):
+        """[batch, 6] action scores for one micro-batch of tokenised prompts (each ending in the answer prefix).
+        `prefix_cache`: a one-row system-prefix cache to use instead of the stored one."""
         torch = self.torch
         batch = len(token_lists)
         if self._prefix_cache is None:
             prefix_len, cache = 0, None
         else:
-            prefix_len, cache = len(self.prefix_ids), self._shared_prefix_cache(batch)
+            prefix_len, cache = len(self.prefix_ids), self._shared_prefix_cache(batch, prefix_cache)
         ids, mask = self._left_padded(token_lists)
         # Padding sits between the shared prefix and each context; positions skip it.
         full_mask = torch.cat([torch.ones((batch, prefix_len), dtype=mask.dtype, device=self.device), mask], dim=1)

@@ -1,0 +1,371 @@
+"""LoRA learning from trading outcomes, inside the sidecar (issue: an advisor that learns from the trades it
+advised).
+
+The trainer sends, for each answered query whose advice was in force at the env's next decision, the action
+the agent took and what followed (bridge.transport.OUTCOME_FIELDS). `PromptMemory` remembers each recent
+submission's prompts and answers so those outcome rows become `Experience`s in a bounded `ExperienceBuffer`
+that holds a share of prompts out for validation.
+
+`LoraLearner` trains a second LoRA adapter ("learning") on the score head, the 6-way softmax the advisor
+answers with, while the "default" adapter keeps answering: answers never come from half-trained weights.
+Objective per example, with weight w:
+  - `advantage`: w = the PPO advantage of the action taken over the buffer's advantage std, clipped; the
+    loss -w·log p(action) raises the likelihood of actions that did better than expected and lowers the rest;
+  - `profitable`: w = 1 where the outcome was a profit (the trade's P&L, else the interval's reward), else 0
+    (fine-tuning on profitable examples only);
+plus kl_coef · KL(base ‖ adapted) so the answers do not collapse. Adam at a learning rate well below the
+policy's, gradient clipping, and early stopping on the validation share: after each epoch the held-out loss
+decides whether to go on, and the best epoch's weights are the ones copied into "default" at the round's end.
+
+A round runs as a generator, one minibatch per `step()`, so the server answers prompts between steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections import OrderedDict, deque
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from llm_sidecar.models import log
+
+OBJECTIVES = ("advantage", "profitable")
+TRAINING_ADAPTER = "learning"
+SERVING_ADAPTER = "default"
+
+
+@dataclass
+class LearningOptions:
+    objective: str = "advantage"  # advantage | profitable
+    lr: float = 5e-5  # Adam step for the LoRA weights (the policy's is 3e-4)
+    rank: int = 8  # LoRA rank of a new adapter (an adapter loaded with --lora keeps its own)
+    alpha: int = 16
+    batch_size: int = 16  # examples per learning step
+    max_epochs: int = 3  # passes over the training share per round
+    patience: int = 1  # epochs without a better validation loss before the round stops
+    grad_clip: float = 1.0  # global gradient-norm clip
+    kl_coef: float = 0.1  # weight of KL(base ‖ adapted) over the 6 actions
+    advantage_clip: float = 3.0  # normalised advantages are clipped to ±this
+    buffer_size: int = 4096  # experiences kept (the oldest go first)
+    val_share: float = 0.2  # share of prompts (by hash) held out for validation
+    min_examples: int = 64  # a round needs this many training examples (and 8 validation ones)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LearningOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown learning option(s) {sorted(unknown)}; known: {sorted(known)}")
+        options = cls(**data)
+        if options.objective not in OBJECTIVES:
+            raise ValueError(f"learning objective must be one of {OBJECTIVES}, got {options.objective!r}")
+        if not 0.0 < options.val_share < 1.0:
+            raise ValueError(f"learning val_share must be in (0, 1), got {options.val_share}")
+        for name in ("rank", "batch_size", "max_epochs", "buffer_size", "min_examples"):
+            if getattr(options, name) < 1:
+                raise ValueError(f"learning {name} must be >= 1, got {getattr(options, name)}")
+        return options
+
+
+@dataclass
+class Experience:
+    prompt: str
+    advice: np.ndarray  # float32 [6]: the answer's probabilities when it was given
+    action: int  # the action the agent took while the advice was in force
+    reward: float  # reward over the following query interval
+    trade_pnl: float  # the opened trade's final P&L, NaN if none
+    advantage: float
+
+    @property
+    def profitable(self) -> bool:
+        return (self.trade_pnl if np.isfinite(self.trade_pnl) else self.reward) > 0
+
+
+class PromptMemory:
+    """The prompts and answer probabilities of the last `capacity` submissions, by seq, to join outcomes to."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self.entries: OrderedDict[int, tuple[list[str], np.ndarray]] = OrderedDict()
+
+    def remember(self, seq: int, prompts: list[str], probs: np.ndarray) -> None:
+        self.entries[seq] = (prompts, probs)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+
+    def join(self, rows: dict[str, np.ndarray]) -> tuple[list[Experience], int]:
+        """Experiences for the outcome rows whose submission is remembered; also how many were not."""
+        out, unknown = [], 0
+        for i in range(len(rows["seq"])):
+            entry = self.entries.get(int(rows["seq"][i]))
+            row = int(rows["row"][i])
+            if entry is None or not 0 <= row < len(entry[0]) or not np.isfinite(entry[1][row]).all():
+                unknown += 1
+                continue
+            out.append(Experience(entry[0][row], entry[1][row], int(rows["action"][i]), float(rows["reward"][i]),
+                                  float(rows["trade_pnl"][i]), float(rows["advantage"][i])))
+        return out, unknown
+
+
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+
+
+def attention_projections(model) -> list[str] | str:
+    """The attention projections' module names (Llama/SmolLM2: q,k,v,o_proj; Phi-3: qkv_proj, o_proj): LoRA's
+    usual targets. Models that name them otherwise get every linear layer but the output head."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    found = sorted(names & set(ATTENTION_PROJECTIONS))
+    return found or "all-linear"
+
+
+def held_out(prompt: str, share: float) -> bool:
+    """A fixed split by prompt hash: the same prompt is always on the same side."""
+    return int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=8).digest(), "little") / 2**64 < share
+
+
+class ExperienceBuffer:
+    def __init__(self, capacity: int, val_share: float):
+        self.val_share = val_share
+        self.val: deque[Experience] = deque(maxlen=max(1, round(capacity * val_share)))
+        self.train: deque[Experience] = deque(maxlen=max(1, capacity - self.val.maxlen))
+        self.added = 0
+
+    def add(self, experiences: list[Experience]) -> None:
+        for e in experiences:
+            (self.val if held_out(e.prompt, self.val_share) else self.train).append(e)
+        self.added += len(experiences)
+
+    def sizes(self) -> dict[str, int]:
+        return {"buffer_train": len(self.train), "buffer_val": len(self.val), "experiences_added": self.added}
+
+
+class LoraLearner:
+    """Adds a trainable LoRA adapter beside the serving one and trains it in rounds (see the module doc)."""
+
+    def __init__(self, backend, options: LearningOptions, seed: int = 0):
+        import torch
+        from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+
+        self.torch = torch
+        self.backend = backend
+        self.options = options
+        self.rng = np.random.default_rng(seed)
+        model = backend.model
+        if not isinstance(model, PeftModel):
+            if backend.options.quantize != "none":  # QLoRA: a 4/8-bit base with float LoRA weights
+                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            # A new adapter's B matrices start at zero: until a round succeeds, answers are the base model's.
+            config = LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                target_modules=attention_projections(model))
+            model = get_peft_model(model, config)
+        model.add_adapter(TRAINING_ADAPTER, model.peft_config[SERVING_ADAPTER])
+        model.set_adapter(SERVING_ADAPTER)
+        backend.model = model.eval()
+        self.model = model
+        self.pairs = self._adapter_pairs()
+        self._copy(to_training=True)
+        backend.refresh_prefix_cache()
+        self.buffer = ExperienceBuffer(options.buffer_size, options.val_share)
+        self.memory = PromptMemory()
+        self.version = 0  # bumps when the serving adapter changes (the server then clears its answer cache)
+        self.rounds: list[dict] = []
+        self.learn_s = 0.0
+        self.unknown_outcomes = 0
+        self._work: Iterator[None] | None = None
+        self._base_logp: dict[str, np.ndarray] = {}
+        self._last_started = -1
+
+    # ---- experience -----------------------------------------------------------------------------------
+
+    def add_outcomes(self, rows: dict[str, np.ndarray]) -> None:
+        experiences, unknown = self.memory.join(rows)
+        self.buffer.add(experiences)
+        self.unknown_outcomes += unknown
+
+    # ---- adapters --------------------------------------------------------------------------------------
+
+    def _adapter_pairs(self) -> list[tuple]:
+        """(serving parameter, training parameter) pairs of the two adapters."""
+        params = dict(self.model.named_parameters())
+        pairs = []
+        for name, p in params.items():
+            if f".{TRAINING_ADAPTER}." in name:
+                pairs.append((params[name.replace(f".{TRAINING_ADAPTER}.", f".{SERVING_ADAPTER}.")], p))
+        if not pairs:
+            raise RuntimeError("LoRA learning found no adapter weights to train")
+        return pairs
+
+    def _copy(self, to_training: bool) -> None:
+        with self.torch.no_grad():
+            for serving, training in self.pairs:
+                (training if to_training else serving).copy_(serving if to_training else training)
+
+    def save(self, path: str | Path) -> str:
+        """Writes the serving adapter as a peft adapter directory (loadable with --lora)."""
+        self.model.save_pretrained(str(path), selected_adapters=[SERVING_ADAPTER])
+        return str(path)
+
+    # ---- rounds ----------------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self._work is not None
+
+    def start_round(self) -> dict:
+        """Starts a learning round if none runs and the buffer holds enough; says why not otherwise."""
+        o = self.options
+        if self.busy:
+            return {"started": False, "why": "a round is running"}
+        if len(self.buffer.train) < o.min_examples or len(self.buffer.val) < 8:
+            return {"started": False, "why": f"{len(self.buffer.train)} training / {len(self.buffer.val)} validation "
+                                              f"examples; a round needs {o.min_examples} / 8"}
+        self._work = self._round(list(self.buffer.train), list(self.buffer.val))
+        return {"started": True}
+
+    def step(self) -> None:
+        """One unit of a running round's work (a learning step or a validation batch)."""
+        if self._work is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            next(self._work)
+        except StopIteration:
+            self._work = None
+        finally:
+            self.learn_s += time.perf_counter() - t0
+
+    def finish(self) -> None:
+        """Runs the current round to its end (tests and a stopping sidecar)."""
+        while self.busy:
+            self.step()
+
+    def _weights(self, examples: list[Experience], scale: float) -> np.ndarray:
+        if self.options.objective == "profitable":
+            return np.array([1.0 if e.profitable else 0.0 for e in examples], np.float32)
+        adv = np.array([e.advantage for e in examples], np.float32) / scale
+        return np.clip(adv, -self.options.advantage_clip, self.options.advantage_clip)
+
+    def _log_probs(self, prompts: list[str]):
+        return self.torch.log_softmax(self.backend.action_scores(prompts).float(), dim=-1)
+
+    def _adapter(self, name: str | None):
+        """Makes adapter `name` active (None: the base model, all adapters off) for one batch of work."""
+        if name is None:
+            return self.model.disable_adapter()
+        self.model.set_adapter(name)
+        return contextlib.nullcontext()
+
+    def _base_prepare(self, examples: list[Experience]) -> Iterator[None]:
+        """Base-model log-probabilities (all adapters off) of prompts not yet seen, a batch per yield."""
+        todo = list(dict.fromkeys(e.prompt for e in examples if e.prompt not in self._base_logp))
+        for start in range(0, len(todo), self.options.batch_size):
+            batch = todo[start : start + self.options.batch_size]
+            with self.torch.no_grad(), self._adapter(None):
+                for logp, prompt in zip(self._log_probs(batch).cpu().numpy(), batch):
+                    self._base_logp[prompt] = logp
+            yield None
+
+    def _base(self, examples: list[Experience]):
+        return self.torch.tensor(np.stack([self._base_logp[e.prompt] for e in examples]))
+
+    def _loss(self, examples: list[Experience], weights: np.ndarray):
+        """(loss, KL, log-probabilities [n, 6]) of a batch under the active adapter."""
+        torch = self.torch
+        base = self._base(examples)
+        logp = self._log_probs([e.prompt for e in examples]).cpu()
+        actions = torch.tensor([e.action for e in examples])
+        nll = -(torch.tensor(weights) * logp.gather(1, actions[:, None])[:, 0]).mean()
+        kl = (base.exp() * (base - logp)).sum(-1).mean()
+        return nll + self.options.kl_coef * kl, kl, logp
+
+    def _evaluate(self, examples: list[Experience], weights: np.ndarray, adapter: str) -> Iterator[None]:
+        """Loss, KL and top actions over `examples` under `adapter` (no gradients), a batch per yield; the
+        result lands in self._result. The serving adapter is active again at every yield."""
+        total = kl_total = 0.0
+        tops = []
+        bs = self.options.batch_size
+        for start in range(0, len(examples), bs):
+            batch = examples[start : start + bs]
+            with self.torch.no_grad(), self._adapter(adapter):
+                loss, kl, logp = self._loss(batch, weights[start : start + bs])
+                tops.append(logp.argmax(-1).numpy())
+            self.model.set_adapter(SERVING_ADAPTER)
+            total += float(loss) * len(batch)
+            kl_total += float(kl) * len(batch)
+            yield None
+        self._result = (total / len(examples), kl_total / len(examples), np.concatenate(tops))
+
+    @staticmethod
+    def accuracy(examples: list[Experience], top_actions: np.ndarray) -> float:
+        """Share of advice whose action had a positive advantage: over the examples where the advisor's top
+        action is the action the agent took (the only action whose advantage is known)."""
+        taken = np.array([e.action for e in examples]) == top_actions
+        positive = np.array([e.advantage > 0 for e in examples])
+        return float(positive[taken].mean()) if taken.any() else float("nan")
+
+    def _round(self, train: list[Experience], val: list[Experience]) -> Iterator[None]:
+        torch, o = self.torch, self.options
+        t0, learn_before = time.perf_counter(), self.learn_s
+        scale = float(np.std([e.advantage for e in train])) + 1e-8
+        w_train, w_val = self._weights(train, scale), self._weights(val, scale)
+        yield from self._base_prepare(train + val)
+        base_tops = self._base(val).argmax(-1).numpy()
+        yield from self._evaluate(val, w_val, SERVING_ADAPTER)
+        val_before, _, tops_before = self._result
+        best_loss, best_epoch, epochs, steps, train_loss = val_before, 0, 0, 0, float("nan")
+        params = [p for _, p in self.pairs]
+        best = [p.detach().clone() for p in params]
+        optimizer = torch.optim.Adam(params, lr=o.lr)
+        for epoch in range(1, o.max_epochs + 1):
+            order = self.rng.permutation(len(train))
+            losses = []
+            for start in range(0, len(order), o.batch_size):
+                idx = order[start : start + o.batch_size]
+                self.model.set_adapter(TRAINING_ADAPTER)
+                loss = self._loss([train[i] for i in idx], w_train[idx])[0]
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
+                optimizer.step()
+                self.model.set_adapter(SERVING_ADAPTER)  # answers between steps come from the serving adapter
+                losses.append(loss.item())
+                steps += 1
+                yield None
+            train_loss, epochs = float(np.mean(losses)), epoch
+            yield from self._evaluate(val, w_val, TRAINING_ADAPTER)
+            val_loss = self._result[0]
+            if val_loss < best_loss - 1e-4:
+                best_loss, best_epoch = val_loss, epoch
+                best = [p.detach().clone() for p in params]
+            elif epoch - best_epoch > o.patience:
+                break
+        with torch.no_grad():
+            for p, b in zip(params, best):
+                p.copy_(b)
+        if best_epoch:  # the held-out loss improved: the learned weights start answering
+            self._copy(to_training=False)
+            self.backend.refresh_prefix_cache()
+            self.version += 1
+        yield from self._evaluate(val, w_val, SERVING_ADAPTER)
+        val_after, kl_after, tops_after = self._result
+        record = {
+            "round": len(self.rounds) + 1, "train_examples": len(train), "val_examples": len(val),
+            "epochs": epochs, "best_epoch": best_epoch, "steps": steps, "adopted": bool(best_epoch),
+            "train_loss": train_loss, "val_loss_before": val_before, "val_loss": val_after, "kl_to_base": kl_after,
+            "accuracy_base": self.accuracy(val, base_tops), "accuracy_before": self.accuracy(val, tops_before),
+            "accuracy": self.accuracy(val, tops_after), "learn_s": self.learn_s - learn_before,
+            "wall_s": time.perf_counter() - t0,
+        }  # fmt: skip
+        self.rounds.append(record)
+        log(f"LoRA round {record['round']}: {steps} steps, val loss {val_before:.4f} -> {val_after:.4f}, "
+            f"KL {kl_after:.4f}, accuracy {record['accuracy_before']:.3f} -> {record['accuracy']:.3f}, "
+            f"{record['learn_s']:.1f} s learning")
+
+    def stats(self) -> dict:
+        return {"busy": self.busy, "rounds": self.rounds, "learn_s": self.learn_s, "version": self.version,
+                "unknown_outcomes": self.unknown_outcomes, "options": asdict(self.options), **self.buffer.sizes()}
