@@ -220,3 +220,23 @@ def test_rows_marked_think_get_a_chain_of_thought_answer_and_the_rest_the_usual_
     assert not any("market analysis" in reasons[i] for i in (1, 3))
     # Reasoning ends in the same decision the mock gives in one line.
     assert (answers.action == MockBackend().advise([p.decode() for p in prompts]).action).all()
+
+
+def test_reasoning_budget_asks_only_unsure_policies_and_at_most_n_times_per_episode():
+    from agents.hybrid import AdvisorLink
+
+    cfg = load_config(None, ["llm=mock", "hybrid.reasoning.enabled=true", "hybrid.reasoning.per_episode=2",
+                             "hybrid.reasoning.policy_confidence=0.5"])
+    link = AdvisorLink.__new__(AdvisorLink)  # only the budget's state: no sidecar, no market
+    link.h, link.reasoning = cfg.hybrid, True
+    link.think_used, link.episode_time, link.n_thoughts = np.zeros(3, np.int32), np.zeros(3, np.int64), 0
+    envs = np.array([0, 1, 2])
+
+    def ask(top_prob, time):
+        return link._think(envs, {"top_prob": np.array(top_prob), "episode_time": np.array(time)}).tolist()
+
+    assert ask([0.3, 0.9, 0.4], [5, 5, 5]) == [True, False, True]  # a confident policy gets no thought
+    assert ask([0.3, 0.3, 0.4], [10, 10, 10]) == [True, True, True]
+    assert ask([0.3, 0.3, 0.4], [15, 15, 15]) == [False, True, False]  # envs 0 and 2 spent their 2
+    assert ask([0.3, 0.3, 0.4], [3, 20, 20]) == [True, False, False]  # env 0 started a new episode
+    assert link.n_thoughts == 7
