@@ -133,7 +133,8 @@ class HybridActing:
         return {"entered": info["entry_side"] != 0, "exited": info["exit_reason"] > 0, "trade_pnl": info["trade_pnl"]}
 
     def after_step(self, carry: HybridCarry, info: dict) -> HybridCarry:
-        event = (info["entry_side"] != 0) | (info["exit_reason"] > 0)
+        trade = self.trade_events(info)
+        event = trade["entered"] | trade["exited"]
         return carry.replace(advice=carry.advice.tick(), changed=carry.changed | event)
 
     def log_prob_entropy(self, network, params, logits, mask, extras: StepExtras, action):

@@ -24,7 +24,7 @@ from flax import struct
 
 from agents.acting import HybridActing, HybridCarry
 from agents.advice import view
-from agents.hybrid import AdvisorLink, chunk_lengths, make_acting
+from agents.hybrid import AdvisorLink, chunk_lengths, make_acting, starting_adapter
 from agents.networks import ActorCritic
 from agents.risk_veto import RULES
 from jaxenv.env import EnvState
@@ -40,6 +40,13 @@ ABLATIONS: dict[str, dict] = {
 # A run whose advisor learned (hybrid.learning) is also scored with the advice alone from the advisor as it
 # started (frozen): LLM-only before and after learning.
 FROZEN_ABLATION = "llm_only_frozen"
+
+
+def run_ablations(cfg) -> dict[str, dict]:
+    """The ablations a hybrid run is scored with: ABLATIONS, and FROZEN_ABLATION when its advisor learned."""
+    if not cfg.hybrid.learning.enabled:
+        return dict(ABLATIONS)
+    return {**ABLATIONS, FROZEN_ABLATION: {**ABLATIONS["llm_only"], "adapter": starting_adapter(cfg)}}
 
 
 # name -> what it is: how a hybrid walk used its advice (evaluation tables and JSON, after jaxenv.metrics.METRICS)
@@ -94,7 +101,7 @@ class AdvisedWalker:
         self._link: AdvisorLink | None = None
         self.k = cfg.hybrid.query.interval
         self._compiled: dict[tuple, Any] = {}
-        self._adapter = cfg.hybrid.llm_adapter or None  # the adapter the sidecar answers with
+        self._adapter = starting_adapter(cfg)  # the adapter the sidecar answers with
 
     def _chunk_fn(self, acting: HybridActing, k: int):
         """The jitted k-bar walk for this acting variant (the configs inside are not hashable: cache by key)."""
@@ -114,7 +121,7 @@ class AdvisedWalker:
         if self._link is not None:
             self._link.close()
             self._link = None
-        self._adapter = self.cfg.hybrid.llm_adapter or None
+        self._adapter = starting_adapter(self.cfg)
 
     def use_adapter(self, path: str | None) -> None:
         """The advisor answers the next walks with LoRA adapter `path` (None: the base model). A run whose

@@ -32,7 +32,7 @@ import numpy as np
 from rich.progress import Progress
 from scipy import stats
 
-from agents.advised_eval import ABLATIONS, FROZEN_ABLATION, HYBRID_METRICS, AdvisedWalker, hybrid_metrics
+from agents.advised_eval import HYBRID_METRICS, AdvisedWalker, hybrid_metrics, run_ablations
 from agents.config import ConfigError, TrainConfig
 from agents.evaluation import flat_policy, random_valid_policy
 from agents.hybrid import checkpoint_adapter, make_acting
@@ -139,14 +139,13 @@ def agent_walk(run: LoadedRun) -> WalkFn:
 
 
 def ablation_walks(run: LoadedRun) -> dict[str, Policy]:
-    """A hybrid run's parts (agents.advised_eval.ABLATIONS): RL only, LLM only (HOLD where there is no advice),
-    fused without and with the veto, whatever the run trained with. An RL-only run (llm: none) has none."""
+    """A hybrid run's parts (agents.advised_eval.run_ablations): RL only, LLM only (HOLD where there is no advice),
+    fused without and with the veto, whatever the run trained with, and LLM only from the frozen advisor when it
+    learned. An RL-only run (llm: none) has none."""
     if run.walker is None:
         return {}
-    ablations = dict(ABLATIONS)
-    if run.cfg.hybrid.learning.enabled:  # LLM-only before learning as well as after
-        ablations[FROZEN_ABLATION] = {**ABLATIONS["llm_only"], "adapter": run.cfg.hybrid.llm_adapter or None}
-    return {name: Policy(advised_walk(run, **changes), stochastic=run.sampled) for name, changes in ablations.items()}
+    return {name: Policy(advised_walk(run, **changes), stochastic=run.sampled)
+            for name, changes in run_ablations(run.cfg).items()}
 
 
 def baseline_walks(env: TradingEnv, market: Market) -> dict[str, Policy]:

@@ -27,7 +27,7 @@ from agents.advice import select_queries
 from agents.config import ConfigError, HybridConfig
 from agents.prompt_fields import PromptFieldBuilder, gather_state
 from agents.risk_veto import RULES
-from bridge import STATUS_NAMES, BridgeConfig, PromptRenderer, SidecarClient
+from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 
 
@@ -44,13 +44,18 @@ def adapter_dir(run_dir: str | Path, update: int) -> Path:
     return Path(run_dir) / ADAPTERS_DIR / str(int(update))
 
 
+def starting_adapter(cfg) -> str | None:
+    """The LoRA adapter the advisor starts from (--llm-adapter), or None for the base model."""
+    return cfg.hybrid.llm_adapter or None
+
+
 def checkpoint_adapter(cfg, run_dir: str | Path, update: int) -> str | None:
     """The adapter the advisor answered with at checkpoint `update`: the one learned by then (saved beside the
-    checkpoint), else the run's starting adapter (--llm-adapter), else None (the base model)."""
+    checkpoint), else the one it started from."""
     learned = adapter_dir(run_dir, update)
     if (learned / "adapter_config.json").exists():
         return str(learned)
-    return cfg.hybrid.llm_adapter or None
+    return starting_adapter(cfg)
 
 
 def learning_options(cfg) -> dict | None:
@@ -69,7 +74,7 @@ def sidecar_options(cfg, adapter: str | None = None) -> tuple[str, dict]:
     if cfg.llm == "mock":
         return "mock", {"latency_s": h.mock_latency_s or None, "mock_answers": h.mock_answers}
     model = "smollm2" if cfg.llm == "smollm2" else cfg.llm
-    adapter = adapter or h.llm_adapter or None
+    adapter = adapter or starting_adapter(cfg)
     if adapter and not Path(adapter).is_dir():
         raise ConfigError(f"hybrid.llm_adapter: no LoRA adapter directory at {adapter}")
     return "transformers", {
@@ -234,7 +239,7 @@ class AdvisorLink:
         self._log_llm(prompts, answers)
         if self.on_answers is not None:
             self.on_answers(answers)
-        ok = np.flatnonzero(answers.status == 0)
+        ok = np.flatnonzero(answers.status == STATUS_OK)
         if self.learning and len(ok):
             self.written.append((answers.seq, ok, answers.env_ids[ok]))
         n = len(answers)
@@ -360,7 +365,6 @@ class QueryLoop:
         self._learn = jax.jit(ppo.learn)
         self._advantages = jax.jit(ppo.advantages)
         self.rounds_seen = 0
-        self.saved: dict[int, Path] = {}
 
     @property
     def client(self) -> SidecarClient:
@@ -422,12 +426,11 @@ class QueryLoop:
         if not self.learning:
             return None
         path = adapter_dir(run_dir, update)
-        if update not in self.saved and not (path / "adapter_config.json").exists():
+        if not (path / "adapter_config.json").exists():
             staging = path.with_name(path.name + ".tmp")
             shutil.rmtree(staging, ignore_errors=True)
             self.client.command("save", path=str(staging), timeout_s=600.0)
             staging.replace(path)  # a crash mid-save leaves no half-written adapter under the checkpoint's name
-        self.saved[update] = path
         return str(path)
 
 

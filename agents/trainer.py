@@ -24,9 +24,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from agents.advised_eval import ABLATIONS, FROZEN_ABLATION, AdvisedWalker, advised_summary
+from agents.advised_eval import AdvisedWalker, advised_summary, run_ablations
 from agents.checkpoints import RunCheckpoints
-from bridge import SidecarError
 from agents.config import ConfigError, TrainConfig, load_config, save_config
 from agents.evaluation import Evaluator, always_when_valid, flat_policy, make_episode_evaluator, random_valid_policy
 from agents.metrics import HealthMonitor, MetricsLogger
@@ -34,6 +33,7 @@ from agents.networks import update_flops_per_step
 from agents.hybrid import QueryLoop, checkpoint_adapter, make_acting, prune_adapters
 from agents.ppo import PPO, RunnerState, make_train
 from agents.transfer import load_source, start_from
+from bridge import SidecarError
 
 CONFIG_FILE = "config.yaml"
 
@@ -128,7 +128,7 @@ def make_act(ppo: PPO, deterministic: bool) -> Callable:
 class AgentEvaluator:
     """Scores a run's network on a split the way the run acts: the policy alone (the env setup's evaluator) or,
     for hybrid runs, with advice through an `AdvisedWalker` (its own sidecar, so training's pending queries are
-    untouched). `ablation` (a key of agents.advised_eval.ABLATIONS) scores one part of a hybrid agent."""
+    untouched). `ablation` (a key of agents.advised_eval.run_ablations(cfg)) scores one part of a hybrid agent."""
 
     def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None):
         """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns."""
@@ -136,16 +136,9 @@ class AgentEvaluator:
         self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
         self.walker = None
         self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
-        self.frozen_adapter = cfg.hybrid.llm_adapter or None
+        self.ablations = run_ablations(cfg) if cfg.llm != "none" else {}
         if cfg.llm != "none" and cfg.hybrid.eval_with_advice and setup.market is not None:
             self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market)
-
-    def ablations(self) -> dict[str, dict]:
-        """The hybrid ablations to score (agents.advised_eval), with LLM-only from the frozen advisor when it learned."""
-        if self.walker is None:
-            return {}
-        extra = {FROZEN_ABLATION: {**ABLATIONS["llm_only"], "adapter": self.frozen_adapter}} if self.adapter_for else {}
-        return {**ABLATIONS, **extra}
 
     def splits(self) -> dict[str, Evaluator]:
         return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
@@ -153,7 +146,7 @@ class AgentEvaluator:
     def __call__(self, state: RunnerState, split: str, key: jax.Array, ablation: str | None = None) -> dict:
         if self.walker is None:
             return self.splits()[split](self.act, (state.params, state.obs_norm), key)
-        changes = dict(self.ablations()[ablation]) if ablation else {}
+        changes = dict(self.ablations[ablation]) if ablation else {}
         if self.adapter_for is not None and "adapter" not in changes:
             changes["adapter"] = self.adapter_for(int(state.update))
         trace = self.walker.walk(state.params, state.obs_norm, split, key, **changes)
@@ -335,7 +328,8 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
     """Scores the run's best and latest checkpoints against the env's baselines (flat, random-valid, ...) with the run's
     evaluator (the validation split for the trading env, which also picked the best checkpoint) and, where the
     env has one, on the held-out test split. For hybrid runs the best checkpoint's parts are scored too (RL only,
-    LLM only, fused with and without veto: agents.advised_eval.ABLATIONS). Writes RUN_DIR/summary.json."""
+    LLM only, fused with and without veto, and LLM only from the frozen advisor when it learned:
+    agents.advised_eval.run_ablations). Writes RUN_DIR/summary.json."""
     setup = setup or make_env_setup(cfg)
     if setup.evaluate is None:
         return {}
@@ -355,7 +349,7 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
             scores = {f"agent_{k}": evaluator(state, split, key) for k, (state, _) in agents.items()}
             if evaluator.walker is not None:
                 state = agents.get("best", agents["latest"])[0]
-                scores.update({f"ablation_{name}": evaluator(state, split, key, name) for name in evaluator.ablations()})
+                scores.update({f"ablation_{name}": evaluator(state, split, key, name) for name in evaluator.ablations})
             scores.update({name: evaluate(baseline, (), key) for name, baseline in setup.baselines.items()})
             summary[split] = scores
     finally:
