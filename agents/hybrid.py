@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def make_acting(cfg, env) -> HybridActing:
 
 
 ADAPTERS_DIR = "adapters"  # RUN_DIR/adapters/<update>/: the advisor's learned LoRA adapter at each checkpoint
+FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: SmolLM2 on a 2-core CPU takes ~8 s per step
 
 
 def adapter_dir(run_dir: str | Path, update: int) -> Path:
@@ -413,9 +415,23 @@ class QueryLoop:
         if update % self.learning.every_updates == 0:
             started = self.client.command("learn")
             out["lora_round_started"] = float(started.get("started", False))
+        out.update(self._round_metrics())
+        return out
+
+    def finish_round(self) -> dict:
+        """Runs a LoRA round still in progress to its end (after the run's last update, so that the adapter saved
+        with the final checkpoint has learned from it); that round's metrics."""
+        if not self.learning or not self.client.command("stats")["busy"]:
+            return {}
+        print("finishing the advisor's LoRA round before the final checkpoint ...", file=sys.stderr, flush=True)
+        self.client.command("finish", timeout_s=FINISH_ROUND_TIMEOUT_S)
+        return self._round_metrics()
+
+    def _round_metrics(self) -> dict:
+        """The learner's counters, and the figures of the latest round finished since the last call."""
         stats = self.client.command("stats")
-        out.update({"lora_buffer": float(stats["buffer_train"] + stats["buffer_val"]),
-                    "lora_learn_s_total": float(stats["learn_s"]), "lora_rounds": float(len(stats["rounds"]))})
+        out = {"lora_buffer": float(stats["buffer_train"] + stats["buffer_val"]),
+               "lora_learn_s_total": float(stats["learn_s"]), "lora_rounds": float(len(stats["rounds"]))}
         for record in stats["rounds"][self.rounds_seen:]:  # the latest finished round's figures
             out.update({f"lora_{k}": float(v) for k, v in record.items() if k != "round"})
         self.rounds_seen = len(stats["rounds"])

@@ -248,6 +248,9 @@ def train(
             metrics = _record(m, update, cfg, dt, flops)
             if update == start + 1:
                 metrics["compile_s"] = compile_s
+            if update == cfg.num_updates and query_loop is not None:
+                # A round started at the last update would be lost; the final checkpoint's adapter includes it.
+                metrics.update(query_loop.finish_round())
 
             if cfg.checkpoint.eval_every_updates and (
                 update % cfg.checkpoint.eval_every_updates == 0 or update == cfg.num_updates

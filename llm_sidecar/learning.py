@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, fields
@@ -240,9 +241,15 @@ class LoraLearner:
             self.learn_s += time.perf_counter() - t0
 
     def finish(self) -> None:
-        """Runs the current round to its end (tests and a stopping sidecar)."""
-        while self.busy:
-            self.step()
+        """Runs the current round to its end. The trainer waits on it (at the end of a run), so the round may
+        use every core, not just the threads the sidecar was given to share the machine with JAX."""
+        threads = self.torch.get_num_threads()
+        self.torch.set_num_threads(max(threads, os.cpu_count() or 1))
+        try:
+            while self.busy:
+                self.step()
+        finally:
+            self.torch.set_num_threads(threads)
 
     def _weights(self, examples: list[Experience], scale: float) -> np.ndarray:
         if self.options.objective == "profitable":

@@ -232,7 +232,7 @@ def run_command(command: dict, backend, learner) -> dict:
             return learner.stats() if learner else {"learning": False}
         if op == "learn":
             return learner.start_round() if learner else {"started": False, "why": "learning is off"}
-        if op == "finish":  # run the current round to its end now (evaluation and tests)
+        if op == "finish":  # run the current round to its end now (the end of a training run, tests)
             if learner:
                 learner.finish()
             return {"done": True}

@@ -186,6 +186,8 @@ def test_a_run_whose_advisor_learns_saves_adapters_with_checkpoints_and_evaluati
     assert [m["update"] for m in logged] == [1, 2, 3]
     assert all(m["lora_outcomes_sent"] > 0 for m in logged) and logged[-1]["lora_rounds"] >= 1
     assert logged[0]["lora_round_started"] == 1.0
+    # every round started has finished, the one started at the last update too (before the final checkpoint)
+    assert logged[-1]["lora_rounds"] == sum(m.get("lora_round_started", 0.0) for m in logged)
     adapters = sorted(int(p.name) for p in (run_dir / "adapters").iterdir())
     assert adapters == [1, 2, 3]  # one per kept checkpoint (checkpoint.keep = 3 latest, and the best)
     assert all((run_dir / "adapters" / str(u) / "adapter_model.safetensors").exists() for u in adapters)

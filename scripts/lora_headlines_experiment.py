@@ -1,0 +1,123 @@
+"""Does the advisor get better by learning from trading outcomes? For each seed: a hybrid run on
+synthetic:headlines (configs/headlines_lora.yaml) in which the embedded SmolLM2 answers in score mode and sends
+its answered queries' outcomes (action taken, reward, trade P&L, PPO advantage) to the sidecar's LoRA learner;
+then the advisor alone (LLM-only: its top action, HOLD where there is no advice) walks the validation split twice,
+frozen (the base model) and with the adapter saved beside the run's final checkpoint.
+
+    python scripts/lora_headlines_experiment.py --seeds 0 1 2                        # ~25 min a seed on 2 CPU cores
+    python scripts/lora_headlines_experiment.py --seeds 0 --updates 4 --splits val test --set hybrid.learning.lr=1e-4
+
+Writes OUT/results.json (per seed: both walks' figures and the learning rounds' held-out figures) and
+OUT/table.md; the runs are under OUT/runs/seed<S>. The schedule is short for a CPU: `--updates` PPO updates with
+one learning round at the end (hybrid.learning.every_updates = updates, finished before the final checkpoint);
+a GPU can afford the config's own schedule (--updates 32 --every 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from agents.config import load_config  # noqa: E402
+
+ROUND_FIGURES = ("train_examples", "val_examples", "steps", "adopted", "val_loss_before", "val_loss", "kl_to_base",
+                 "accuracy_base", "accuracy", "learn_s")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/headlines_lora.yaml", help="the run's config (default: %(default)s)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds (default: 0 1 2)")
+    ap.add_argument("--updates", type=int, default=6, help="PPO updates per run (default: %(default)s)")
+    ap.add_argument("--every", type=int, help="updates between learning rounds (default: --updates, one round)")
+    ap.add_argument("--splits", nargs="+", default=["val"], choices=["val", "test"],
+                    help="splits the advisor alone walks, frozen and learned (default: val)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config key, as in train.py; repeatable")
+    ap.add_argument("--out", default="results/lora_headlines", help="output folder (default: %(default)s)")
+    return ap.parse_args(argv)
+
+
+def last_rounds(run_dir: Path) -> list[dict]:
+    """The figures of every finished learning round, from the run's metrics.jsonl."""
+    rounds = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if "lora_steps" in m:
+            rounds.append({"update": m["update"], **{k: m.get(f"lora_{k}") for k in ROUND_FIGURES}})
+    return rounds
+
+
+def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
+    import jax
+
+    from agents.hybrid import checkpoint_adapter
+    from agents.trainer import AgentEvaluator, make_acting, make_train, train
+
+    overrides = [f"seed={seed}", "checkpoint.eval_every_updates=0",
+                 f"hybrid.learning.every_updates={args.every or args.updates}", *args.overrides]
+    steps_per_update = load_config(args.config, overrides).steps_per_update
+    cfg = load_config(args.config, [*overrides, f"total_steps={args.updates * steps_per_update}"])
+    run_dir = out / "runs" / f"seed{seed}"
+    t0 = time.perf_counter()
+    result = train(cfg, run_dir)
+    train_s = time.perf_counter() - t0
+    if result.interrupted:
+        raise SystemExit(f"seed {seed}: training was interrupted")
+    learned = checkpoint_adapter(cfg, run_dir, result.update)
+    ppo = make_train(cfg, result.setup.env, result.setup.params, make_acting(cfg, result.setup.env))
+    evaluator = AgentEvaluator(cfg, ppo, result.setup, lambda update: learned)
+    walks: dict = {}
+    try:
+        for split in args.splits:
+            key = jax.random.PRNGKey(seed + 10_000)
+            for name, ablation in (("frozen", "llm_only_frozen"), ("learned", "llm_only")):
+                t = time.perf_counter()
+                figures = evaluator(result.state, split, key, ablation)
+                walks[f"{split}_{name}"] = {**figures, "walk_s": time.perf_counter() - t}
+                print(f"seed {seed} {split} {name}: net P&L {figures['net_pnl']:,.0f}, "
+                      f"{figures.get('trades', float('nan')):.0f} trades, "
+                      f"{time.perf_counter() - t:.0f} s", flush=True)
+    finally:
+        evaluator.close()
+    return {"seed": seed, "train_s": train_s, "adapter": learned, "rounds": last_rounds(run_dir), "walks": walks}
+
+
+def table(results: list[dict], splits: list[str]) -> str:
+    head = ["seed", *[f"{s} P&L frozen / learned" for s in splits], "held-out accuracy base → learned",
+            "held-out loss before → after", "KL", "adopted"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        rnd = r["rounds"][-1] if r["rounds"] else {}
+        cells = [str(r["seed"])]
+        for s in splits:
+            cells.append(f"{r['walks'][f'{s}_frozen']['net_pnl']:,.0f} / {r['walks'][f'{s}_learned']['net_pnl']:,.0f}")
+        cells += [f"{rnd.get('accuracy_base', float('nan')):.3f} → {rnd.get('accuracy', float('nan')):.3f}",
+                  f"{rnd.get('val_loss_before', float('nan')):.3f} → {rnd.get('val_loss', float('nan')):.3f}",
+                  f"{rnd.get('kl_to_base', float('nan')):.3f}", str(bool(rnd.get("adopted")))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.updates < 1 or (args.every is not None and args.every < 1):
+        raise SystemExit("--updates and --every must be at least 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in args.seeds:
+        results.append(run_seed(args, seed, out))
+        # written after every seed, so a stopped experiment keeps what it measured
+        (out / "results.json").write_text(json.dumps({"args": vars(args), "seeds": results}, indent=2, default=str))
+        (out / "table.md").write_text(table(results, args.splits))
+    print(table(results, args.splits))
+
+
+if __name__ == "__main__":
+    main()
