@@ -170,7 +170,9 @@ def test_no_segment_survives_ctrl_c_or_a_killed_parent(tmp_path, how):
     stderr = open(tmp_path / "stderr.txt", "w+")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     trainer = subprocess.Popen([sys.executable, str(script), prefix], stdout=subprocess.PIPE, stderr=stderr,
-                               env=env, start_new_session=True, text=True)
+                               env=env, start_new_session=True, text=True,
+                               # as from a terminal: SIGINT not ignored, whatever the test process inherited
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         sidecar_pid = int(trainer.stdout.readline())
         assert len(shm_names(prefix)) == 2
