@@ -79,10 +79,10 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
             for name, ablation in (("frozen", "llm_only_frozen"), ("learned", "llm_only")):
                 t = time.perf_counter()
                 figures = evaluator(result.state, split, key, ablation)
-                walks[f"{split}_{name}"] = {**figures, "walk_s": time.perf_counter() - t}
-                print(f"seed {seed} {split} {name}: net P&L {figures['net_pnl']:,.0f}, "
-                      f"{figures.get('trades', float('nan')):.0f} trades, "
-                      f"{time.perf_counter() - t:.0f} s", flush=True)
+                figures["walk_s"] = time.perf_counter() - t
+                walks[f"{split}_{name}"] = figures
+                print(f"seed {seed} {split} {name}: net P&L {figures['net_pnl']:,.0f}, {figures['trades']:.0f} trades, "
+                      f"{figures['walk_s']:.0f} s", flush=True)
     finally:
         evaluator.close()
     return {"seed": seed, "train_s": train_s, "adapter": learned, "rounds": last_rounds(run_dir), "walks": walks}

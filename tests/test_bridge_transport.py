@@ -150,7 +150,9 @@ def test_normal_stop_unlinks_every_segment():
 
 
 TRAINER_SCRIPT = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    # Ctrl-C as from a terminal, even when the tests run as a shell's background job (which ignores SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from bridge import BridgeConfig, SidecarClient
     client = SidecarClient(BridgeConfig(name_prefix=sys.argv[1])).start(backend="mock")
     print(client.sidecar_pid, flush=True)
@@ -170,9 +172,7 @@ def test_no_segment_survives_ctrl_c_or_a_killed_parent(tmp_path, how):
     stderr = open(tmp_path / "stderr.txt", "w+")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     trainer = subprocess.Popen([sys.executable, str(script), prefix], stdout=subprocess.PIPE, stderr=stderr,
-                               env=env, start_new_session=True, text=True,
-                               # as from a terminal: SIGINT not ignored, whatever the test process inherited
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               env=env, start_new_session=True, text=True)
     try:
         sidecar_pid = int(trainer.stdout.readline())
         assert len(shm_names(prefix)) == 2
