@@ -78,6 +78,8 @@ class LearningConfig:
     enabled: bool = False  # needs a transformers advisor (smollm2, a model path) in score mode
     every_updates: int = 2  # M: a learning round starts after every M PPO updates (the sidecar runs it between answers)
     objective: str = "advantage"  # advantage: weight by the PPO advantage | profitable: fine-tune on profitable ones
+    # | pnl: weight by the P&L of the trade the advice opened (not trading is the baseline)
+    baseline: str = "none"  # advantage: none | action (centre on each action's mean: learn when it pays, not whether)
     lr: float = 5e-5  # well below the policy's ppo.lr
     rank: int = 8
     alpha: int = 16
@@ -215,8 +217,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),
          "hybrid.learning.enabled", "LoRA learning needs a transformers advisor (smollm2 or a model path) in score mode"),
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
-        (cfg.hybrid.learning.objective in ("advantage", "profitable"), "hybrid.learning.objective",
-         "must be advantage or profitable"),
+        (cfg.hybrid.learning.objective in ("advantage", "profitable", "pnl"), "hybrid.learning.objective",
+         "must be advantage, profitable or pnl"),
+        (cfg.hybrid.learning.baseline in ("none", "action"), "hybrid.learning.baseline", "must be none or action"),
         (0 < cfg.hybrid.learning.val_share < 1, "hybrid.learning.val_share", "must be between 0 and 1"),
         (cfg.hybrid.learning.lr > 0, "hybrid.learning.lr", "must be > 0"),
         (cfg.hybrid.reasoning.per_episode >= 0, "hybrid.reasoning.per_episode", "must be >= 0"),

@@ -171,7 +171,19 @@ def _headlines(rng: np.random.Generator, news: np.ndarray, accuracy: float) -> l
         if i == 0 or rng.random() < 0.2:
             truthful = rng.random() < accuracy
             sentiment = news[i] if truthful else -news[i]
-            pool = _POSITIVE if sentiment > 0 else _NEGATIVE
-            current = pool[rng.integers(len(pool))].format(co=_COMPANIES[rng.integers(len(_COMPANIES))])
+            current = random_headline(rng, bullish=sentiment > 0)
         out.append(current)
     return out
+
+
+def random_headline(rng: np.random.Generator, bullish: bool) -> str:
+    pool = _POSITIVE if bullish else _NEGATIVE
+    return pool[rng.integers(len(pool))].format(co=_COMPANIES[rng.integers(len(_COMPANIES))])
+
+
+def headline_sentiment(text: str) -> int:
+    """+1 if `text` holds a bullish headlines-preset headline, -1 a bearish one, 0 neither (or both)."""
+    def found(pool: list[str]) -> bool:
+        return any(max(t.split("{co}"), key=len) in text for t in pool)
+
+    return int(found(_POSITIVE)) - int(found(_NEGATIVE))

@@ -10,9 +10,15 @@ that holds a share of prompts out for validation.
 answers with, while the "default" adapter keeps answering: answers never come from half-trained weights.
 Objective per example, with weight w:
   - `advantage`: w = the PPO advantage of the action taken over the buffer's advantage std, clipped; the
-    loss -w·log p(action) raises the likelihood of actions that did better than expected and lowers the rest;
+    loss -w·log p(action) raises the likelihood of actions that did better than expected and lowers the rest.
+    With `baseline: action` each advantage is first centred on the mean advantage of its action in the training
+    share, so a round learns *when* an action pays (which prompts) rather than *whether* it pays on average: a
+    young policy whose every entry loses after costs otherwise teaches only "never trade";
   - `profitable`: w = 1 where the outcome was a profit (the trade's P&L, else the interval's reward), else 0
     (fine-tuning on profitable examples only);
+  - `pnl`: w = the P&L of the trade the advised action opened, over the training share's RMS trade P&L,
+    clipped; 0 where no trade was opened (or it was still open). Not trading is the baseline: an entry is
+    raised where its trade made money and lowered where it lost, whatever the young critic thinks;
 plus kl_coef · KL(base ‖ adapted) so the answers do not collapse. Adam at a learning rate well below the
 policy's, gradient clipping, and early stopping on the validation share: after each epoch the held-out loss
 decides whether to go on, and the best epoch's weights are the ones copied into "default" at the round's end.
@@ -23,26 +29,32 @@ A round runs as a generator, one minibatch per `step()`, so the server answers p
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
+import json
 import os
 import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from llm_sidecar.models import log
 
-OBJECTIVES = ("advantage", "profitable")
+OBJECTIVES = ("advantage", "profitable", "pnl")
+BASELINES = ("none", "action")
+N_ACTIONS = 6
+EXPERIENCES_FILE = "experiences.jsonl.gz"  # saved beside each adapter
 TRAINING_ADAPTER = "learning"
 SERVING_ADAPTER = "default"
 
 
 @dataclass
 class LearningOptions:
-    objective: str = "advantage"  # advantage | profitable
+    objective: str = "advantage"  # advantage | profitable | pnl
+    baseline: str = "none"  # advantage objective: none | action (centre each advantage on its action's mean)
     lr: float = 5e-5  # Adam step for the LoRA weights (the policy's is 3e-4)
     rank: int = 8  # LoRA rank of a new adapter (an adapter loaded with --lora keeps its own)
     alpha: int = 16
@@ -51,7 +63,7 @@ class LearningOptions:
     patience: int = 1  # epochs without a better validation loss before the round stops
     grad_clip: float = 1.0  # global gradient-norm clip
     kl_coef: float = 0.1  # weight of KL(base ‖ adapted) over the 6 actions
-    advantage_clip: float = 3.0  # normalised advantages are clipped to ±this
+    advantage_clip: float = 3.0  # normalised advantages (and P&Ls) are clipped to ±this
     buffer_size: int = 4096  # experiences kept (the oldest go first)
     val_share: float = 0.2  # share of prompts (by hash) held out for validation
     min_examples: int = 64  # a round needs this many training examples (and 8 validation ones)
@@ -65,6 +77,8 @@ class LearningOptions:
         options = cls(**data)
         if options.objective not in OBJECTIVES:
             raise ValueError(f"learning objective must be one of {OBJECTIVES}, got {options.objective!r}")
+        if options.baseline not in BASELINES:
+            raise ValueError(f"learning baseline must be one of {BASELINES}, got {options.baseline!r}")
         if not 0.0 < options.val_share < 1.0:
             raise ValueError(f"learning val_share must be in (0, 1), got {options.val_share}")
         for name in ("rank", "batch_size", "max_epochs", "buffer_size", "min_examples"):
@@ -85,6 +99,17 @@ class Experience:
     @property
     def profitable(self) -> bool:
         return (self.trade_pnl if np.isfinite(self.trade_pnl) else self.reward) > 0
+
+    def to_json(self) -> dict:
+        return {"prompt": self.prompt, "advice": [round(float(p), 6) for p in self.advice], "action": self.action,
+                "reward": self.reward, "trade_pnl": self.trade_pnl if np.isfinite(self.trade_pnl) else None,
+                "advantage": self.advantage}
+
+    @classmethod
+    def from_json(cls, row: dict) -> "Experience":
+        pnl = row["trade_pnl"]
+        return cls(row["prompt"], np.asarray(row["advice"], np.float32), int(row["action"]), float(row["reward"]),
+                   float("nan") if pnl is None else float(pnl), float(row["advantage"]))
 
 
 class PromptMemory:
@@ -143,6 +168,41 @@ class ExperienceBuffer:
 
     def sizes(self) -> dict[str, int]:
         return {"buffer_train": len(self.train), "buffer_val": len(self.val), "experiences_added": self.added}
+
+
+def load_experiences(adapter_dir: str | Path) -> tuple[list[Experience], list[Experience]]:
+    """The (training, held-out) experiences saved beside an adapter by `LoraLearner.save`."""
+    train, val = [], []
+    with gzip.open(Path(adapter_dir) / EXPERIENCES_FILE, "rt") as f:
+        for line in f:
+            row = json.loads(line)
+            (val if row["held_out"] else train).append(Experience.from_json(row))
+    return train, val
+
+
+def objective_weights(options: LearningOptions, train: list[Experience]) -> Callable[[list[Experience]], np.ndarray]:
+    """The objective's per-example weights w (loss -w·log p(action)), normalised on the round's training share
+    and applied alike to its validation share."""
+    if options.objective == "profitable":
+        return lambda examples: np.array([1.0 if e.profitable else 0.0 for e in examples], np.float32)
+    if options.objective == "pnl":
+        pnl = np.array([e.trade_pnl for e in train], np.float64)
+        rms = float(np.sqrt(np.mean(pnl[np.isfinite(pnl)] ** 2))) if np.isfinite(pnl).any() else 1.0
+        return lambda examples: np.clip(np.nan_to_num(np.array([e.trade_pnl for e in examples], np.float32) / (rms + 1e-8)),
+                                        -options.advantage_clip, options.advantage_clip)
+    adv = np.array([e.advantage for e in train], np.float64)
+    actions = np.array([e.action for e in train], np.int64)
+    centre = np.zeros(N_ACTIONS)
+    if options.baseline == "action":
+        for a in np.unique(actions):
+            centre[a] = adv[actions == a].mean()
+    scale = float(np.std(adv - centre[actions])) + 1e-8
+
+    def weights(examples: list[Experience]) -> np.ndarray:
+        w = np.array([(e.advantage - centre[e.action]) / scale for e in examples], np.float32)
+        return np.clip(w, -options.advantage_clip, options.advantage_clip)
+
+    return weights
 
 
 class LoraLearner:
@@ -207,8 +267,13 @@ class LoraLearner:
                 (training if to_training else serving).copy_(serving if to_training else training)
 
     def save(self, path: str | Path) -> str:
-        """Writes the serving adapter as a peft adapter directory (loadable with --lora)."""
+        """Writes the serving adapter as a peft adapter directory (loadable with --lora), with the experiences
+        it learned from beside it (EXPERIENCES_FILE: one JSON object per line, `held_out` marks validation)."""
         self.model.save_pretrained(str(path), selected_adapters=[SERVING_ADAPTER])
+        with gzip.open(Path(path) / EXPERIENCES_FILE, "wt") as f:
+            for held, share in ((False, self.buffer.train), (True, self.buffer.val)):
+                for e in share:
+                    f.write(json.dumps({**e.to_json(), "held_out": held}) + "\n")
         return str(path)
 
     # ---- rounds ----------------------------------------------------------------------------------------
@@ -250,12 +315,6 @@ class LoraLearner:
                 self.step()
         finally:
             self.torch.set_num_threads(threads)
-
-    def _weights(self, examples: list[Experience], scale: float) -> np.ndarray:
-        if self.options.objective == "profitable":
-            return np.array([1.0 if e.profitable else 0.0 for e in examples], np.float32)
-        adv = np.array([e.advantage for e in examples], np.float32) / scale
-        return np.clip(adv, -self.options.advantage_clip, self.options.advantage_clip)
 
     def _log_probs(self, prompts: list[str]):
         return self.torch.log_softmax(self.backend.action_scores(prompts).float(), dim=-1)
@@ -318,8 +377,8 @@ class LoraLearner:
     def _round(self, train: list[Experience], val: list[Experience]) -> Iterator[None]:
         torch, o = self.torch, self.options
         t0, learn_before = time.perf_counter(), self.learn_s
-        scale = float(np.std([e.advantage for e in train])) + 1e-8
-        w_train, w_val = self._weights(train, scale), self._weights(val, scale)
+        weights = objective_weights(o, train)
+        w_train, w_val = weights(train), weights(val)
         yield from self._base_prepare(train + val)
         base_tops = self._base(val).argmax(-1).numpy()
         yield from self._evaluate(val, w_val, SERVING_ADAPTER)

@@ -14,7 +14,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from bridge import PROMPT_FIELDS, PromptRenderer  # noqa: E402
-from jaxenv.synthetic import _COMPANIES, _NEGATIVE, _POSITIVE  # noqa: E402
+from jaxenv.synthetic import random_headline  # noqa: E402
 from llm_sidecar.__main__ import example_fields  # noqa: E402
 from llm_sidecar.backends import TransformersBackend, TransformersOptions  # noqa: E402
 
@@ -25,14 +25,33 @@ def probe_prompts(renderer: PromptRenderer) -> tuple[list[str], np.ndarray]:
     """Flat-position prompts, even rows with a bullish headline, odd rows with a bearish one."""
     rng = np.random.default_rng(1)
     bull = np.arange(N_PROMPTS) % 2 == 0
-    heads = []
-    for is_bull in bull:
-        pool = _POSITIVE if is_bull else _NEGATIVE
-        heads.append(pool[rng.integers(len(pool))].format(co=_COMPANIES[rng.integers(len(_COMPANIES))]))
+    heads = [random_headline(rng, bool(is_bull)) for is_bull in bull]
     fields, _ = example_fields(N_PROMPTS, seed=5)
     fields[:, PROMPT_FIELDS.index("headline")] = np.arange(N_PROMPTS)
     fields[:, PROMPT_FIELDS.index("position")] = 0
     return [p.decode() for p in renderer.render(fields, heads)], bull
+
+
+def direction_figures(probs: np.ndarray, bull: np.ndarray) -> dict[str, float]:
+    """Mean answer probabilities by headline direction, and the share of prompts per top action."""
+    top = probs.argmax(1)
+    return {"p_hold": float(probs[:, 0].mean()),
+            "p_buy_bull": float(probs[bull, 1].mean()), "p_buy_bear": float(probs[~bull, 1].mean()),
+            "p_sell_bear": float(probs[~bull, 2].mean()), "p_sell_bull": float(probs[bull, 2].mean()),
+            **{f"top_{name}": float((top == a).mean()) for a, name in enumerate(("hold", "buy", "sell"))}}
+
+
+def describe(probs: np.ndarray, bull: np.ndarray) -> str:
+    f = direction_figures(probs, bull)
+    return (f"P(HOLD) {f['p_hold']:.3f}  P(BUY|bull) {f['p_buy_bull']:.3f} vs P(BUY|bear) {f['p_buy_bear']:.3f}  "
+            f"P(SELL|bear) {f['p_sell_bear']:.3f} vs P(SELL|bull) {f['p_sell_bull']:.3f}  "
+            f"top HOLD/BUY/SELL {f['top_hold']:.2f}/{f['top_buy']:.2f}/{f['top_sell']:.2f}")
+
+
+def score(renderer: PromptRenderer, prompts: list[str], adapter: str | None) -> np.ndarray:
+    """The embedded SmolLM2's answer probabilities [n, 6], with `adapter` (None: the base model)."""
+    options = TransformersOptions(model="smollm2", lora=adapter, action_labels=tuple(renderer.action_labels))
+    return TransformersBackend(options, renderer.system, renderer.answer_prefix).advise(prompts).probs
 
 
 def main() -> None:
@@ -42,13 +61,7 @@ def main() -> None:
     renderer = PromptRenderer.from_yaml()
     prompts, bull = probe_prompts(renderer)
     for adapter in [None, *args.adapters]:
-        options = TransformersOptions(model="smollm2", lora=adapter, action_labels=tuple(renderer.action_labels))
-        probs = TransformersBackend(options, renderer.system, renderer.answer_prefix).advise(prompts).probs
-        top = probs.argmax(1)
-        print(f"{adapter or 'base model'}: P(HOLD) {probs[:, 0].mean():.3f}  "
-              f"P(BUY|bull) {probs[bull, 1].mean():.3f} vs P(BUY|bear) {probs[~bull, 1].mean():.3f}  "
-              f"P(SELL|bear) {probs[~bull, 2].mean():.3f} vs P(SELL|bull) {probs[bull, 2].mean():.3f}  "
-              f"top HOLD/BUY/SELL {(top == 0).mean():.2f}/{(top == 1).mean():.2f}/{(top == 2).mean():.2f}", flush=True)
+        print(f"{adapter or 'base model'}: {describe(score(renderer, prompts, adapter), bull)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,11 @@ from bridge import PromptRenderer, PROMPT_FIELDS
 from llm_sidecar.__main__ import example_fields
 from llm_sidecar.backends import TransformersBackend, TransformersOptions
 from llm_sidecar.learning import LearningOptions, LoraLearner, held_out
-from jaxenv.synthetic import _POSITIVE, _NEGATIVE, _COMPANIES
+from jaxenv.synthetic import random_headline
 R = PromptRenderer.from_yaml()
 n = 400
 rng = np.random.default_rng(0)
-heads = []
-for i in range(n):
-    pool = _POSITIVE if i % 2 == 0 else _NEGATIVE
-    heads.append(pool[rng.integers(len(pool))].format(co=_COMPANIES[rng.integers(len(_COMPANIES))]))
+heads = [random_headline(rng, bullish=i % 2 == 0) for i in range(n)]
 fields, _ = example_fields(n, seed=3)
 fields[:, PROMPT_FIELDS.index("headline")] = np.arange(n)
 fields[:, PROMPT_FIELDS.index("position")] = 0

@@ -2,12 +2,13 @@
 synthetic:headlines (configs/headlines_lora.yaml) in which the embedded SmolLM2 answers in score mode and sends
 its answered queries' outcomes (action taken, reward, trade P&L, PPO advantage) to the sidecar's LoRA learner;
 then the advisor alone (LLM-only: its top action, HOLD where there is no advice) walks the validation split twice,
-frozen (the base model) and with the adapter saved beside the run's final checkpoint.
+frozen (the base model) and with the adapter saved beside the run's final checkpoint, and both answer the
+direction probe's bullish and bearish headlines (scripts/lora_direction_probe.py).
 
     python scripts/lora_headlines_experiment.py --seeds 0 1 2                        # ~25 min a seed on 2 CPU cores
     python scripts/lora_headlines_experiment.py --seeds 0 --updates 4 --splits val test --set hybrid.learning.lr=1e-4
 
-Writes OUT/results.json (per seed: both walks' figures and the learning rounds' held-out figures) and
+Writes OUT/results.json (per seed: both walks' figures, the learning rounds' held-out figures, the probe's) and
 OUT/table.md; the runs are under OUT/runs/seed<S>. The schedule is short for a CPU: `--updates` PPO updates with
 one learning round at the end (hybrid.learning.every_updates = updates, finished before the final checkpoint);
 a GPU can afford the config's own schedule (--updates 32 --every 4).
@@ -85,12 +86,25 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
                       f"{figures['walk_s']:.0f} s", flush=True)
     finally:
         evaluator.close()
-    return {"seed": seed, "train_s": train_s, "adapter": learned, "rounds": last_rounds(run_dir), "walks": walks}
+    return {"seed": seed, "train_s": train_s, "adapter": learned, "rounds": last_rounds(run_dir), "walks": walks,
+            "probe": direction_probe(learned)}
+
+
+def direction_probe(adapter: str | None) -> dict:
+    """scripts/lora_direction_probe.py's figures for the base model and the learned adapter: did the advisor
+    learn to answer bullish and bearish headlines differently?"""
+    from bridge import PromptRenderer
+    from lora_direction_probe import direction_figures, probe_prompts, score
+
+    renderer = PromptRenderer.from_yaml()
+    prompts, bull = probe_prompts(renderer)
+    return {name: direction_figures(score(renderer, prompts, a), bull) for name, a in (("frozen", None), ("learned", adapter))}
 
 
 def table(results: list[dict], splits: list[str]) -> str:
     head = ["seed", *[f"{s} P&L frozen / learned" for s in splits], "held-out accuracy base → learned",
-            "held-out loss before → after", "KL", "adopted"]
+            "held-out loss before → after", "KL", "adopted", "probe P(BUY) bull − bear, frozen → learned",
+            "probe top action HOLD/BUY/SELL, learned"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         rnd = r["rounds"][-1] if r["rounds"] else {}
@@ -100,6 +114,9 @@ def table(results: list[dict], splits: list[str]) -> str:
         cells += [f"{rnd.get('accuracy_base', float('nan')):.3f} → {rnd.get('accuracy', float('nan')):.3f}",
                   f"{rnd.get('val_loss_before', float('nan')):.3f} → {rnd.get('val_loss', float('nan')):.3f}",
                   f"{rnd.get('kl_to_base', float('nan')):.3f}", str(bool(rnd.get("adopted")))]
+        frozen, learned = r["probe"]["frozen"], r["probe"]["learned"]
+        cells += [f"{frozen['p_buy_bull'] - frozen['p_buy_bear']:+.3f} → {learned['p_buy_bull'] - learned['p_buy_bear']:+.3f}",
+                  f"{learned['top_hold']:.0%} / {learned['top_buy']:.0%} / {learned['top_sell']:.0%}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

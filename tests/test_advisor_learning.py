@@ -4,8 +4,11 @@ run whose advisor learns (adapters saved with checkpoints and restored by evalua
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -21,6 +24,7 @@ from bridge.transport import OUTCOME_FIELDS
 from jaxenv.metrics import walk_metrics
 from llm_sidecar.__main__ import example_fields
 from llm_sidecar.backends import MockBackend
+from llm_sidecar.learning import EXPERIENCES_FILE, Experience, LearningOptions, load_experiences, objective_weights
 
 RENDERER = PromptRenderer.from_yaml()
 
@@ -82,6 +86,55 @@ def test_learning_config_needs_a_transformers_advisor_in_score_mode():
         load_config(None, ["llm=smollm2", "hybrid.llm_mode=generate", "hybrid.learning.enabled=true"])
     with pytest.raises(ConfigError, match="objective"):
         load_config(None, ["hybrid.learning.objective=greedy"])
+    with pytest.raises(ConfigError, match="baseline"):
+        load_config(None, ["hybrid.learning.baseline=state"])
+
+
+def test_the_action_baseline_teaches_when_an_action_pays_not_whether_it_does():
+    """A young policy's entries all lose after costs; BUY after good news loses less. Plain advantages push every
+    entry down (the advisor learns only to HOLD); centred on each action's mean they push the better half up."""
+
+    def experience(action: int, advantage: float) -> Experience:
+        return Experience(f"p{action}{advantage}", np.full(6, 1 / 6, np.float32), action, 0.0, float("nan"), advantage)
+
+    train = [experience(1, -1.0), experience(1, -3.0), experience(2, -2.0), experience(2, -4.0),
+             experience(0, 0.5), experience(0, 0.1)]
+    plain = objective_weights(LearningOptions(), train)(train)
+    assert (plain[:4] < 0).all() and (plain[4:] > 0).all()
+    centred = objective_weights(LearningOptions(baseline="action"), train)(train)
+    assert centred[0] > 0 > centred[1] and centred[2] > 0 > centred[3] and centred[4] > 0 > centred[5]
+    assert np.allclose(centred.reshape(3, 2).sum(1), 0, atol=1e-6)
+    assert np.abs(centred).max() <= LearningOptions().advantage_clip
+    # A validation example is weighed by the training share's baseline.
+    assert objective_weights(LearningOptions(baseline="action"), train)([experience(1, -2.0)])[0] == pytest.approx(0)
+
+
+def test_the_pnl_objective_weighs_an_entry_by_its_trades_pnl_and_not_trading_by_nothing():
+    def experience(action: int, trade_pnl: float) -> Experience:
+        return Experience("p", np.full(6, 1 / 6, np.float32), action, -5.0, trade_pnl, 1.0)
+
+    train = [experience(1, 50.0), experience(1, -150.0), experience(2, -50.0), experience(0, float("nan"))]
+    w = objective_weights(LearningOptions(objective="pnl"), train)(train)
+    assert w[0] > 0 > w[2] > w[1] and w[3] == 0  # HOLD (no trade) is the baseline, whatever its advantage
+    assert w[0] == pytest.approx(-w[2]) and w[1] == pytest.approx(-3 * w[0])
+    assert objective_weights(LearningOptions(objective="pnl"), train)([experience(1, 1e9)])[0] == 3.0  # clipped
+
+
+def test_replay_script_tabulates_what_the_saved_outcomes_teach(tmp_path):
+    """scripts/lora_replay.py reads the experiences saved beside an adapter and splits them by action and
+    headline direction."""
+    rows = [Experience(f"News: {h}", np.full(6, 1 / 6, np.float32), a, 0.0, pnl, adv).to_json()
+            for h, a, pnl, adv in (("Apple beats earnings estimates, shares surge", 1, 40.0, 1.0),
+                                   ("Hawkish Fed remarks spark a selloff", 1, -60.0, -1.0),
+                                   ("Hawkish Fed remarks spark a selloff", 0, float("nan"), 0.5))]
+    with gzip.open(tmp_path / EXPERIENCES_FILE, "wt") as f:
+        f.writelines(json.dumps({**row, "held_out": False}) + "\n" for row in rows)
+    out = subprocess.run([sys.executable, "scripts/lora_replay.py", str(tmp_path)], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    assert "3 training and 0 held-out experiences" in out
+    assert "| BUY | bullish | 1 | +1.000 | +40.0 (1) | 1.00 |" in out
+    assert "| BUY | bearish | 1 | -1.000 | -60.0 (1) | 0.00 |" in out
+    assert "| HOLD | bearish | 1 | +0.500 | +nan (0) | 0.00 |" in out
 
 
 # ---- the learner on the tiny random Phi-3 --------------------------------------------------------------------
@@ -90,7 +143,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from llm_sidecar.backends import TransformersBackend, TransformersOptions  # noqa: E402
-from llm_sidecar.learning import LearningOptions, LoraLearner  # noqa: E402
+from llm_sidecar.learning import LoraLearner  # noqa: E402
 from llm_sidecar.models import build_tiny_phi3  # noqa: E402
 from llm_sidecar.server import load_adapter  # noqa: E402
 
@@ -135,6 +188,9 @@ def test_a_new_adapter_answers_like_the_base_model_and_a_saved_one_reloads_exact
     learner.finish()
     # Whatever the round adopted, a saved adapter reloads to the same answers, at start or later by command.
     learner.save(tmp_path / "adapter")
+    train, val = load_experiences(tmp_path / "adapter")  # what it learned from is kept beside it
+    assert [e.prompt for e in train] == [e.prompt for e in learner.buffer.train] and len(train) + len(val) == 96
+    assert [e.advantage for e in val] == pytest.approx([e.advantage for e in learner.buffer.val])
     serving = backend.advise(prompts).probs
     assert np.allclose(tiny_backend(tiny_model, lora=str(tmp_path / "adapter")).advise(prompts).probs, serving, atol=1e-5)
     fresh = tiny_backend(tiny_model)

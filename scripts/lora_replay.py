@@ -1,0 +1,90 @@
+"""What did the advisor's outcomes teach, and what would another objective learn from them? Reads the
+experiences a run's LoRA learner saved beside an adapter (RUN/adapters/N/experiences.jsonl.gz) and prints, per
+action taken, the mean PPO advantage and trade P&L after bullish and after bearish headlines (the signal a
+round can learn the news from). With --learn, it replays one learning round on those experiences, from the base
+SmolLM2 and with the options given by --set, and scores the probe prompts (scripts/lora_direction_probe.py)
+before and after. ~10 min a round on a 2-core CPU.
+
+    python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6
+    python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --set baseline=action --out /tmp/a
+"""
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from bridge import PromptRenderer  # noqa: E402
+from jaxenv.synthetic import headline_sentiment  # noqa: E402
+from llm_sidecar.learning import Experience, LearningOptions, load_experiences  # noqa: E402
+from lora_direction_probe import describe, probe_prompts  # noqa: E402
+
+ACTIONS = ("HOLD", "BUY", "SELL")
+
+
+def outcome_table(experiences: list[Experience]) -> str:
+    """Per action taken and headline sentiment: count, mean advantage, mean closed-trade P&L, share profitable."""
+    sentiment = np.array([headline_sentiment(e.prompt) for e in experiences])
+    action = np.array([e.action for e in experiences])
+    advantage = np.array([e.advantage for e in experiences])
+    pnl = np.array([e.trade_pnl for e in experiences])
+    profitable = np.array([e.profitable for e in experiences])
+    lines = ["| action | headline | n | mean advantage | mean trade P&L (closed) | profitable |", "|---|---|---|---|---|---|"]
+    for a, name in enumerate(ACTIONS):
+        for s, news in ((1, "bullish"), (-1, "bearish")):
+            m = (action == a) & (sentiment == s)
+            closed = m & np.isfinite(pnl)
+            lines.append(f"| {name} | {news} | {m.sum()} | {advantage[m].mean() if m.any() else float('nan'):+.3f} | "
+                         f"{pnl[closed].mean() if closed.any() else float('nan'):+.1f} ({closed.sum()}) | "
+                         f"{profitable[m].mean() if m.any() else float('nan'):.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("adapter", help="an adapter directory holding experiences.jsonl.gz (a run's adapters/N)")
+    ap.add_argument("--learn", action="store_true", help="replay a learning round on the experiences")
+    ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                    help="a LearningOptions field for the replayed round, e.g. baseline=action (repeatable)")
+    ap.add_argument("--out", help="save the replayed round's adapter (and its experiences) here")
+    args = ap.parse_args()
+    train, val = load_experiences(args.adapter)
+    print(f"{len(train)} training and {len(val)} held-out experiences from {args.adapter}\n")
+    print(outcome_table(train + val), flush=True)
+    if not args.learn:
+        return
+    import torch
+
+    from llm_sidecar.backends import TransformersBackend, TransformersOptions
+    from llm_sidecar.learning import LoraLearner
+
+    defaults = dataclasses.asdict(LearningOptions())
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in defaults:
+            ap.error(f"--set wants OPTION=VALUE with OPTION one of {sorted(defaults)}, got {item!r}")
+        overrides[key] = type(defaults[key])(value)  # the option's own type: '2e-4' is a float for lr
+    options = LearningOptions.from_dict({**defaults, **overrides})
+    torch.manual_seed(0)
+    renderer = PromptRenderer.from_yaml()
+    backend = TransformersBackend(TransformersOptions(model="smollm2", action_labels=tuple(renderer.action_labels)),
+                                  renderer.system, renderer.answer_prefix)
+    prompts, bull = probe_prompts(renderer)
+    print("\nbase model:", describe(backend.advise(prompts).probs, bull), flush=True)
+    learner = LoraLearner(backend, options)
+    learner.buffer.train.extend(train)
+    learner.buffer.val.extend(val)
+    print(learner.start_round(), flush=True)
+    learner.finish()
+    print({k: round(v, 4) if isinstance(v, float) else v for k, v in learner.rounds[-1].items()})
+    print("learned:   ", describe(backend.advise(prompts).probs, bull))
+    if args.out:
+        print("saved", learner.save(args.out))
+
+
+if __name__ == "__main__":
+    main()
