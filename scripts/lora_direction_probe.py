@@ -21,15 +21,21 @@ from llm_sidecar.backends import TransformersBackend, TransformersOptions  # noq
 N_PROMPTS = 120
 
 
-def probe_prompts(renderer: PromptRenderer) -> tuple[list[str], np.ndarray]:
-    """Flat-position prompts, even rows with a bullish headline, odd rows with a bearish one."""
-    rng = np.random.default_rng(1)
-    bull = np.arange(N_PROMPTS) % 2 == 0
+def flat_headline_prompts(renderer: PromptRenderer, n: int, rng: np.random.Generator,
+                          fields_seed: int) -> tuple[list[str], np.ndarray]:
+    """`n` flat-position prompts, even rows with a bullish headline (drawn from `rng`), odd rows with a bearish
+    one; also the bullish rows' mask."""
+    bull = np.arange(n) % 2 == 0
     heads = [random_headline(rng, bool(is_bull)) for is_bull in bull]
-    fields, _ = example_fields(N_PROMPTS, seed=5)
-    fields[:, PROMPT_FIELDS.index("headline")] = np.arange(N_PROMPTS)
+    fields, _ = example_fields(n, seed=fields_seed)
+    fields[:, PROMPT_FIELDS.index("headline")] = np.arange(n)
     fields[:, PROMPT_FIELDS.index("position")] = 0
     return [p.decode() for p in renderer.render(fields, heads)], bull
+
+
+def probe_prompts(renderer: PromptRenderer) -> tuple[list[str], np.ndarray]:
+    """The probe's fixed prompts: N_PROMPTS flat ones, half bullish, half bearish."""
+    return flat_headline_prompts(renderer, N_PROMPTS, np.random.default_rng(1), fields_seed=5)
 
 
 def direction_figures(probs: np.ndarray, bull: np.ndarray) -> dict[str, float]:
@@ -48,10 +54,15 @@ def describe(probs: np.ndarray, bull: np.ndarray) -> str:
             f"top HOLD/BUY/SELL {f['top_hold']:.2f}/{f['top_buy']:.2f}/{f['top_sell']:.2f}")
 
 
+def smollm2(renderer: PromptRenderer, adapter: str | None = None) -> TransformersBackend:
+    """The embedded SmolLM2 advisor in score mode with `renderer`'s system prompt, with `adapter` (None: base)."""
+    options = TransformersOptions(model="smollm2", lora=adapter, action_labels=tuple(renderer.action_labels))
+    return TransformersBackend(options, renderer.system, renderer.answer_prefix)
+
+
 def score(renderer: PromptRenderer, prompts: list[str], adapter: str | None) -> np.ndarray:
     """The embedded SmolLM2's answer probabilities [n, 6], with `adapter` (None: the base model)."""
-    options = TransformersOptions(model="smollm2", lora=adapter, action_labels=tuple(renderer.action_labels))
-    return TransformersBackend(options, renderer.system, renderer.answer_prefix).advise(prompts).probs
+    return smollm2(renderer, adapter).advise(prompts).probs
 
 
 def main() -> None:

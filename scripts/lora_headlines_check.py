@@ -12,21 +12,14 @@ import numpy as np
 import torch
 
 torch.set_num_threads(2)
-from bridge import PromptRenderer, PROMPT_FIELDS
-from llm_sidecar.__main__ import example_fields
-from llm_sidecar.backends import TransformersBackend, TransformersOptions
+from bridge import PromptRenderer
 from llm_sidecar.learning import LearningOptions, LoraLearner, held_out
-from jaxenv.synthetic import random_headline
+from lora_direction_probe import flat_headline_prompts, smollm2
 R = PromptRenderer.from_yaml()
 n = 400
 rng = np.random.default_rng(0)
-heads = [random_headline(rng, bullish=i % 2 == 0) for i in range(n)]
-fields, _ = example_fields(n, seed=3)
-fields[:, PROMPT_FIELDS.index("headline")] = np.arange(n)
-fields[:, PROMPT_FIELDS.index("position")] = 0
-prompts = [p.decode() for p in R.render(fields, heads)]
-bull = np.arange(n) % 2 == 0
-b = TransformersBackend(TransformersOptions(model="smollm2", action_labels=tuple(R.action_labels)), R.system, R.answer_prefix)
+prompts, bull = flat_headline_prompts(R, n, rng, fields_seed=3)
+b = smollm2(R)
 L = LoraLearner(b, LearningOptions(min_examples=64))
 before = b.advise(prompts).probs
 acts = rng.integers(0, 3, n)

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from bridge import PromptRenderer  # noqa: E402
 from jaxenv.synthetic import headline_sentiment  # noqa: E402
-from llm_sidecar.learning import Experience, LearningOptions, load_experiences  # noqa: E402
-from lora_direction_probe import describe, probe_prompts  # noqa: E402
+from llm_sidecar.learning import Experience, LearningOptions, LoraLearner, load_experiences  # noqa: E402
+from lora_direction_probe import describe, probe_prompts, smollm2  # noqa: E402
 
 ACTIONS = ("HOLD", "BUY", "SELL")
 
@@ -58,9 +58,6 @@ def main() -> None:
         return
     import torch
 
-    from llm_sidecar.backends import TransformersBackend, TransformersOptions
-    from llm_sidecar.learning import LoraLearner
-
     defaults = dataclasses.asdict(LearningOptions())
     overrides = {}
     for item in args.set:
@@ -71,8 +68,7 @@ def main() -> None:
     options = LearningOptions.from_dict({**defaults, **overrides})
     torch.manual_seed(0)
     renderer = PromptRenderer.from_yaml()
-    backend = TransformersBackend(TransformersOptions(model="smollm2", action_labels=tuple(renderer.action_labels)),
-                                  renderer.system, renderer.answer_prefix)
+    backend = smollm2(renderer)
     prompts, bull = probe_prompts(renderer)
     print("\nbase model:", describe(backend.advise(prompts).probs, bull), flush=True)
     learner = LoraLearner(backend, options)
