@@ -88,6 +88,7 @@ class LearningConfig:
     patience: int = 1  # early stopping on the held-out share's loss
     grad_clip: float = 1.0
     kl_coef: float = 0.1  # KL(base ‖ adapted) over the 6 actions, so answers do not collapse
+    anchor_coef: float = 0.0  # KL(base ‖ adapted) of the batch-average answer: learn which prompts, not overall
     advantage_clip: float = 3.0
     buffer_size: int = 4096
     val_share: float = 0.2

@@ -19,7 +19,9 @@ Objective per example, with weight w:
   - `pnl`: w = the P&L of the trade the advised action opened, over the training share's RMS trade P&L,
     clipped; 0 where no trade was opened (or it was still open). Not trading is the baseline: an entry is
     raised where its trade made money and lowered where it lost, whatever the young critic thinks;
-plus kl_coef · KL(base ‖ adapted) so the answers do not collapse. Adam at a learning rate well below the
+plus kl_coef · KL(base ‖ adapted) so the answers do not collapse, and optionally anchor_coef · KL between the
+base's and the adapted model's answer averaged over the batch: with it a round cannot move the answer everywhere
+alike (SELL less, HOLD more) and must move it between prompts, i.e. learn which prompts call for which action. Adam at a learning rate well below the
 policy's, gradient clipping, and early stopping on the validation share: after each epoch the held-out loss
 decides whether to go on, and the best epoch's weights are the ones copied into "default" at the round's end.
 
@@ -63,6 +65,7 @@ class LearningOptions:
     patience: int = 1  # epochs without a better validation loss before the round stops
     grad_clip: float = 1.0  # global gradient-norm clip
     kl_coef: float = 0.1  # weight of KL(base ‖ adapted) over the 6 actions
+    anchor_coef: float = 0.0  # weight of KL(base ‖ adapted) of the batch-average answer (0: off)
     advantage_clip: float = 3.0  # normalised advantages (and P&Ls) are clipped to ±this
     buffer_size: int = 4096  # experiences kept (the oldest go first)
     val_share: float = 0.2  # share of prompts (by hash) held out for validation
@@ -347,7 +350,11 @@ class LoraLearner:
         actions = torch.tensor([e.action for e in examples])
         nll = -(torch.tensor(weights) * logp.gather(1, actions[:, None])[:, 0]).mean()
         kl = (base.exp() * (base - logp)).sum(-1).mean()
-        return nll + self.options.kl_coef * kl, kl, logp
+        loss = nll + self.options.kl_coef * kl
+        if self.options.anchor_coef:
+            base_mean, mean = base.exp().mean(0), logp.exp().mean(0)
+            loss = loss + self.options.anchor_coef * (base_mean * (base_mean.log() - mean.log())).sum()
+        return loss, kl, logp
 
     def _evaluate(self, examples: list[Experience], weights: np.ndarray, adapter: str) -> Iterator[None]:
         """Loss, KL and top actions over `examples` under `adapter` (no gradients), a batch per yield; the

@@ -3,14 +3,17 @@ experiences a run's LoRA learner saved beside an adapter (RUN/adapters/N/experie
 action taken, the mean PPO advantage and trade P&L after bullish and after bearish headlines (the signal a
 round can learn the news from). With --learn, it replays one learning round on those experiences, from the base
 SmolLM2 and with the options given by --set, and scores the probe prompts (scripts/lora_direction_probe.py)
-before and after. ~10 min a round on a 2-core CPU.
+before and after. With --walk, the advisor alone (LLM-only) also walks the run's validation split, frozen and with
+the replayed adapter, as scripts/lora_headlines_experiment.py does. ~10 min a round on a 2-core CPU, ~70 s a walk.
 
     python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6
     python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --set baseline=action --out /tmp/a
+    python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --walk --set anchor_coef=5
 """
 import argparse
 import dataclasses
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +53,11 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                     help="a LearningOptions field for the replayed round, e.g. baseline=action (repeatable)")
     ap.add_argument("--out", help="save the replayed round's adapter (and its experiences) here")
+    ap.add_argument("--walk", action="store_true", help="with --learn: the advisor alone walks the run's validation "
+                    "split (the run folder holding adapters/N), frozen and with the replayed adapter")
     args = ap.parse_args()
+    if args.walk and not args.learn:
+        ap.error("--walk scores a replayed round: give --learn too")
     train, val = load_experiences(args.adapter)
     print(f"{len(train)} training and {len(val)} held-out experiences from {args.adapter}\n")
     print(outcome_table(train + val), flush=True)
@@ -77,9 +84,33 @@ def main() -> None:
     print(learner.start_round(), flush=True)
     learner.finish()
     print({k: round(v, 4) if isinstance(v, float) else v for k, v in learner.rounds[-1].items()})
-    print("learned:   ", describe(backend.advise(prompts).probs, bull))
-    if args.out:
-        print("saved", learner.save(args.out))
+    print("learned:   ", describe(backend.advise(prompts).probs, bull), flush=True)
+    out = args.out or (tempfile.mkdtemp(prefix="lora_replay_") if args.walk else None)
+    if out:
+        print("saved", learner.save(out))
+    if args.walk:
+        del learner, backend  # the walk's own sidecar loads the model again
+        for name, adapter in (("frozen", None), ("learned", out)):
+            figures = llm_only_walk(Path(args.adapter).resolve().parents[1], adapter)
+            print(f"validation, LLM-only, {name}: net P&L {figures['net_pnl']:,.0f}, {figures['trades']:.0f} trades",
+                  flush=True)
+
+
+def llm_only_walk(run_dir: Path, adapter: str | None) -> dict:
+    """The advisor alone (its top action) over the run's validation split, with `adapter` (None: the base model),
+    as the experiment's and evaluation's llm_only ablation walks it."""
+    import jax
+
+    from agents.advised_eval import ABLATIONS, advised_summary
+    from agents.checkpoint_eval import advised_walk, load_run
+
+    run = load_run(run_dir, "latest")
+    try:
+        trace = advised_walk(run, **{**ABLATIONS["llm_only"], "adapter": adapter})(
+            run.market.split_range("val"), jax.random.PRNGKey(run.cfg.seed + 10_000))
+        return advised_summary(trace)
+    finally:
+        run.close()
 
 
 if __name__ == "__main__":

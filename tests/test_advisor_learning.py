@@ -203,6 +203,24 @@ def test_a_new_adapter_answers_like_the_base_model_and_a_saved_one_reloads_exact
     assert record["learn_s"] > 0 and np.isfinite(record["kl_to_base"])
 
 
+def test_the_anchor_keeps_the_average_answer_where_a_round_would_move_it(tiny_model):
+    """The random tiny Phi-3 answers every prompt alike, so a round on rewarded headlines moves its answer
+    everywhere; anchor_coef (KL of the batch-average answer to the base's) holds that average near the base."""
+    shifts = {}
+    for anchor in (0.0, 10.0):
+        torch.manual_seed(0)
+        backend = tiny_backend(tiny_model)
+        learner = LoraLearner(backend, LearningOptions(lr=5e-3, min_examples=16, batch_size=16, max_epochs=2,
+                                                       anchor_coef=anchor))
+        prompts, _, _ = rewarded_headlines(learner, 160)
+        before = backend.advise(prompts).probs
+        learner.start_round()
+        learner.finish()
+        assert learner.rounds[-1]["adopted"]
+        shifts[anchor] = np.abs(backend.advise(prompts).probs.mean(0) - before.mean(0)).sum()
+    assert shifts[0.0] > 0.2 and shifts[10.0] < shifts[0.0] / 5
+
+
 @pytest.mark.slow
 def test_lora_learning_moves_answers_in_the_rewarded_direction(tiny_model):
     """The issue's shortened schedule: the held-out loss falls and the adapter raises P(BUY | bullish news) and
