@@ -21,9 +21,10 @@ Objective per example, with weight w:
     raised where its trade made money and lowered where it lost, whatever the young critic thinks;
 plus kl_coef · KL(base ‖ adapted) so the answers do not collapse, and optionally anchor_coef · KL between the
 base's and the adapted model's answer averaged over the batch: with it a round cannot move the answer everywhere
-alike (SELL less, HOLD more) and must move it between prompts, i.e. learn which prompts call for which action. Adam at a learning rate well below the
-policy's, gradient clipping, and early stopping on the validation share: after each epoch the held-out loss
-decides whether to go on, and the best epoch's weights are the ones copied into "default" at the round's end.
+alike (SELL less, HOLD more) and must move it between prompts, i.e. learn which prompts call for which action.
+Adam at a learning rate well below the policy's, gradient clipping, and early stopping on the validation share:
+after each epoch the held-out loss decides whether to go on, and the best epoch's weights are the ones copied
+into "default" at the round's end.
 
 A round runs as a generator, one minibatch per `step()`, so the server answers prompts between steps.
 """

@@ -90,25 +90,27 @@ def main() -> None:
         print("saved", learner.save(out))
     if args.walk:
         del learner, backend  # the walk's own sidecar loads the model again
-        for name, adapter in (("frozen", None), ("learned", out)):
-            figures = llm_only_walk(Path(args.adapter).resolve().parents[1], adapter)
-            print(f"validation, LLM-only, {name}: net P&L {figures['net_pnl']:,.0f}, {figures['trades']:.0f} trades",
-                  flush=True)
+        llm_only_walks(Path(args.adapter).resolve().parents[1], out)
 
 
-def llm_only_walk(run_dir: Path, adapter: str | None) -> dict:
-    """The advisor alone (its top action) over the run's validation split, with `adapter` (None: the base model),
-    as the experiment's and evaluation's llm_only ablation walks it."""
+def llm_only_walks(run_dir: Path, adapter: str) -> None:
+    """Prints the advisor alone (its top action) over the run's validation split, frozen (the adapter the run
+    started from, usually none) and with `adapter`: the experiment's and evaluation's llm_only ablations. One
+    restored run and one sidecar serve both walks."""
     import jax
 
-    from agents.advised_eval import ABLATIONS, advised_summary
+    from agents.advised_eval import ABLATIONS, FROZEN_ABLATION, advised_summary, run_ablations
     from agents.checkpoint_eval import advised_walk, load_run
 
     run = load_run(run_dir, "latest")
+    walks = {"frozen": run_ablations(run.cfg)[FROZEN_ABLATION],
+             "learned": {**ABLATIONS["llm_only"], "adapter": adapter}}
+    bars, key = run.market.split_range("val"), jax.random.PRNGKey(run.cfg.seed + 10_000)  # the experiment's key
     try:
-        trace = advised_walk(run, **{**ABLATIONS["llm_only"], "adapter": adapter})(
-            run.market.split_range("val"), jax.random.PRNGKey(run.cfg.seed + 10_000))
-        return advised_summary(trace)
+        for name, changes in walks.items():
+            figures = advised_summary(advised_walk(run, **changes)(bars, key))
+            print(f"validation, LLM-only, {name}: net P&L {figures['net_pnl']:,.0f}, {figures['trades']:.0f} trades",
+                  flush=True)
     finally:
         run.close()
 
