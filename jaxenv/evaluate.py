@@ -87,6 +87,8 @@ def summarize(trace: dict[str, np.ndarray]) -> dict[str, float]:
         "net_pnl": float(equity_curve[-1]) if len(equity_curve) else 0.0,
         "trades": float(exits.sum()),
         "win_rate": float((pnls > 0).mean()) if len(pnls) else 0.0,
+        # spread of one trade's P&L: net P&L's standard error is about trade_pnl_std · √trades
+        "trade_pnl_std": float(pnls.std(ddof=1)) if len(pnls) > 1 else 0.0,
         "breaches": float(trace["breach"].sum()),
         "max_drawdown": float(drawdown.max()) if len(drawdown) else 0.0,
         "bars": float(len(equity_curve)),

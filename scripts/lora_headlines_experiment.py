@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from agents.config import load_config  # noqa: E402
@@ -87,7 +89,20 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
     finally:
         evaluator.close()
     return {"seed": seed, "train_s": train_s, "adapter": learned, "rounds": last_rounds(run_dir), "walks": walks,
-            "probe": direction_probe(learned)}
+            "outcome_agreement": outcome_agreement(learned), "probe": direction_probe(learned)}
+
+
+def outcome_agreement(adapter: str | None) -> dict:
+    """How much the run's outcomes could teach about the news: the share of its closed trades whose market move
+    went the headline's way (scripts/lora_replay.py's figure; 0.5 is no signal)."""
+    from llm_sidecar.learning import load_experiences
+    from lora_replay import headline_agreement
+
+    if adapter is None:
+        return {"share": float("nan"), "trades": 0}
+    train, val = load_experiences(adapter)
+    share, trades = headline_agreement(train + val)
+    return {"share": share, "trades": trades}
 
 
 def direction_probe(adapter: str | None) -> dict:
@@ -101,16 +116,29 @@ def direction_probe(adapter: str | None) -> dict:
     return {name: direction_figures(score(renderer, prompts, a), bull) for name, a in (("frozen", None), ("learned", adapter))}
 
 
+def standard_error(walk: dict) -> float:
+    """The walk's net P&L's standard error from its trades' spread (NaN for results saved without it)."""
+    return walk.get("trade_pnl_std", float("nan")) * float(np.sqrt(walk["trades"]))
+
+
+def pnl_cell(pnl: float, se: float) -> str:
+    return f"{pnl:,.0f}" if np.isnan(se) else f"{pnl:,.0f} ± {se / 1000:.1f}k"
+
+
 def table(results: list[dict], splits: list[str]) -> str:
-    head = ["seed", *[f"{s} P&L frozen / learned" for s in splits], "held-out accuracy base → learned",
-            "held-out loss before → after", "KL", "adopted", "probe P(BUY) bull − bear, frozen → learned",
+    """One row per seed, then the mean over seeds of the P&L and accuracy columns (the issue's question is
+    whether learning helps on average, not on a lucky seed)."""
+    head = ["seed", "trades agreeing with the headline", *[f"{s} P&L frozen / learned (± standard error)" for s in splits],
+            "held-out accuracy base → learned", "held-out loss before → after", "KL", "adopted", "probe P(BUY) bull − bear, frozen → learned",
             "probe top action HOLD/BUY/SELL, learned"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         rnd = r["rounds"][-1] if r["rounds"] else {}
-        cells = [str(r["seed"])]
+        agreement = r.get("outcome_agreement", {"share": float("nan"), "trades": 0})
+        cells = [str(r["seed"]), f"{agreement['share']:.3f} of {agreement['trades']}"]
         for s in splits:
-            cells.append(f"{r['walks'][f'{s}_frozen']['net_pnl']:,.0f} / {r['walks'][f'{s}_learned']['net_pnl']:,.0f}")
+            walks = [r["walks"][f"{s}_{name}"] for name in ("frozen", "learned")]
+            cells.append(" / ".join(pnl_cell(w["net_pnl"], standard_error(w)) for w in walks))
         cells += [f"{rnd.get('accuracy_base', float('nan')):.3f} → {rnd.get('accuracy', float('nan')):.3f}",
                   f"{rnd.get('val_loss_before', float('nan')):.3f} → {rnd.get('val_loss', float('nan')):.3f}",
                   f"{rnd.get('kl_to_base', float('nan')):.3f}", str(bool(rnd.get("adopted")))]
@@ -118,6 +146,19 @@ def table(results: list[dict], splits: list[str]) -> str:
         cells += [f"{frozen['p_buy_bull'] - frozen['p_buy_bear']:+.3f} → {learned['p_buy_bull'] - learned['p_buy_bear']:+.3f}",
                   f"{learned['top_hold']:.0%} / {learned['top_buy']:.0%} / {learned['top_sell']:.0%}"]
         lines.append("| " + " | ".join(cells) + " |")
+    if len(results) > 1:
+        def mean(values) -> float:
+            return float(np.mean(list(values)))
+
+        cells = ["mean", ""]
+        for s in splits:
+            # no standard error here: the frozen advisor's walks are often one and the same walk for every seed
+            cells.append(f"{mean(r['walks'][f'{s}_frozen']['net_pnl'] for r in results):,.0f} / "
+                         f"{mean(r['walks'][f'{s}_learned']['net_pnl'] for r in results):,.0f}")
+        rounds = [r["rounds"][-1] for r in results if r["rounds"]]
+        cells.append(f"{mean(r['accuracy_base'] for r in rounds):.3f} → {mean(r['accuracy'] for r in rounds):.3f}"
+                     if rounds else "")
+        lines.append("| " + " | ".join(cells + [""] * (len(head) - len(cells))) + " |")
     return "\n".join(lines) + "\n"
 
 

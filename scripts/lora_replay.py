@@ -1,7 +1,9 @@
 """What did the advisor's outcomes teach, and what would another objective learn from them? Reads the
 experiences a run's LoRA learner saved beside an adapter (RUN/adapters/N/experiences.jsonl.gz) and prints, per
 action taken, the mean PPO advantage and trade P&L after bullish and after bearish headlines (the signal a
-round can learn the news from). With --learn, it replays one learning round on those experiences, from the base
+round can learn the news from), and how often a closed trade's market move agreed with its headline. Several
+adapter directories pool their experiences (as if one run had collected them all; the walk uses the first run).
+With --learn, it replays one learning round on those experiences, from the base
 SmolLM2 and with the options given by --set, and scores the probe prompts (scripts/lora_direction_probe.py)
 before and after. With --walk, the advisor alone (LLM-only) also walks the run's validation split, frozen and with
 the replayed adapter, as scripts/lora_headlines_experiment.py does. ~10 min a round on a 2-core CPU, ~70 s a walk.
@@ -9,6 +11,7 @@ the replayed adapter, as scripts/lora_headlines_experiment.py does. ~10 min a ro
     python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6
     python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --set baseline=action --out /tmp/a
     python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --walk --set anchor_coef=5
+    python scripts/lora_replay.py results/lora_headlines/runs/seed{0,1,2}/adapters/6 --learn --walk --set max_epochs=1
 """
 import argparse
 import dataclasses
@@ -43,12 +46,24 @@ def outcome_table(experiences: list[Experience]) -> str:
             lines.append(f"| {name} | {news} | {m.sum()} | {advantage[m].mean() if m.any() else float('nan'):+.3f} | "
                          f"{pnl[closed].mean() if closed.any() else float('nan'):+.1f} ({closed.sum()}) | "
                          f"{profitable[m].mean() if m.any() else float('nan'):.2f} |")
-    return "\n".join(lines)
+    share, n = headline_agreement(experiences)
+    return "\n".join(lines) + (f"\n\nclosed trades whose market move agreed with the headline: {share:.3f} of {n} "
+                               f"(± {np.sqrt(share * (1 - share) / max(n, 1)):.3f}; 0.5 is no signal)")
+
+
+def headline_agreement(experiences: list[Experience]) -> tuple[float, int]:
+    """How much the closed trades can teach about the news: the share whose market move (the trade's side times
+    the sign of its P&L) went the headline's way, and how many such trades there were. 0.5 is no signal."""
+    side = {1: 1, 2: -1}
+    agree = [side[e.action] * np.sign(e.trade_pnl) == headline_sentiment(e.prompt) for e in experiences
+             if e.action in side and np.isfinite(e.trade_pnl) and e.trade_pnl != 0 and headline_sentiment(e.prompt)]
+    return (float(np.mean(agree)) if agree else float("nan")), len(agree)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("adapter", help="an adapter directory holding experiences.jsonl.gz (a run's adapters/N)")
+    ap.add_argument("adapters", nargs="+", metavar="adapter",
+                    help="adapter directories holding experiences.jsonl.gz (a run's adapters/N); several are pooled")
     ap.add_argument("--learn", action="store_true", help="replay a learning round on the experiences")
     ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                     help="a LearningOptions field for the replayed round, e.g. baseline=action (repeatable)")
@@ -58,8 +73,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.walk and not args.learn:
         ap.error("--walk scores a replayed round: give --learn too")
-    train, val = load_experiences(args.adapter)
-    print(f"{len(train)} training and {len(val)} held-out experiences from {args.adapter}\n")
+    train, val = [], []
+    for adapter in args.adapters:
+        adapter_train, adapter_val = load_experiences(adapter)
+        train, val = train + adapter_train, val + adapter_val
+    print(f"{len(train)} training and {len(val)} held-out experiences from {', '.join(args.adapters)}\n")
     print(outcome_table(train + val), flush=True)
     if not args.learn:
         return
@@ -90,7 +108,7 @@ def main() -> None:
         print("saved", learner.save(out))
     if args.walk:
         del learner, backend  # the walk's own sidecar loads the model again
-        llm_only_walks(Path(args.adapter).resolve().parents[1], out)
+        llm_only_walks(Path(args.adapters[0]).resolve().parents[1], out)
 
 
 def llm_only_walks(run_dir: Path, adapter: str) -> None:

@@ -120,21 +120,49 @@ def test_the_pnl_objective_weighs_an_entry_by_its_trades_pnl_and_not_trading_by_
     assert objective_weights(LearningOptions(objective="pnl"), train)([experience(1, 1e9)])[0] == 3.0  # clipped
 
 
-def test_replay_script_tabulates_what_the_saved_outcomes_teach(tmp_path):
-    """scripts/lora_replay.py reads the experiences saved beside an adapter and splits them by action and
-    headline direction."""
-    rows = [Experience(f"News: {h}", np.full(6, 1 / 6, np.float32), a, 0.0, pnl, adv).to_json()
-            for h, a, pnl, adv in (("Apple beats earnings estimates, shares surge", 1, 40.0, 1.0),
-                                   ("Hawkish Fed remarks spark a selloff", 1, -60.0, -1.0),
-                                   ("Hawkish Fed remarks spark a selloff", 0, float("nan"), 0.5))]
-    with gzip.open(tmp_path / EXPERIENCES_FILE, "wt") as f:
-        f.writelines(json.dumps({**row, "held_out": False}) + "\n" for row in rows)
-    out = subprocess.run([sys.executable, "scripts/lora_replay.py", str(tmp_path)], capture_output=True, text=True,
+def test_replay_script_tabulates_what_the_saved_outcomes_teach_pooled_over_runs(tmp_path):
+    """scripts/lora_replay.py reads the experiences saved beside adapters, pools several runs', splits them by
+    action and headline direction, and says how often a closed trade's market move agreed with its headline."""
+    def save(folder: Path, outcomes: tuple) -> str:
+        folder.mkdir()
+        rows = [Experience(f"News: {h}", np.full(6, 1 / 6, np.float32), a, 0.0, pnl, adv).to_json()
+                for h, a, pnl, adv in outcomes]
+        with gzip.open(folder / EXPERIENCES_FILE, "wt") as f:
+            f.writelines(json.dumps({**row, "held_out": False}) + "\n" for row in rows)
+        return str(folder)
+
+    bull, bear = "Apple beats earnings estimates, shares surge", "Hawkish Fed remarks spark a selloff"
+    first = save(tmp_path / "a", ((bull, 1, 40.0, 1.0), (bear, 1, -60.0, -1.0), (bear, 0, float("nan"), 0.5)))
+    second = save(tmp_path / "b", ((bull, 2, 30.0, 0.2),))  # a SELL that won while the headline was bullish
+    out = subprocess.run([sys.executable, "scripts/lora_replay.py", first, second], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1]).stdout
-    assert "3 training and 0 held-out experiences" in out
+    assert "4 training and 0 held-out experiences" in out
     assert "| BUY | bullish | 1 | +1.000 | +40.0 (1) | 1.00 |" in out
     assert "| BUY | bearish | 1 | -1.000 | -60.0 (1) | 0.00 |" in out
     assert "| HOLD | bearish | 1 | +0.500 | +nan (0) | 0.00 |" in out
+    assert "| SELL | bullish | 1 | +0.200 | +30.0 (1) | 1.00 |" in out
+    assert "agreed with the headline: 0.667 of 3" in out  # both BUYs went the news' way, the SELL did not
+
+
+def test_the_experiment_table_gives_each_seed_and_the_mean_over_seeds():
+    """Does learning help on average, not on a lucky seed: scripts/lora_headlines_experiment.py's table gives
+    each walk's P&L with its standard error and ends with the mean P&L and accuracy over the seeds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from lora_headlines_experiment import table
+
+    def seed(s: int, learned_pnl: float, accuracy: float) -> dict:
+        figures = {"frozen": {"p_buy_bull": 0.2, "p_buy_bear": 0.2, "top_hold": 0, "top_buy": 0, "top_sell": 1}}
+        walks = {"val_frozen": {"net_pnl": -6000.0, "trades": 400, "trade_pnl_std": 600.0},
+                 "val_learned": {"net_pnl": learned_pnl, "trades": 100, "trade_pnl_std": 500.0}}
+        return {"seed": s, "walks": walks,
+                "rounds": [{"accuracy_base": 0.4, "accuracy": accuracy, "val_loss_before": 1.0, "val_loss": 0.9,
+                            "kl_to_base": 0.1, "adopted": True}],
+                "outcome_agreement": {"share": 0.55, "trades": 250},
+                "probe": {**figures, "learned": figures["frozen"]}}
+
+    lines = table([seed(0, 9000.0, 0.6), seed(1, -21000.0, 0.3)], ["val"]).splitlines()
+    assert lines[2].startswith("| 0 | 0.550 of 250 | -6,000 ± 12.0k / 9,000 ± 5.0k | 0.400 → 0.600 |")  # std · √trades
+    assert lines[-1].startswith("| mean |  | -6,000 / -6,000 | 0.400 → 0.450 |")
 
 
 # ---- the learner on the tiny random Phi-3 --------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from jaxenv import EnvConfig, TradingEnv
 from jaxenv.config import PropFirmRules
-from jaxenv.evaluate import buy_and_hold
+from jaxenv.evaluate import buy_and_hold, summarize
 from jaxenv.metrics import (
     calmar, daily_pnl, max_drawdown, prop_firm_result, sharpe_daily, sortino_daily, step_days, trade_stats,
     trades_table, underwater, walk_metrics,
@@ -156,3 +156,13 @@ def test_buy_and_hold_holds_one_contract_across_sessions(hand_market):
     assert trace["trade_pnl"][-1] == pytest.approx(expected) and trace["commission"].sum() == pytest.approx(4.28)
     m = walk_metrics(trace, market.timestamps, env.config.prop_firm)
     assert m["trades"] == 1.0 and m["net_pnl"] == pytest.approx(expected) and m["breaches"] == 0.0
+
+
+def test_a_walk_summary_gives_the_spread_of_its_trades_for_a_standard_error():
+    """A walk's net P&L is noisy; its summary carries one trade's P&L spread so a reader can weigh it."""
+    trace = {"exit_reason": np.array([0, 1, 0, 2, 0]), "trade_pnl": np.array([0.0, 100.0, 0.0, -300.0, 0.0]),
+             "pnl": np.array([0.0, 100.0, 0.0, -300.0, 0.0]), "breach": np.zeros(5, bool)}
+    figures = summarize(trace)
+    assert figures["trades"] == 2 and figures["net_pnl"] == -200.0
+    assert figures["trade_pnl_std"] == pytest.approx(200.0 * math.sqrt(2))  # sample std of +100 and -300
+    assert summarize({**trace, "exit_reason": np.array([0, 1, 0, 0, 0])})["trade_pnl_std"] == 0.0  # one trade
