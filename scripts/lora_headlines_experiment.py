@@ -128,9 +128,10 @@ def pnl_cell(pnl: float, se: float) -> str:
 def table(results: list[dict], splits: list[str]) -> str:
     """One row per seed, then the mean over seeds of the P&L and accuracy columns (the issue's question is
     whether learning helps on average, not on a lucky seed)."""
-    head = ["seed", "trades agreeing with the headline", *[f"{s} P&L frozen / learned (± standard error)" for s in splits],
-            "held-out accuracy base → learned", "held-out loss before → after", "KL", "adopted", "probe P(BUY) bull − bear, frozen → learned",
-            "probe top action HOLD/BUY/SELL, learned"]
+    head = ["seed", "trades agreeing with the headline",
+            *[f"{s} P&L frozen / learned (± standard error)" for s in splits],
+            "held-out accuracy base → learned", "held-out loss before → after", "KL", "adopted",
+            "probe P(BUY) bull − bear, frozen → learned", "probe top action HOLD/BUY/SELL, learned"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         rnd = r["rounds"][-1] if r["rounds"] else {}

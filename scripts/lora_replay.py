@@ -3,10 +3,11 @@ experiences a run's LoRA learner saved beside an adapter (RUN/adapters/N/experie
 action taken, the mean PPO advantage and trade P&L after bullish and after bearish headlines (the signal a
 round can learn the news from), and how often a closed trade's market move agreed with its headline. Several
 adapter directories pool their experiences (as if one run had collected them all; the walk uses the first run).
-With --learn, it replays one learning round on those experiences, from the base
-SmolLM2 and with the options given by --set, and scores the probe prompts (scripts/lora_direction_probe.py)
-before and after. With --walk, the advisor alone (LLM-only) also walks the run's validation split, frozen and with
-the replayed adapter, as scripts/lora_headlines_experiment.py does. ~10 min a round on a 2-core CPU, ~70 s a walk.
+With --learn, it replays one learning round on those experiences, from the base SmolLM2 and with the options
+given by --set, and scores the probe prompts (scripts/lora_direction_probe.py) before and after. With --walk, the
+advisor alone (LLM-only) also walks the run's validation split, frozen and with the replayed adapter, as
+scripts/lora_headlines_experiment.py does. On a 2-core CPU: ~10 min a round on one run's ~400 experiences
+(~24 min an epoch on five runs'), ~70 s a walk.
 
     python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6
     python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --set baseline=action --out /tmp/a
@@ -17,6 +18,7 @@ import argparse
 import dataclasses
 import sys
 import tempfile
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -97,8 +99,8 @@ def main() -> None:
     prompts, bull = probe_prompts(renderer)
     print("\nbase model:", describe(backend.advise(prompts).probs, bull), flush=True)
     learner = LoraLearner(backend, options)
-    learner.buffer.train.extend(train)
-    learner.buffer.val.extend(val)
+    # every experience given, even beyond buffer_size (a run's buffer would have dropped the oldest)
+    learner.buffer.train, learner.buffer.val = deque(train), deque(val)
     print(learner.start_round(), flush=True)
     learner.finish()
     print({k: round(v, 4) if isinstance(v, float) else v for k, v in learner.rounds[-1].items()})
