@@ -57,8 +57,11 @@ def headline_agreement(experiences: list[Experience]) -> tuple[float, int]:
     """How much the closed trades can teach about the news: the share whose market move (the trade's side times
     the sign of its P&L) went the headline's way, and how many such trades there were. 0.5 is no signal."""
     side = {1: 1, 2: -1}
-    agree = [side[e.action] * np.sign(e.trade_pnl) == headline_sentiment(e.prompt) for e in experiences
-             if e.action in side and np.isfinite(e.trade_pnl) and e.trade_pnl != 0 and headline_sentiment(e.prompt)]
+    agree = []
+    for e in experiences:
+        news = headline_sentiment(e.prompt)
+        if e.action in side and np.isfinite(e.trade_pnl) and e.trade_pnl != 0 and news:
+            agree.append(side[e.action] * np.sign(e.trade_pnl) == news)
     return (float(np.mean(agree)) if agree else float("nan")), len(agree)
 
 
