@@ -40,7 +40,7 @@ class StepExtras(NamedTuple):
     context: jax.Array  # [N, N_FUSION_CONTEXT]
     pg_weight: jax.Array  # [N] 1 where the policy chose the action, 0 where rules overrode it
     stats: dict[str, jax.Array]  # per-step sums over envs, for metrics
-    trade: Any = None  # the step's fills ({entered, exited, trade_pnl}, leaves [N]): outcomes sent to the advisor
+    trade: Any = None  # the step's fills ({entered, exited, trade_pnl}) and decision bar, leaves [N]: advisor outcomes
 
 
 @dataclass(frozen=True)

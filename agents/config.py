@@ -73,12 +73,14 @@ class LogConfig:
 @dataclass
 class LearningConfig:
     """LoRA learning of the advisor from the outcomes of its advice (llm_sidecar.learning). The fields after
-    `every_updates` are llm_sidecar.learning.LearningOptions."""
+    `move_bars` are llm_sidecar.learning.LearningOptions."""
 
     enabled: bool = False  # needs a transformers advisor (smollm2, a model path) in score mode
     every_updates: int = 2  # M: a learning round starts after every M PPO updates (the sidecar runs it between answers)
+    move_bars: int = 30  # bars over which each outcome's market move is measured (<= ppo.num_steps for `move`)
     objective: str = "advantage"  # advantage: weight by the PPO advantage | profitable: fine-tune on profitable ones
     # | pnl: weight by the P&L of the trade the advice opened (not trading is the baseline)
+    # | move: BUY where the market then rose, SELL where it fell, weighted by the move (every answered prompt)
     baseline: str = "none"  # advantage: none | action (centre on each action's mean: learn when it pays, not whether)
     lr: float = 5e-5  # well below the policy's ppo.lr
     rank: int = 8
@@ -218,8 +220,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),
          "hybrid.learning.enabled", "LoRA learning needs a transformers advisor (smollm2 or a model path) in score mode"),
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
-        (cfg.hybrid.learning.objective in ("advantage", "profitable", "pnl"), "hybrid.learning.objective",
-         "must be advantage, profitable or pnl"),
+        (cfg.hybrid.learning.objective in ("advantage", "profitable", "pnl", "move"), "hybrid.learning.objective",
+         "must be advantage, profitable, pnl or move"),
+        (cfg.hybrid.learning.move_bars >= 1, "hybrid.learning.move_bars", "must be >= 1"),
+        (cfg.hybrid.learning.objective != "move" or cfg.hybrid.learning.move_bars <= p.num_steps,
+         "hybrid.learning.move_bars", f"the move objective measures moves inside one rollout: must be <= ppo.num_steps "
+         f"= {p.num_steps}"),
         (cfg.hybrid.learning.baseline in ("none", "action"), "hybrid.learning.baseline", "must be none or action"),
         (0 < cfg.hybrid.learning.val_share < 1, "hybrid.learning.val_share", "must be between 0 and 1"),
         (cfg.hybrid.learning.lr > 0, "hybrid.learning.lr", "must be > 0"),

@@ -30,7 +30,8 @@ from agents.prompt_fields import PromptFieldBuilder, gather_state
 from agents.risk_veto import RULES
 from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
-
+from bridge.transport import OUTCOME_FIELDS
+from jaxenv.market import Market
 
 
 def make_acting(cfg, env) -> HybridActing:
@@ -65,7 +66,8 @@ def learning_options(cfg) -> dict | None:
     learning = cfg.hybrid.learning
     if not learning.enabled:
         return None
-    options = {k: v for k, v in dataclasses.asdict(learning).items() if k not in ("enabled", "every_updates")}
+    trainer_only = ("enabled", "every_updates", "move_bars")
+    options = {k: v for k, v in dataclasses.asdict(learning).items() if k not in trainer_only}
     return {**options, "seed": cfg.seed}
 
 
@@ -316,14 +318,18 @@ def acting_metrics(stats: dict) -> dict:
     }
 
 
-def outcome_rows(applied: list[tuple[int, int, list]], traj: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def outcome_rows(applied: list[tuple[int, int, list]], traj: dict[str, np.ndarray],
+                 market: Market | None = None, move_bars: int = 30) -> dict[str, np.ndarray]:
     """Outcome rows (bridge.transport.OUTCOME_FIELDS) of the answers written before each chunk.
 
     `applied`: (first step t0 of the chunk, its length k, [(seq, answer rows, env ids)]) per chunk; `traj`: [T, N]
-    numpy arrays action, reward, advantage, advice_valid, entered, exited, trade_pnl. An answer counts only
-    where its advice was in force at t0 (the env may have changed side meanwhile); its outcome is the action
-    taken at t0, its advantage, the reward over [t0, t0 + k) and, when that action opened a trade, the trade's
-    P&L at its exit (NaN when the trade was still open at the rollout's end).
+    numpy arrays action, reward, advantage, advice_valid, entered, exited, trade_pnl and bar (the decision's bar).
+    Every answer gets a row; `in_force` says whether its advice was still in force at t0 (the env may have
+    changed side meanwhile). Its outcome is the action taken at t0, its advantage, the reward over [t0, t0 + k),
+    when that action opened a trade the trade's P&L at its exit (NaN when still open at the rollout's end), and
+    the market's move after t0 in ATRs: from the next bar's open (where an order placed at t0 fills) to the close
+    `move_bars` bars on, NaN unless the env lived through all of them in this rollout (no look-ahead: the
+    rollout has already played those bars).
     """
     seqs, rows, envs, starts, lengths = [], [], [], [], []
     for t0, k, written in applied:
@@ -334,12 +340,9 @@ def outcome_rows(applied: list[tuple[int, int, list]], traj: dict[str, np.ndarra
             starts.append(np.full(len(env_ids), t0))
             lengths.append(np.full(len(env_ids), k))
     if not seqs:
-        return {"seq": np.zeros(0, np.int64), "row": np.zeros(0, np.int32), "action": np.zeros(0, np.int8),
-                "reward": np.zeros(0, np.float32), "trade_pnl": np.zeros(0, np.float32),
-                "advantage": np.zeros(0, np.float32)}
+        return {name: np.zeros(0, dtype) for name, dtype in OUTCOME_FIELDS}
     seq, row, env, t0, k = (np.concatenate(x) for x in (seqs, rows, envs, starts, lengths))
-    keep = traj["advice_valid"][t0, env]
-    seq, row, env, t0, k = seq[keep], row[keep], env[keep], t0[keep], k[keep]
+    in_force = traj["advice_valid"][t0, env]
     steps = np.arange(traj["reward"].shape[0])[:, None]
     window = (steps >= t0) & (steps < t0 + k)  # [T, R]
     reward = (traj["reward"][:, env] * window).sum(0)
@@ -347,9 +350,19 @@ def outcome_rows(applied: list[tuple[int, int, list]], traj: dict[str, np.ndarra
     closes = later_exit.any(0)
     exit_step = later_exit.argmax(0)
     trade_pnl = np.where(traj["entered"][t0, env] & closes, traj["trade_pnl"][exit_step, env], np.nan)
-    return {"seq": seq, "row": row.astype(np.int32), "action": traj["action"][t0, env].astype(np.int8),
-            "reward": reward.astype(np.float32), "trade_pnl": trade_pnl.astype(np.float32),
-            "advantage": traj["advantage"][t0, env].astype(np.float32)}
+    move = np.full(len(seq), np.nan)
+    if market is not None:
+        last = t0 + move_bars - 1  # the step whose transition plays bar (decision bar + move_bars)
+        lived = last < len(steps)
+        bar = traj["bar"][t0, env].astype(np.int64)
+        # No reset inside the window: the env's bar advanced one per step.
+        lived[lived] &= traj["bar"][last[lived], env[lived]] == bar[lived] + move_bars - 1
+        b = bar[lived]
+        move[lived] = (market.close[b + move_bars] - market.open[b + 1]) / np.maximum(market.atr[b], 1e-9)
+    return {"seq": seq, "row": row.astype(np.int32), "in_force": in_force.astype(np.int8),
+            "action": traj["action"][t0, env].astype(np.int8), "reward": reward.astype(np.float32),
+            "trade_pnl": trade_pnl.astype(np.float32), "advantage": traj["advantage"][t0, env].astype(np.float32),
+            "move": move.astype(np.float32)}
 
 
 class QueryLoop:
@@ -361,6 +374,7 @@ class QueryLoop:
                  adapter: str | None = None):
         self.chunks = chunk_lengths(cfg.ppo.num_steps, cfg.hybrid.query.interval)
         self.learning = cfg.hybrid.learning if cfg.hybrid.learning.enabled else None
+        self.market = market  # its prices measure the market's move after each answer (the outcomes' `move`)
         self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir, client, learn=self.learning is not None,
                                 adapter=adapter)
         self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
@@ -407,7 +421,7 @@ class QueryLoop:
             "action": traj.action, "reward": traj.reward, "advantage": advantage,
             "advice_valid": traj.extras.advice.valid, **traj.extras.trade,
         })  # fmt: skip
-        return self.client.send_outcomes(outcome_rows(applied, host), wait_s=1.0)
+        return self.client.send_outcomes(outcome_rows(applied, host, self.market, self.learning.move_bars), wait_s=1.0)
 
     def _learning_step(self, update: int, sent: int) -> dict:
         """Starts a LoRA round every M updates; the metrics of rounds finished since the last update."""

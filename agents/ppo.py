@@ -218,7 +218,8 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
         )
         if acting is not None:
             hybrid = acting.after_step(hybrid, info)
-            extras = extras._replace(trade=acting.trade_events(info))
+            # the decision's bar too: the advisor's outcomes measure the market's move after it
+            extras = extras._replace(trade={**acting.trade_events(info), "bar": rs.env_state.t})
         obs = flat(obs)
         reward = reward.astype(jnp.float32)
         terminated, truncated = terminated.astype(bool), truncated.astype(bool)

@@ -1,10 +1,10 @@
 """LoRA learning from trading outcomes, inside the sidecar (issue: an advisor that learns from the trades it
 advised).
 
-The trainer sends, for each answered query whose advice was in force at the env's next decision, the action
-the agent took and what followed (bridge.transport.OUTCOME_FIELDS). `PromptMemory` remembers each recent
-submission's prompts and answers so those outcome rows become `Experience`s in a bounded `ExperienceBuffer`
-that holds a share of prompts out for validation.
+The trainer sends, for each answered query, the action the agent took at the env's next decision (and whether the
+advice was still in force there) and what followed (bridge.transport.OUTCOME_FIELDS). `PromptMemory` remembers each
+recent submission's prompts and answers so those outcome rows become `Experience`s in a bounded `ExperienceBuffer`
+that holds a share of prompts out for validation (each objective keeps the rows it can learn from: `usable`).
 
 `LoraLearner` trains a second LoRA adapter ("learning") on the score head, the 6-way softmax the advisor
 answers with, while the "default" adapter keeps answering: answers never come from half-trained weights.
@@ -19,6 +19,10 @@ Objective per example, with weight w:
   - `pnl`: w = the P&L of the trade the advised action opened, over the training share's RMS trade P&L,
     clipped; 0 where no trade was opened (or it was still open). Not trading is the baseline: an entry is
     raised where its trade made money and lowered where it lost, whatever the young critic thinks;
+  - `move`: the loss is -w·log p(BUY) where the market rose over the next `move_bars` bars after the advice and
+    -w·log p(SELL) where it fell, w = the move over the training share's RMS move, clipped. It scores every
+    answered prompt, in force or not and whatever the agent did, so it has ~4x the examples of the others, and
+    each says which way the market went rather than how one stopped-out trade ended;
 plus kl_coef · KL(base ‖ adapted) so the answers do not collapse, and optionally anchor_coef · KL between the
 base's and the adapted model's answer averaged over the batch: with it a round cannot move the answer everywhere
 alike (SELL less, HOLD more) and must move it between prompts, i.e. learn which prompts call for which action.
@@ -46,9 +50,10 @@ import numpy as np
 
 from llm_sidecar.models import log
 
-OBJECTIVES = ("advantage", "profitable", "pnl")
+OBJECTIVES = ("advantage", "profitable", "pnl", "move")
 BASELINES = ("none", "action")
 N_ACTIONS = 6
+BUY, SELL = 1, 2
 EXPERIENCES_FILE = "experiences.jsonl.gz"  # saved beside each adapter
 TRAINING_ADAPTER = "learning"
 SERVING_ADAPTER = "default"
@@ -56,7 +61,7 @@ SERVING_ADAPTER = "default"
 
 @dataclass
 class LearningOptions:
-    objective: str = "advantage"  # advantage | profitable | pnl
+    objective: str = "advantage"  # advantage | profitable | pnl | move
     baseline: str = "none"  # advantage objective: none | action (centre each advantage on its action's mean)
     lr: float = 5e-5  # Adam step for the LoRA weights (the policy's is 3e-4)
     rank: int = 8  # LoRA rank of a new adapter (an adapter loaded with --lora keeps its own)
@@ -99,6 +104,9 @@ class Experience:
     reward: float  # reward over the following query interval
     trade_pnl: float  # the opened trade's final P&L, NaN if none
     advantage: float
+    in_force: bool = True  # the advice was in force when the agent took `action` (else action/reward/P&L/advantage
+    # are not the advice's)
+    move: float = float("nan")  # the market's move over the following bars, in ATRs; NaN if unknown
 
     @property
     def profitable(self) -> bool:
@@ -107,13 +115,15 @@ class Experience:
     def to_json(self) -> dict:
         return {"prompt": self.prompt, "advice": [round(float(p), 6) for p in self.advice], "action": self.action,
                 "reward": self.reward, "trade_pnl": self.trade_pnl if np.isfinite(self.trade_pnl) else None,
-                "advantage": self.advantage}
+                "advantage": self.advantage, "in_force": self.in_force,
+                "move": self.move if np.isfinite(self.move) else None}
 
     @classmethod
     def from_json(cls, row: dict) -> "Experience":
-        pnl = row["trade_pnl"]
+        pnl, move = row["trade_pnl"], row.get("move")  # files saved before `move` have rows in force only
         return cls(row["prompt"], np.asarray(row["advice"], np.float32), int(row["action"]), float(row["reward"]),
-                   float("nan") if pnl is None else float(pnl), float(row["advantage"]))
+                   float("nan") if pnl is None else float(pnl), float(row["advantage"]),
+                   bool(row.get("in_force", True)), float("nan") if move is None else float(move))
 
 
 class PromptMemory:
@@ -131,6 +141,8 @@ class PromptMemory:
     def join(self, rows: dict[str, np.ndarray]) -> tuple[list[Experience], int]:
         """Experiences for the outcome rows whose submission is remembered; also how many were not."""
         out, unknown = [], 0
+        n = len(rows["seq"])
+        in_force, move = rows.get("in_force", np.ones(n)), rows.get("move", np.full(n, np.nan))
         for i in range(len(rows["seq"])):
             entry = self.entries.get(int(rows["seq"][i]))
             row = int(rows["row"][i])
@@ -138,7 +150,8 @@ class PromptMemory:
                 unknown += 1
                 continue
             out.append(Experience(entry[0][row], entry[1][row], int(rows["action"][i]), float(rows["reward"][i]),
-                                  float(rows["trade_pnl"][i]), float(rows["advantage"][i])))
+                                  float(rows["trade_pnl"][i]), float(rows["advantage"][i]), bool(in_force[i]),
+                                  float(move[i])))
         return out, unknown
 
 
@@ -194,6 +207,10 @@ def objective_weights(options: LearningOptions, train: list[Experience]) -> Call
         rms = float(np.sqrt(np.mean(pnl[np.isfinite(pnl)] ** 2))) if np.isfinite(pnl).any() else 1.0
         return lambda examples: np.clip(np.nan_to_num(np.array([e.trade_pnl for e in examples], np.float32) / (rms + 1e-8)),
                                         -options.advantage_clip, options.advantage_clip)
+    if options.objective == "move":
+        rms = float(np.sqrt(np.mean(np.array([e.move for e in train]) ** 2))) if train else 1.0
+        return lambda examples: np.clip(np.abs(np.array([e.move for e in examples], np.float32)) / (rms + 1e-8),
+                                        0.0, options.advantage_clip)
     adv = np.array([e.advantage for e in train], np.float64)
     actions = np.array([e.action for e in train], np.int64)
     centre = np.zeros(N_ACTIONS)
@@ -207,6 +224,20 @@ def objective_weights(options: LearningOptions, train: list[Experience]) -> Call
         return np.clip(w, -options.advantage_clip, options.advantage_clip)
 
     return weights
+
+
+def objective_actions(options: LearningOptions, examples: list[Experience]) -> np.ndarray:
+    """The action each example's weight applies to: the one the agent took, or for `move` the side that the
+    market's move favoured."""
+    if options.objective == "move":
+        return np.array([BUY if e.move > 0 else SELL for e in examples], np.int64)
+    return np.array([e.action for e in examples], np.int64)
+
+
+def usable(options: LearningOptions, experience: Experience) -> bool:
+    """Whether the objective can learn from `experience`: `move` from any with a known move, the others only where
+    the advice was in force (else the action and its outcome are not the advice's)."""
+    return np.isfinite(experience.move) if options.objective == "move" else experience.in_force
 
 
 class LoraLearner:
@@ -249,7 +280,7 @@ class LoraLearner:
 
     def add_outcomes(self, rows: dict[str, np.ndarray]) -> None:
         experiences, unknown = self.memory.join(rows)
-        self.buffer.add(experiences)
+        self.buffer.add([e for e in experiences if usable(self.options, e)])
         self.unknown_outcomes += unknown
 
     # ---- adapters --------------------------------------------------------------------------------------
@@ -343,12 +374,12 @@ class LoraLearner:
     def _base(self, examples: list[Experience]):
         return self.torch.tensor(np.stack([self._base_logp[e.prompt] for e in examples]))
 
-    def _loss(self, examples: list[Experience], weights: np.ndarray):
+    def _loss(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray):
         """(loss, KL, log-probabilities [n, 6]) of a batch under the active adapter."""
         torch = self.torch
         base = self._base(examples)
         logp = self._log_probs([e.prompt for e in examples]).cpu()
-        actions = torch.tensor([e.action for e in examples])
+        actions = torch.tensor(actions)
         nll = -(torch.tensor(weights) * logp.gather(1, actions[:, None])[:, 0]).mean()
         kl = (base.exp() * (base - logp)).sum(-1).mean()
         loss = nll + self.options.kl_coef * kl
@@ -357,7 +388,8 @@ class LoraLearner:
             loss = loss + self.options.anchor_coef * (base_mean * (base_mean.log() - mean.log())).sum()
         return loss, kl, logp
 
-    def _evaluate(self, examples: list[Experience], weights: np.ndarray, adapter: str) -> Iterator[None]:
+    def _evaluate(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray,
+                  adapter: str) -> Iterator[None]:
         """Loss, KL and top actions over `examples` under `adapter` (no gradients), a batch per yield; the
         result lands in self._result. The serving adapter is active again at every yield."""
         total = kl_total = 0.0
@@ -366,7 +398,7 @@ class LoraLearner:
         for start in range(0, len(examples), bs):
             batch = examples[start : start + bs]
             with self.torch.no_grad(), self._adapter(adapter):
-                loss, kl, logp = self._loss(batch, weights[start : start + bs])
+                loss, kl, logp = self._loss(batch, actions[start : start + bs], weights[start : start + bs])
                 tops.append(logp.argmax(-1).numpy())
             self.model.set_adapter(SERVING_ADAPTER)
             total += float(loss) * len(batch)
@@ -376,20 +408,30 @@ class LoraLearner:
 
     @staticmethod
     def accuracy(examples: list[Experience], top_actions: np.ndarray) -> float:
-        """Share of advice whose action had a positive advantage: over the examples where the advisor's top
-        action is the action the agent took (the only action whose advantage is known)."""
-        taken = np.array([e.action for e in examples]) == top_actions
+        """Share of advice whose action had a positive advantage: over the examples where the advice was in force
+        and the advisor's top action is the action the agent took (the only action whose advantage is known)."""
+        taken = (np.array([e.action for e in examples]) == top_actions) & np.array([e.in_force for e in examples])
         positive = np.array([e.advantage > 0 for e in examples])
         return float(positive[taken].mean()) if taken.any() else float("nan")
+
+    @staticmethod
+    def direction_accuracy(examples: list[Experience], top_actions: np.ndarray) -> float:
+        """Share of the examples whose top action is BUY or SELL (and whose move is known) where the market then
+        moved that way."""
+        move = np.array([e.move for e in examples])
+        side = np.where(top_actions == BUY, 1.0, np.where(top_actions == SELL, -1.0, 0.0))
+        called = (side != 0) & np.isfinite(move) & (move != 0)
+        return float((np.sign(move[called]) == side[called]).mean()) if called.any() else float("nan")
 
     def _round(self, train: list[Experience], val: list[Experience]) -> Iterator[None]:
         torch, o = self.torch, self.options
         t0, learn_before = time.perf_counter(), self.learn_s
         weights = objective_weights(o, train)
         w_train, w_val = weights(train), weights(val)
+        a_train, a_val = objective_actions(o, train), objective_actions(o, val)
         yield from self._base_prepare(train + val)
         base_tops = self._base(val).argmax(-1).numpy()
-        yield from self._evaluate(val, w_val, SERVING_ADAPTER)
+        yield from self._evaluate(val, a_val, w_val, SERVING_ADAPTER)
         val_before, _, tops_before = self._result
         best_loss, best_epoch, epochs, steps, train_loss = val_before, 0, 0, 0, float("nan")
         params = [p for _, p in self.pairs]
@@ -401,7 +443,7 @@ class LoraLearner:
             for start in range(0, len(order), o.batch_size):
                 idx = order[start : start + o.batch_size]
                 self.model.set_adapter(TRAINING_ADAPTER)
-                loss = self._loss([train[i] for i in idx], w_train[idx])[0]
+                loss = self._loss([train[i] for i in idx], a_train[idx], w_train[idx])[0]
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
@@ -411,7 +453,7 @@ class LoraLearner:
                 steps += 1
                 yield None
             train_loss, epochs = float(np.mean(losses)), epoch
-            yield from self._evaluate(val, w_val, TRAINING_ADAPTER)
+            yield from self._evaluate(val, a_val, w_val, TRAINING_ADAPTER)
             val_loss = self._result[0]
             if val_loss < best_loss - 1e-4:
                 best_loss, best_epoch = val_loss, epoch
@@ -425,14 +467,16 @@ class LoraLearner:
             self._copy(to_training=False)
             self.backend.refresh_prefix_cache()
             self.version += 1
-        yield from self._evaluate(val, w_val, SERVING_ADAPTER)
+        yield from self._evaluate(val, a_val, w_val, SERVING_ADAPTER)
         val_after, kl_after, tops_after = self._result
         record = {
             "round": len(self.rounds) + 1, "train_examples": len(train), "val_examples": len(val),
             "epochs": epochs, "best_epoch": best_epoch, "steps": steps, "adopted": bool(best_epoch),
             "train_loss": train_loss, "val_loss_before": val_before, "val_loss": val_after, "kl_to_base": kl_after,
             "accuracy_base": self.accuracy(val, base_tops), "accuracy_before": self.accuracy(val, tops_before),
-            "accuracy": self.accuracy(val, tops_after), "learn_s": self.learn_s - learn_before,
+            "accuracy": self.accuracy(val, tops_after),
+            "direction_accuracy_base": self.direction_accuracy(val, base_tops),
+            "direction_accuracy": self.direction_accuracy(val, tops_after), "learn_s": self.learn_s - learn_before,
             "wall_s": time.perf_counter() - t0,
         }  # fmt: skip
         self.rounds.append(record)

@@ -1,8 +1,9 @@
 """What did the advisor's outcomes teach, and what would another objective learn from them? Reads the
 experiences a run's LoRA learner saved beside an adapter (RUN/adapters/N/experiences.jsonl.gz) and prints, per
 action taken, the mean PPO advantage and trade P&L after bullish and after bearish headlines (the signal a
-round can learn the news from), and how often a closed trade's market move agreed with its headline. Several
-adapter directories pool their experiences (as if one run had collected them all; the walk uses the first run).
+round can learn the news from), and how often a closed trade, and the market's move after an answered prompt (the
+`move` objective's label), went the way of its headline. Several adapter directories pool their experiences (as
+if one run had collected them all; the walk uses the first run).
 With --learn, it replays one learning round on those experiences, from the base SmolLM2 and with the options
 given by --set, and scores the probe prompts (scripts/lora_direction_probe.py) before and after. With --walk, the
 advisor alone (LLM-only) also walks the run's validation split, frozen and with the replayed adapter, as
@@ -27,14 +28,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from bridge import PromptRenderer  # noqa: E402
 from jaxenv.synthetic import headline_sentiment  # noqa: E402
-from llm_sidecar.learning import Experience, LearningOptions, LoraLearner, load_experiences  # noqa: E402
+from llm_sidecar.learning import Experience, LearningOptions, LoraLearner, load_experiences, usable  # noqa: E402
 from lora_direction_probe import describe, probe_prompts, smollm2  # noqa: E402
 
 ACTIONS = ("HOLD", "BUY", "SELL")
 
 
 def outcome_table(experiences: list[Experience]) -> str:
-    """Per action taken and headline sentiment: count, mean advantage, mean closed-trade P&L, share profitable."""
+    """Per action taken and headline sentiment: count, mean advantage, mean closed-trade P&L, share profitable
+    (over the experiences whose advice was in force); then how often trades and market moves went the way of the
+    headline."""
+    moves = move_agreement(experiences)
+    experiences = [e for e in experiences if e.in_force]
     sentiment = np.array([headline_sentiment(e.prompt) for e in experiences])
     action = np.array([e.action for e in experiences])
     advantage = np.array([e.advantage for e in experiences])
@@ -48,9 +53,13 @@ def outcome_table(experiences: list[Experience]) -> str:
             lines.append(f"| {name} | {news} | {m.sum()} | {advantage[m].mean() if m.any() else float('nan'):+.3f} | "
                          f"{pnl[closed].mean() if closed.any() else float('nan'):+.1f} ({closed.sum()}) | "
                          f"{profitable[m].mean() if m.any() else float('nan'):.2f} |")
-    share, n = headline_agreement(experiences)
-    return "\n".join(lines) + (f"\n\nclosed trades whose market move agreed with the headline: {share:.3f} of {n} "
-                               f"(± {np.sqrt(share * (1 - share) / max(n, 1)):.3f}; 0.5 is no signal)")
+    lines.append("")
+    # a closed trade agrees where its side times the sign of its P&L is the headline's direction
+    for what, (share, n) in (("closed trades", headline_agreement(experiences)),
+                             ("market moves after the answered prompts", moves)):  # the move objective's labels
+        lines.append(f"{what} agreeing with the headline: {share:.3f} of {n} "
+                     f"(± {np.sqrt(share * (1 - share) / max(n, 1)):.3f}; 0.5 is no signal)")
+    return "\n".join(lines)
 
 
 def headline_agreement(experiences: list[Experience]) -> tuple[float, int]:
@@ -60,8 +69,19 @@ def headline_agreement(experiences: list[Experience]) -> tuple[float, int]:
     agree = []
     for e in experiences:
         news = headline_sentiment(e.prompt)
-        if e.action in side and np.isfinite(e.trade_pnl) and e.trade_pnl != 0 and news:
+        if e.in_force and e.action in side and np.isfinite(e.trade_pnl) and e.trade_pnl != 0 and news:
             agree.append(side[e.action] * np.sign(e.trade_pnl) == news)
+    return (float(np.mean(agree)) if agree else float("nan")), len(agree)
+
+
+def move_agreement(experiences: list[Experience]) -> tuple[float, int]:
+    """The share of answered prompts with a headline and a known, nonzero market move afterwards (the `move`
+    objective's labels) whose move went the headline's way, and how many there were."""
+    agree = []
+    for e in experiences:
+        news = headline_sentiment(e.prompt)
+        if np.isfinite(e.move) and e.move != 0 and news:
+            agree.append(np.sign(e.move) == news)
     return (float(np.mean(agree)) if agree else float("nan")), len(agree)
 
 
@@ -102,8 +122,9 @@ def main() -> None:
     prompts, bull = probe_prompts(renderer)
     print("\nbase model:", describe(backend.advise(prompts).probs, bull), flush=True)
     learner = LoraLearner(backend, options)
-    # every experience given, even beyond buffer_size (a run's buffer would have dropped the oldest)
-    learner.buffer.train, learner.buffer.val = deque(train), deque(val)
+    # every experience the objective can use, even beyond buffer_size (a run's buffer would have dropped the oldest)
+    learner.buffer.train = deque(e for e in train if usable(options, e))
+    learner.buffer.val = deque(e for e in val if usable(options, e))
     print(learner.start_round(), flush=True)
     learner.finish()
     print({k: round(v, 4) if isinstance(v, float) else v for k, v in learner.rounds[-1].items()})

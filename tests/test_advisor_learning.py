@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -24,14 +25,16 @@ from bridge.transport import OUTCOME_FIELDS
 from jaxenv.metrics import walk_metrics
 from llm_sidecar.__main__ import example_fields
 from llm_sidecar.backends import MockBackend
-from llm_sidecar.learning import EXPERIENCES_FILE, Experience, LearningOptions, load_experiences, objective_weights
+from llm_sidecar.learning import (EXPERIENCES_FILE, Experience, LearningOptions, load_experiences, objective_actions,
+                                  objective_weights, usable)
 
 RENDERER = PromptRenderer.from_yaml()
 
 
 def outcome_batch(n: int, seq: int = 1) -> dict[str, np.ndarray]:
-    return {"seq": np.full(n, seq), "row": np.arange(n), "action": np.ones(n), "reward": np.zeros(n),
-            "trade_pnl": np.full(n, np.nan), "advantage": np.linspace(-1, 1, n)}
+    return {"seq": np.full(n, seq), "row": np.arange(n), "in_force": np.ones(n), "action": np.ones(n),
+            "reward": np.zeros(n), "trade_pnl": np.full(n, np.nan), "advantage": np.linspace(-1, 1, n),
+            "move": np.zeros(n)}
 
 
 def test_outcomes_and_commands_reach_the_sidecar_and_bad_commands_fail_loudly():
@@ -61,7 +64,9 @@ def test_outcome_rows_take_the_action_at_the_first_advised_step_and_what_followe
         "action": np.zeros((T, N), np.int32), "reward": np.ones((T, N), np.float32),
         "advantage": np.arange(T * N, dtype=np.float32).reshape(T, N), "advice_valid": np.ones((T, N), bool),
         "entered": np.zeros((T, N), bool), "exited": np.zeros((T, N), bool), "trade_pnl": np.zeros((T, N), np.float32),
+        "bar": (100 + np.arange(T)[:, None] + 1000 * np.arange(N)).astype(np.int32),  # env e walks bars 1000e+100..
     }
+    traj["bar"][7:, 1] = 500  # env 1's episode ends at step 7: its move window is cut short
     traj["action"][5, 0] = 1
     traj["entered"][5, 0] = True  # env 0 opens a trade at step 5 ...
     traj["exited"][8, 0], traj["trade_pnl"][8, 0] = True, 123.0  # ... which closes at step 8
@@ -69,13 +74,22 @@ def test_outcome_rows_take_the_action_at_the_first_advised_step_and_what_followe
     traj["entered"][5, 1] = True  # and the trade it opens at step 5 is still open at the end
     traj["advice_valid"][5, 2] = False  # env 2 changed side before its answer arrived
     applied = [(0, 5, []), (5, 5, [(7, np.array([0, 1, 2]), np.array([0, 1, 2]))])]
-    rows = outcome_rows(applied, traj)
+    prices = np.arange(3000.0)  # each bar opens at its index and closes 0.5 above it, in a 2-point ATR
+    market = SimpleNamespace(open=prices, close=prices + 0.5, atr=np.full(3000, 2.0))
+    rows = outcome_rows(applied, traj, market, move_bars=4)
     assert set(rows) == {name for name, _ in OUTCOME_FIELDS}
-    assert rows["seq"].tolist() == [7, 7] and rows["row"].tolist() == [0, 1]
-    assert rows["action"].tolist() == [1, 0]
-    assert rows["reward"].tolist() == [5.0, 5.0]  # the interval [5, 10)
-    assert rows["advantage"].tolist() == [15.0, 16.0]
+    assert rows["seq"].tolist() == [7, 7, 7] and rows["row"].tolist() == [0, 1, 2]
+    assert rows["in_force"].tolist() == [1, 1, 0]  # env 2's row still comes, marked not in force
+    assert rows["action"].tolist() == [1, 0, 0]
+    assert rows["reward"].tolist() == [5.0, 5.0, 5.0]  # the interval [5, 10)
+    assert rows["advantage"].tolist() == [15.0, 16.0, 17.0]
     assert rows["trade_pnl"][0] == 123.0 and np.isnan(rows["trade_pnl"][1])
+    # Decision at bar 105: the order fills at bar 106's open (106), the window ends at bar 109's close (109.5),
+    # which the rollout played at step 8 (< T): a move of 3.5 points, 1.75 ATRs.
+    assert rows["move"][0] == pytest.approx(1.75) and rows["move"][2] == pytest.approx(1.75)
+    assert np.isnan(rows["move"][1])  # env 1 reset inside its window
+    # A window longer than what is left of the rollout is unknown (its bars have not been played).
+    assert np.isnan(outcome_rows(applied, traj, market, move_bars=6)["move"]).all()
     assert len(outcome_rows([(0, 5, [])], traj)["seq"]) == 0
 
 
@@ -88,6 +102,8 @@ def test_learning_config_needs_a_transformers_advisor_in_score_mode():
         load_config(None, ["hybrid.learning.objective=greedy"])
     with pytest.raises(ConfigError, match="baseline"):
         load_config(None, ["hybrid.learning.baseline=state"])
+    with pytest.raises(ConfigError, match="move_bars"):  # a move is measured inside one rollout
+        load_config(None, ["hybrid.learning.objective=move", "ppo.num_steps=16", "hybrid.learning.move_bars=30"])
 
 
 def test_the_action_baseline_teaches_when_an_action_pays_not_whether_it_does():
@@ -109,6 +125,23 @@ def test_the_action_baseline_teaches_when_an_action_pays_not_whether_it_does():
     assert objective_weights(LearningOptions(baseline="action"), train)([experience(1, -2.0)])[0] == pytest.approx(0)
 
 
+def test_the_move_objective_learns_every_answered_prompt_toward_the_side_the_market_took():
+    def experience(move: float, in_force: bool = True) -> Experience:
+        return Experience("p", np.full(6, 1 / 6, np.float32), 0, 0.0, float("nan"), 0.0, in_force, move)
+
+    options = LearningOptions(objective="move")
+    train = [experience(1.0), experience(-2.0), experience(0.5, in_force=False), experience(-0.5)]
+    assert objective_actions(options, train).tolist() == [1, 2, 1, 2]  # BUY where it rose, SELL where it fell
+    w = objective_weights(options, train)(train)
+    rms = np.sqrt(np.mean([1.0, 4.0, 0.25, 0.25]))
+    assert w == pytest.approx(np.abs([1.0, -2.0, 0.5, -0.5]) / rms)
+    assert objective_weights(options, train)([experience(1e9)])[0] == 3.0  # clipped
+    # `move` learns from rows not in force; the other objectives do not, and `move` needs a known move.
+    assert usable(options, experience(0.5, in_force=False)) and not usable(options, experience(float("nan")))
+    assert not usable(LearningOptions(), experience(0.5, in_force=False))
+    assert objective_actions(LearningOptions(), train).tolist() == [0, 0, 0, 0]  # the action taken
+
+
 def test_the_pnl_objective_weighs_an_entry_by_its_trades_pnl_and_not_trading_by_nothing():
     def experience(action: int, trade_pnl: float) -> Experience:
         return Experience("p", np.full(6, 1 / 6, np.float32), action, -5.0, trade_pnl, 1.0)
@@ -125,23 +158,26 @@ def test_replay_script_tabulates_what_the_saved_outcomes_teach_pooled_over_runs(
     action and headline direction, and says how often a closed trade's market move agreed with its headline."""
     def save(folder: Path, outcomes: tuple) -> str:
         folder.mkdir()
-        rows = [Experience(f"News: {h}", np.full(6, 1 / 6, np.float32), a, 0.0, pnl, adv).to_json()
-                for h, a, pnl, adv in outcomes]
+        rows = [Experience(f"News: {h}", np.full(6, 1 / 6, np.float32), a, 0.0, pnl, adv, in_force, move).to_json()
+                for h, a, pnl, adv, move, in_force in outcomes]
         with gzip.open(folder / EXPERIENCES_FILE, "wt") as f:
             f.writelines(json.dumps({**row, "held_out": False}) + "\n" for row in rows)
         return str(folder)
 
     bull, bear = "Apple beats earnings estimates, shares surge", "Hawkish Fed remarks spark a selloff"
-    first = save(tmp_path / "a", ((bull, 1, 40.0, 1.0), (bear, 1, -60.0, -1.0), (bear, 0, float("nan"), 0.5)))
-    second = save(tmp_path / "b", ((bull, 2, 30.0, 0.2),))  # a SELL that won while the headline was bullish
+    first = save(tmp_path / "a", ((bull, 1, 40.0, 1.0, 1.0, True), (bear, 1, -60.0, -1.0, -0.5, True),
+                                  (bear, 0, float("nan"), 0.5, 0.3, True)))  # the market rose after bad news
+    # A SELL that won while the headline was bullish, and a row whose advice was not in force: only its move counts.
+    second = save(tmp_path / "b", ((bull, 2, 30.0, 0.2, 0.2, True), (bear, 1, 500.0, 9.0, -1.0, False)))
     out = subprocess.run([sys.executable, "scripts/lora_replay.py", first, second], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1]).stdout
-    assert "4 training and 0 held-out experiences" in out
+    assert "5 training and 0 held-out experiences" in out
     assert "| BUY | bullish | 1 | +1.000 | +40.0 (1) | 1.00 |" in out
     assert "| BUY | bearish | 1 | -1.000 | -60.0 (1) | 0.00 |" in out
     assert "| HOLD | bearish | 1 | +0.500 | +nan (0) | 0.00 |" in out
     assert "| SELL | bullish | 1 | +0.200 | +30.0 (1) | 1.00 |" in out
-    assert "agreed with the headline: 0.667 of 3" in out  # both BUYs went the news' way, the SELL did not
+    assert "closed trades agreeing with the headline: 0.667 of 3" in out  # the BUYs went the news' way, the SELL not
+    assert "market moves after the answered prompts agreeing with the headline: 0.800 of 5" in out
 
 
 def test_the_experiment_table_gives_each_seed_and_the_mean_over_seeds():
@@ -155,14 +191,16 @@ def test_the_experiment_table_gives_each_seed_and_the_mean_over_seeds():
         walks = {"val_frozen": {"net_pnl": -6000.0, "trades": 400, "trade_pnl_std": 600.0},
                  "val_learned": {"net_pnl": learned_pnl, "trades": 100, "trade_pnl_std": 500.0}}
         return {"seed": s, "walks": walks,
-                "rounds": [{"accuracy_base": 0.4, "accuracy": accuracy, "val_loss_before": 1.0, "val_loss": 0.9,
+                "rounds": [{"accuracy_base": 0.4, "accuracy": accuracy, "direction_accuracy_base": 0.5,
+                            "direction_accuracy": accuracy + 0.1, "val_loss_before": 1.0, "val_loss": 0.9,
                             "kl_to_base": 0.1, "adopted": True}],
-                "outcome_agreement": {"share": 0.55, "trades": 250},
+                "outcome_agreement": {"share": 0.55, "trades": 250, "move_share": 0.6, "moves": 900},
                 "probe": {**figures, "learned": figures["frozen"]}}
 
     lines = table([seed(0, 9000.0, 0.6), seed(1, -21000.0, 0.3)], ["val"]).splitlines()
-    assert lines[2].startswith("| 0 | 0.550 of 250 | -6,000 ± 12.0k / 9,000 ± 5.0k | 0.400 → 0.600 |")  # std · √trades
-    assert lines[-1].startswith("| mean |  | -6,000 / -6,000 | 0.400 → 0.450 |")
+    assert lines[2].startswith("| 0 | 0.550 of 250 / 0.600 of 900 | -6,000 ± 12.0k / 9,000 ± 5.0k | "  # std · √trades
+                               "0.400 → 0.600 | 0.500 → 0.700 |")
+    assert lines[-1].startswith("| mean |  | -6,000 / -6,000 | 0.400 → 0.450 | 0.500 → 0.550 |")
 
 
 # ---- the learner on the tiny random Phi-3 --------------------------------------------------------------------
@@ -247,6 +285,35 @@ def test_the_anchor_keeps_the_average_answer_where_a_round_would_move_it(tiny_mo
         assert learner.rounds[-1]["adopted"]
         shifts[anchor] = np.abs(backend.advise(prompts).probs.mean(0) - before.mean(0)).sum()
     assert shifts[0.0] > 0.2 and shifts[10.0] < shifts[0.0] / 5
+
+
+def test_the_move_objective_learns_from_every_answered_prompt_which_way_the_market_went(tiny_model):
+    """Rows whose advice was not in force teach the move objective (and no other): after a round on prompts the
+    market rose after, the advisor says BUY more and SELL less on prompts it did not train on."""
+    fields, texts = example_fields(96, seed=4)
+    prompts = [p.decode() for p in RENDERER.render(fields, texts)]
+    rows = {"seq": np.ones(96), "row": np.arange(96), "in_force": np.zeros(96), "action": np.zeros(96),
+            "reward": np.zeros(96), "trade_pnl": np.full(96, np.nan), "advantage": np.ones(96),
+            "move": np.random.default_rng(0).uniform(0.5, 2.0, 96)}
+    plain = LoraLearner(tiny_backend(tiny_model), LearningOptions(min_examples=16))
+    plain.memory.remember(1, prompts, plain.backend.advise(prompts).probs)
+    plain.add_outcomes(rows)
+    assert plain.buffer.sizes()["experiences_added"] == 0  # not the advice's outcomes: `advantage` skips them
+    torch.manual_seed(0)
+    backend = tiny_backend(tiny_model)
+    learner = LoraLearner(backend, LearningOptions(objective="move", lr=5e-3, min_examples=16, batch_size=16,
+                                                   max_epochs=1))
+    learner.memory.remember(1, prompts, backend.advise(prompts).probs)
+    learner.add_outcomes(rows)
+    assert learner.buffer.sizes()["experiences_added"] == 96
+    unseen = [p.decode() for p in RENDERER.render(*example_fields(16, seed=5))]
+    before = backend.advise(unseen).probs
+    assert learner.start_round()["started"]
+    learner.finish()
+    after = backend.advise(unseen).probs
+    assert learner.rounds[-1]["adopted"] and learner.rounds[-1]["val_loss"] < learner.rounds[-1]["val_loss_before"]
+    assert (after[:, 1] > before[:, 1]).all() and (after[:, 2] < before[:, 2]).all()
+    assert learner.rounds[-1]["direction_accuracy"] == 1.0  # its top answers on held-out prompts: BUY, as it went
 
 
 @pytest.mark.slow
