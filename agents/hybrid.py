@@ -318,8 +318,8 @@ def acting_metrics(stats: dict) -> dict:
     }
 
 
-def outcome_rows(applied: list[tuple[int, int, list]], traj: dict[str, np.ndarray],
-                 market: Market | None = None, move_bars: int = 30) -> dict[str, np.ndarray]:
+def outcome_rows(applied: list[tuple[int, int, list]], traj: dict[str, np.ndarray], market: Market,
+                 move_bars: int) -> dict[str, np.ndarray]:
     """Outcome rows (bridge.transport.OUTCOME_FIELDS) of the answers written before each chunk.
 
     `applied`: (first step t0 of the chunk, its length k, [(seq, answer rows, env ids)]) per chunk; `traj`: [T, N]
@@ -328,8 +328,8 @@ def outcome_rows(applied: list[tuple[int, int, list]], traj: dict[str, np.ndarra
     changed side meanwhile). Its outcome is the action taken at t0, its advantage, the reward over [t0, t0 + k),
     when that action opened a trade the trade's P&L at its exit (NaN when still open at the rollout's end), and
     the market's move after t0 in ATRs: from the next bar's open (where an order placed at t0 fills) to the close
-    `move_bars` bars on, NaN unless the env lived through all of them in this rollout (no look-ahead: the
-    rollout has already played those bars).
+    `move_bars` bars on (prices from `market`), NaN unless the env lived through all of them in this rollout (no
+    look-ahead: the rollout has already played those bars).
     """
     seqs, rows, envs, starts, lengths = [], [], [], [], []
     for t0, k, written in applied:
@@ -351,14 +351,13 @@ def outcome_rows(applied: list[tuple[int, int, list]], traj: dict[str, np.ndarra
     exit_step = later_exit.argmax(0)
     trade_pnl = np.where(traj["entered"][t0, env] & closes, traj["trade_pnl"][exit_step, env], np.nan)
     move = np.full(len(seq), np.nan)
-    if market is not None:
-        last = t0 + move_bars - 1  # the step whose transition plays bar (decision bar + move_bars)
-        lived = last < len(steps)
-        bar = traj["bar"][t0, env].astype(np.int64)
-        # No reset inside the window: the env's bar advanced one per step.
-        lived[lived] &= traj["bar"][last[lived], env[lived]] == bar[lived] + move_bars - 1
-        b = bar[lived]
-        move[lived] = (market.close[b + move_bars] - market.open[b + 1]) / np.maximum(market.atr[b], 1e-9)
+    last = t0 + move_bars - 1  # the step whose transition plays bar (decision bar + move_bars)
+    lived = last < len(steps)
+    bar = traj["bar"][t0, env].astype(np.int64)
+    # No reset inside the window: the env's bar advanced one per step.
+    lived[lived] &= traj["bar"][last[lived], env[lived]] == bar[lived] + move_bars - 1
+    b = bar[lived]
+    move[lived] = (market.close[b + move_bars] - market.open[b + 1]) / np.maximum(market.atr[b], 1e-9)
     return {"seq": seq, "row": row.astype(np.int32), "in_force": in_force.astype(np.int8),
             "action": traj["action"][t0, env].astype(np.int8), "reward": reward.astype(np.float32),
             "trade_pnl": trade_pnl.astype(np.float32), "advantage": traj["advantage"][t0, env].astype(np.float32),

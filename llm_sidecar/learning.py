@@ -143,7 +143,7 @@ class PromptMemory:
         out, unknown = [], 0
         n = len(rows["seq"])
         in_force, move = rows.get("in_force", np.ones(n)), rows.get("move", np.full(n, np.nan))
-        for i in range(len(rows["seq"])):
+        for i in range(n):
             entry = self.entries.get(int(rows["seq"][i]))
             row = int(rows["row"][i])
             if entry is None or not 0 <= row < len(entry[0]) or not np.isfinite(entry[1][row]).all():

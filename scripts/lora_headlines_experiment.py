@@ -99,13 +99,13 @@ def outcome_agreement(adapter: str | None) -> dict:
     moves after its answered prompts, that went the headline's way (scripts/lora_replay.py's figures; 0.5 is no
     signal). The buffer holds the rows its objective uses: moves only under `move`, trades only under the others."""
     from llm_sidecar.learning import load_experiences
-    from lora_replay import headline_agreement, move_agreement
+    from lora_replay import headline_agreement
 
     if adapter is None:
         return {"share": float("nan"), "trades": 0, "move_share": float("nan"), "moves": 0}
     train, val = load_experiences(adapter)
-    share, trades = headline_agreement(train + val)
-    move_share, moves = move_agreement(train + val)
+    agreement = headline_agreement(train + val)
+    (share, trades), (move_share, moves) = agreement["trades"], agreement["moves"]
     return {"share": share, "trades": trades, "move_share": move_share, "moves": moves}
 
 

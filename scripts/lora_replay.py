@@ -38,7 +38,7 @@ def outcome_table(experiences: list[Experience]) -> str:
     """Per action taken and headline sentiment: count, mean advantage, mean closed-trade P&L, share profitable
     (over the experiences whose advice was in force); then how often trades and market moves went the way of the
     headline."""
-    moves = move_agreement(experiences)
+    agreement = headline_agreement(experiences)
     experiences = [e for e in experiences if e.in_force]
     sentiment = np.array([headline_sentiment(e.prompt) for e in experiences])
     action = np.array([e.action for e in experiences])
@@ -54,35 +54,30 @@ def outcome_table(experiences: list[Experience]) -> str:
                          f"{pnl[closed].mean() if closed.any() else float('nan'):+.1f} ({closed.sum()}) | "
                          f"{profitable[m].mean() if m.any() else float('nan'):.2f} |")
     lines.append("")
-    # a closed trade agrees where its side times the sign of its P&L is the headline's direction
-    for what, (share, n) in (("closed trades", headline_agreement(experiences)),
-                             ("market moves after the answered prompts", moves)):  # the move objective's labels
+    for what, (share, n) in (("closed trades", agreement["trades"]),
+                             ("market moves after the answered prompts", agreement["moves"])):
         lines.append(f"{what} agreeing with the headline: {share:.3f} of {n} "
                      f"(± {np.sqrt(share * (1 - share) / max(n, 1)):.3f}; 0.5 is no signal)")
     return "\n".join(lines)
 
 
-def headline_agreement(experiences: list[Experience]) -> tuple[float, int]:
-    """How much the closed trades can teach about the news: the share whose market move (the trade's side times
-    the sign of its P&L) went the headline's way, and how many such trades there were. 0.5 is no signal."""
+def headline_agreement(experiences: list[Experience]) -> dict[str, tuple[float, int]]:
+    """How much the outcomes can teach about the news, as (share that went the headline's way, count); 0.5 is no
+    signal. `trades`: closed trades whose advice was in force, where the trade's side times the sign of its P&L
+    is the market's direction. `moves`: answered prompts with a known, nonzero market move afterwards (the `move`
+    objective's labels)."""
     side = {1: 1, 2: -1}
-    agree = []
+    trades, moves = [], []
     for e in experiences:
         news = headline_sentiment(e.prompt)
-        if e.in_force and e.action in side and np.isfinite(e.trade_pnl) and e.trade_pnl != 0 and news:
-            agree.append(side[e.action] * np.sign(e.trade_pnl) == news)
-    return (float(np.mean(agree)) if agree else float("nan")), len(agree)
-
-
-def move_agreement(experiences: list[Experience]) -> tuple[float, int]:
-    """The share of answered prompts with a headline and a known, nonzero market move afterwards (the `move`
-    objective's labels) whose move went the headline's way, and how many there were."""
-    agree = []
-    for e in experiences:
-        news = headline_sentiment(e.prompt)
-        if np.isfinite(e.move) and e.move != 0 and news:
-            agree.append(np.sign(e.move) == news)
-    return (float(np.mean(agree)) if agree else float("nan")), len(agree)
+        if not news:
+            continue
+        if e.in_force and e.action in side and np.isfinite(e.trade_pnl) and e.trade_pnl != 0:
+            trades.append(side[e.action] * np.sign(e.trade_pnl) == news)
+        if np.isfinite(e.move) and e.move != 0:
+            moves.append(np.sign(e.move) == news)
+    return {name: ((float(np.mean(agree)) if agree else float("nan")), len(agree))
+            for name, agree in (("trades", trades), ("moves", moves))}
 
 
 def main() -> None:

@@ -90,7 +90,7 @@ def test_outcome_rows_take_the_action_at_the_first_advised_step_and_what_followe
     assert np.isnan(rows["move"][1])  # env 1 reset inside its window
     # A window longer than what is left of the rollout is unknown (its bars have not been played).
     assert np.isnan(outcome_rows(applied, traj, market, move_bars=6)["move"]).all()
-    assert len(outcome_rows([(0, 5, [])], traj)["seq"]) == 0
+    assert len(outcome_rows([(0, 5, [])], traj, market, move_bars=4)["seq"]) == 0
 
 
 def test_learning_config_needs_a_transformers_advisor_in_score_mode():
