@@ -5,10 +5,9 @@ then the advisor alone (LLM-only: its top action, HOLD where there is no advice)
 frozen (the base model) and with the adapter saved beside the run's final checkpoint, and both answer the
 direction probe's bullish and bearish headlines (scripts/lora_direction_probe.py).
 
-    python scripts/lora_headlines_experiment.py --seeds 0 1 2                        # ~25 min a seed on 2 CPU cores
-    python scripts/lora_headlines_experiment.py --seeds 0 --updates 4 --splits val test --set hybrid.learning.lr=1e-4
-    python scripts/lora_headlines_experiment.py --seeds 0 --set hybrid.learning.objective=move \
-        --set hybrid.learning.max_epochs=1
+    python scripts/lora_headlines_experiment.py --seeds 0 1 2 --splits val test      # ~30 min a seed on 2 CPU cores
+    python scripts/lora_headlines_experiment.py --seeds 0 --set hybrid.learning.objective=advantage \
+        --set hybrid.learning.lr=5e-5 --set hybrid.learning.max_epochs=3               # learn from the trades instead
 
 Writes OUT/results.json (per seed: both walks' figures, the learning rounds' held-out figures, the probe's) and
 OUT/table.md; the runs are under OUT/runs/seed<S>. The schedule is short for a CPU: `--updates` PPO updates with
