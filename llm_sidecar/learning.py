@@ -141,17 +141,15 @@ class PromptMemory:
     def join(self, rows: dict[str, np.ndarray]) -> tuple[list[Experience], int]:
         """Experiences for the outcome rows whose submission is remembered; also how many were not."""
         out, unknown = [], 0
-        n = len(rows["seq"])
-        in_force, move = rows.get("in_force", np.ones(n)), rows.get("move", np.full(n, np.nan))
-        for i in range(n):
+        for i in range(len(rows["seq"])):
             entry = self.entries.get(int(rows["seq"][i]))
             row = int(rows["row"][i])
             if entry is None or not 0 <= row < len(entry[0]) or not np.isfinite(entry[1][row]).all():
                 unknown += 1
                 continue
             out.append(Experience(entry[0][row], entry[1][row], int(rows["action"][i]), float(rows["reward"][i]),
-                                  float(rows["trade_pnl"][i]), float(rows["advantage"][i]), bool(in_force[i]),
-                                  float(move[i])))
+                                  float(rows["trade_pnl"][i]), float(rows["advantage"][i]), bool(rows["in_force"][i]),
+                                  float(rows["move"][i])))
         return out, unknown
 
 

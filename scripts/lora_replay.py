@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from bridge import PromptRenderer  # noqa: E402
 from jaxenv.synthetic import headline_sentiment  # noqa: E402
-from llm_sidecar.learning import Experience, LearningOptions, LoraLearner, load_experiences, usable  # noqa: E402
+from llm_sidecar.learning import BUY, SELL, Experience, LearningOptions, LoraLearner, load_experiences, usable  # noqa: E402
 from lora_direction_probe import describe, probe_prompts, smollm2  # noqa: E402
 
 ACTIONS = ("HOLD", "BUY", "SELL")
@@ -66,7 +66,7 @@ def headline_agreement(experiences: list[Experience]) -> dict[str, tuple[float, 
     signal. `trades`: closed trades whose advice was in force, where the trade's side times the sign of its P&L
     is the market's direction. `moves`: answered prompts with a known, nonzero market move afterwards (the `move`
     objective's labels)."""
-    side = {1: 1, 2: -1}
+    side = {BUY: 1, SELL: -1}
     trades, moves = [], []
     for e in experiences:
         news = headline_sentiment(e.prompt)

@@ -236,8 +236,9 @@ def rewarded_headlines(learner: LoraLearner, n: int, seed: int = 1) -> tuple[lis
     advantage = np.where(bull | bear, np.where(right, 1.0, -0.5), 0.0) + rng.normal(0, 0.1, n)
     probs = learner.backend.advise(prompts).probs
     learner.memory.remember(1, prompts, probs)
-    learner.add_outcomes({"seq": np.ones(n), "row": np.arange(n), "action": actions, "reward": advantage,
-                          "trade_pnl": np.full(n, np.nan), "advantage": advantage})
+    learner.add_outcomes({"seq": np.ones(n), "row": np.arange(n), "in_force": np.ones(n), "action": actions,
+                          "reward": advantage, "trade_pnl": np.full(n, np.nan), "advantage": advantage,
+                          "move": np.full(n, np.nan)})
     return prompts, bull, bear
 
 
