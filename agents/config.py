@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from agents.advice import QueryConfig
-from agents.risk_veto import VetoConfig
+from agents.advice.risk_veto import VetoConfig
+from agents.advice.table import QueryConfig
 from jaxenv.config import DataConfig, EnvConfig
 
 

@@ -16,7 +16,6 @@ import time
 import gymnax
 import jax
 import jax.numpy as jnp
-
 from bench_common import (
     BenchOptions,
     cpu_caches,
@@ -29,6 +28,7 @@ from bench_common import (
     table,
     timed_repeats,
 )
+
 from jaxenv import DataConfig, EnvConfig, TradingEnv, load_market
 
 DEFAULT_ENVS = [256, 1024, 4096, 16384, 65536]

@@ -20,15 +20,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax  # noqa: E402
-
 from bench_common import (  # noqa: E402
-    BenchOptions, fmt_range, jax_device_name, peak_host_memory_mb, rates, table, timed_repeats,
+    BenchOptions,
+    fmt_range,
+    jax_device_name,
+    peak_host_memory_mb,
+    rates,
+    table,
+    timed_repeats,
 )
 from bench_train import time_updates  # noqa: E402
 
+from agents.advice.acting import make_acting  # noqa: E402
+from agents.advisor.query_loop import QueryLoop  # noqa: E402
 from agents.config import load_config  # noqa: E402
-from agents.hybrid import QueryLoop, make_acting  # noqa: E402
-from agents.ppo import make_train  # noqa: E402
+from agents.rl.ppo import make_train  # noqa: E402
 
 DEFAULT_ENVS = [4096]
 QUICK_ENVS = [256]
@@ -99,7 +105,7 @@ def time_hybrid(advisor: str, n_envs: int, num_steps: int, reps: int, setup) -> 
 
 
 def run(opts: BenchOptions) -> list[dict]:
-    from agents.trainer import make_env_setup
+    from agents.training.env_setup import make_env_setup
 
     num_steps = QUICK_NUM_STEPS if opts.quick else load_config(None, []).ppo.num_steps
     setup = make_env_setup(load_config(None, base_overrides(256, num_steps) + ["llm=none"]))

@@ -27,10 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gymnasium  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from sb3_contrib import MaskablePPO  # noqa: E402
-from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
-from stable_baselines3.common.vec_env import VecEnv, VecNormalize  # noqa: E402
-
 from bench_common import (  # noqa: E402
     BenchOptions,
     fmt,
@@ -43,6 +39,9 @@ from bench_common import (  # noqa: E402
     table,
 )
 from bench_train import REP_BUDGET_S, build_ppo, time_updates  # noqa: E402
+from sb3_contrib import MaskablePPO  # noqa: E402
+from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize  # noqa: E402
 
 from agents.config import load_config  # noqa: E402
 from jaxenv import DataConfig, EnvConfig, TradingEnv, load_market  # noqa: E402

@@ -22,13 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax  # noqa: E402
-
 from bench_common import (  # noqa: E402
     BenchOptions,
     available_memory_gb,
     fmt,
-    host_memory_gb,
     fmt_range,
+    host_memory_gb,
     jax_device_name,
     peak_host_memory_mb,
     rates,
@@ -39,8 +38,8 @@ from bench_common import (  # noqa: E402
 )
 
 from agents.config import load_config  # noqa: E402
-from agents.networks import update_flops_per_step  # noqa: E402
-from agents.ppo import make_train  # noqa: E402
+from agents.rl.networks import update_flops_per_step  # noqa: E402
+from agents.rl.ppo import make_train  # noqa: E402
 
 DEFAULT_ENVS = [256, 1024, 4096, 16384, 65536]  # 65536 only where its projected memory fits
 QUICK_ENVS = [256]

@@ -49,12 +49,18 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.console import Console
 
-    from agents.checkpoint_eval import EvalOptions, evaluate, load_run
     from agents.config import ConfigError
-    from agents.eval_report import (
-        markdown_table, plot_equity, plot_training, plot_underwater, rich_table, write_json, write_trades,
+    from agents.evaluation.report import (
+        markdown_table,
+        plot_equity,
+        plot_training,
+        plot_underwater,
+        rich_table,
+        write_json,
+        write_trades,
     )
-    from agents.saved_runs import CheckpointMismatch
+    from agents.evaluation.saved_run import EvalOptions, evaluate, load_run
+    from agents.training.saved_runs import CheckpointMismatch
     from jaxenv import DataValidationError
 
     split = args.split or ("all" if args.data else "test")

@@ -12,9 +12,11 @@ import numpy as np
 import torch
 
 torch.set_num_threads(2)
+from lora_direction_probe import flat_headline_prompts, smollm2
+
 from bridge import PromptRenderer
 from llm_sidecar.learning import LearningOptions, LoraLearner, held_out
-from lora_direction_probe import flat_headline_prompts, smollm2
+
 R = PromptRenderer.from_yaml()
 n = 400
 rng = np.random.default_rng(0)

@@ -60,8 +60,11 @@ def last_rounds(run_dir: Path) -> list[dict]:
 def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
     import jax
 
-    from agents.hybrid import checkpoint_adapter
-    from agents.trainer import AgentEvaluator, make_acting, make_train, train
+    from agents.advice.acting import make_acting
+    from agents.advisor.adapters import checkpoint_adapter
+    from agents.evaluation.agent import AgentEvaluator
+    from agents.rl.ppo import make_train
+    from agents.training.loop import train
 
     overrides = [f"seed={seed}", "checkpoint.eval_every_updates=0",
                  f"hybrid.learning.every_updates={args.every or args.updates}", *args.overrides]
@@ -97,8 +100,9 @@ def outcome_agreement(adapter: str | None) -> dict:
     """How much the run's outcomes could teach about the news: the share of its closed trades, and of the market
     moves after its answered prompts, that went the headline's way (scripts/lora_replay.py's figures; 0.5 is no
     signal). The buffer holds the rows its objective uses: moves only under `move`, trades only under the others."""
-    from llm_sidecar.learning import load_experiences
     from lora_replay import headline_agreement
+
+    from llm_sidecar.learning import load_experiences
 
     if adapter is None:
         return {"share": float("nan"), "trades": 0, "move_share": float("nan"), "moves": 0}
@@ -111,8 +115,9 @@ def outcome_agreement(adapter: str | None) -> dict:
 def direction_probe(adapter: str | None) -> dict:
     """scripts/lora_direction_probe.py's figures for the base model and the learned adapter: did the advisor
     learn to answer bullish and bearish headlines differently?"""
-    from bridge import PromptRenderer
     from lora_direction_probe import direction_figures, probe_prompts, score
+
+    from bridge import PromptRenderer
 
     renderer = PromptRenderer.from_yaml()
     prompts, bull = probe_prompts(renderer)

@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def start(args: argparse.Namespace):
     """A new run from defaults ← --config ← flags, or --resume."""
-    from agents.trainer import train
+    from agents.training.loop import train
 
     if args.resume:
         given = [name for name in ("config", "envs", "total_steps", "seed", "data", "run_dir", "init_from")
@@ -90,8 +90,8 @@ def start(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    from agents.trainer import final_comparison
-    from agents.saved_runs import CheckpointMismatch
+    from agents.evaluation.comparison import final_comparison
+    from agents.training.saved_runs import CheckpointMismatch
     from jaxenv import DataValidationError
 
     try:

@@ -16,17 +16,24 @@ import jax
 import numpy as np
 import pytest
 
-from agents.checkpoint_eval import ablation_walks, agent_walk, load_run
+from agents.advisor.outcomes import outcome_rows
 from agents.config import ConfigError, load_config
-from agents.hybrid import outcome_rows
-from agents.trainer import train
+from agents.evaluation.saved_run import ablation_walks, agent_walk, load_run
+from agents.training.loop import train
 from bridge import BridgeConfig, PromptRenderer, SidecarClient, SidecarError
 from bridge.transport import OUTCOME_FIELDS
 from jaxenv.metrics import walk_metrics
 from llm_sidecar.__main__ import example_fields
 from llm_sidecar.backends import MockBackend
-from llm_sidecar.learning import (EXPERIENCES_FILE, Experience, LearningOptions, load_experiences, objective_actions,
-                                  objective_weights, usable)
+from llm_sidecar.learning import (
+    EXPERIENCES_FILE,
+    Experience,
+    LearningOptions,
+    load_experiences,
+    objective_actions,
+    objective_weights,
+    usable,
+)
 
 RENDERER = PromptRenderer.from_yaml()
 
@@ -395,7 +402,7 @@ def test_rows_marked_think_get_a_chain_of_thought_answer_and_the_rest_the_usual_
 
 
 def test_reasoning_budget_asks_only_unsure_policies_and_at_most_n_times_per_episode():
-    from agents.hybrid import AdvisorLink
+    from agents.advisor.link import AdvisorLink
 
     cfg = load_config(None, ["llm=mock", "hybrid.reasoning.enabled=true", "hybrid.reasoning.per_episode=2",
                              "hybrid.reasoning.policy_confidence=0.5"])

@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from bridge import (
-    ECHO_PEER_COMMAND, STATUS_BACKEND_ERROR, STATUS_OK, STATUS_TIMEOUT, BridgeConfig, SidecarClient, SidecarError,
+    ECHO_PEER_COMMAND,
+    STATUS_BACKEND_ERROR,
+    STATUS_OK,
+    STATUS_TIMEOUT,
+    BridgeConfig,
+    SidecarClient,
+    SidecarError,
 )  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from agents.checkpoints import RunCheckpoints
 from agents.config import load_config
-from agents.trainer import train
+from agents.training.checkpoints import RunCheckpoints
+from agents.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["llm=none", "env_name=CartPole-v1", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",
@@ -67,7 +67,7 @@ CRASHING_CHILD = textwrap.dedent(
     import sys, time
     import jax.numpy as jnp
     from orbax.checkpoint._src.path import atomicity
-    from agents.checkpoints import RunCheckpoints
+    from agents.training.checkpoints import RunCheckpoints
 
     run_dir, marker = sys.argv[1], sys.argv[2]
     ckpt = RunCheckpoints(run_dir, keep=3)

@@ -133,7 +133,7 @@ def test_cli_rejects_bad_hybrid_values_and_bad_keys(capsys):
 
 
 def test_a_lora_adapter_goes_to_a_transformers_sidecar_and_is_checked(tmp_path):
-    from agents.hybrid import sidecar_options
+    from agents.advisor.sidecar import sidecar_options
 
     cfg = load_config(None, ["llm=smollm2", f"hybrid.llm_adapter={tmp_path}"])
     assert sidecar_options(cfg) == ("transformers", {**sidecar_options(load_config(None, ["llm=smollm2"]))[1],

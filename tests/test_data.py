@@ -9,12 +9,17 @@ import pandas as pd
 import pytest
 
 from jaxenv.config import DataConfig, EnvConfig
+from jaxenv.contracts import get_contract
 from jaxenv.data import DataValidationError, read_bars, validate_bars
 from jaxenv.env import BUY, HOLD, TradingEnv
-from jaxenv.features import FEATURES, N_BAR_FEATURES, N_CONTEXT_FEATURES, feature_table_markdown
+from jaxenv.features import (
+    FEATURES,
+    N_BAR_FEATURES,
+    N_CONTEXT_FEATURES,
+    feature_table_markdown,
+)
 from jaxenv.market import load_market, market_from_frame
 from jaxenv.synthetic import PRESETS, generate_bars, headline_sentiment
-from jaxenv.contracts import get_contract
 from tests.conftest import bar_at, flat_frame
 
 

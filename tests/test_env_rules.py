@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxenv.config import DataConfig, EnvConfig
-from jaxenv.env import BUY, DISABLE_TRAIL, ENABLE_TRAIL, EXIT_REASONS, HOLD, MOVE_TO_BE, SELL, TradingEnv
+from jaxenv.env import BUY, ENABLE_TRAIL, EXIT_REASONS, HOLD, MOVE_TO_BE, TradingEnv
 from jaxenv.market import load_market
 from tests.conftest import HandMarket, bar_at
 from tests.test_env_execution import play

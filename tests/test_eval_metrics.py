@@ -12,8 +12,17 @@ from jaxenv import EnvConfig, TradingEnv
 from jaxenv.config import PropFirmRules
 from jaxenv.evaluate import buy_and_hold, summarize
 from jaxenv.metrics import (
-    calmar, daily_pnl, max_drawdown, prop_firm_result, sharpe_daily, sortino_daily, step_days, trade_stats,
-    trades_table, underwater, walk_metrics,
+    calmar,
+    daily_pnl,
+    max_drawdown,
+    prop_firm_result,
+    sharpe_daily,
+    sortino_daily,
+    step_days,
+    trade_stats,
+    trades_table,
+    underwater,
+    walk_metrics,
 )
 from tests.conftest import SESSION_BARS, bar_at, rth_index
 

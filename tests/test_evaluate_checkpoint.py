@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from agents.checkpoint_eval import EvalOptions, agent_walk, evaluate, load_run
 from agents.config import load_config
-from agents.saved_runs import restore_policy
-from agents.trainer import train
+from agents.evaluation.saved_run import EvalOptions, agent_walk, evaluate, load_run
+from agents.training.loop import train
+from agents.training.saved_runs import restore_policy
 from jaxenv.metrics import walk_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +159,7 @@ def test_a_hybrid_run_is_evaluated_with_its_advisor_and_its_ablations(hybrid_run
 def test_the_advised_walk_without_advice_is_the_plain_walk(hybrid_run_dir):
     """The RL-only ablation walks the same bars, account and breach restarts as `jaxenv.walk_split`: every
     column they share is equal, so ablations and baselines are compared like for like."""
-    from agents.advised_eval import ABLATIONS
+    from agents.evaluation.advised_walk import ABLATIONS
     from jaxenv import walk_split
 
     run = load_run(hybrid_run_dir, "latest")

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from agents.config import load_config
-from agents.trainer import final_comparison, train
+from agents.evaluation.comparison import final_comparison
+from agents.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["num_envs=256", "total_steps=1000000", "log.progress=false", "log.tensorboard=false",

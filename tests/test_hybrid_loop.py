@@ -11,12 +11,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import pytest
 
+from agents.advice.acting import make_acting
+from agents.advisor.query_loop import QueryLoop
 from agents.config import load_config
-from agents.hybrid import QueryLoop, make_acting
-from agents.ppo import make_train
-from agents.trainer import make_env_setup, train
+from agents.rl.ppo import make_train
+from agents.training.env_setup import make_env_setup
+from agents.training.loop import train
 
 TIMING = ("steps_per_s", "achieved_gflops", "update_s", "compile_s")
 SMALL = ["num_envs=32", "ppo.num_steps=20", "ppo.num_minibatches=2", "ppo.update_epochs=1", "total_steps=1280",

@@ -7,9 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.advice import AdviceTable, QueryConfig, select_queries, view
-from agents.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
-from agents.risk_veto import VetoConfig, VetoState, apply_veto
+from agents.advice.fusion import (
+    TrustGate,
+    fusion_features,
+    masked_advice_probs,
+    mix,
+    rules_action,
+)
+from agents.advice.risk_veto import VetoConfig, VetoState, apply_veto
+from agents.advice.table import AdviceTable, QueryConfig, select_queries, view
 from jaxenv.env import BUY, ENABLE_TRAIL, HOLD, SELL, TradingEnv
 from tests.conftest import HandMarket, bar_at
 

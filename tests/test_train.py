@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from agents.config import LogConfig, load_config
-from agents.metrics import HealthMonitor, MetricsLogger
-from agents.trainer import final_comparison, train
+from agents.evaluation.comparison import final_comparison
+from agents.training.loop import train
+from agents.training.metrics import HealthMonitor, MetricsLogger
 from tests.test_config import cli_main
 
 TINY = ["llm=none", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",

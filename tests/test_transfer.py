@@ -9,12 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.checkpoint_eval import agent_walk, load_run
 from agents.config import ConfigError, load_config
-from agents.ppo import make_train
-from agents.saved_runs import restore_policy
-from agents.trainer import make_act, train
-from agents.transfer import FreezeState, load_source, start_from
+from agents.evaluation.agent import make_act
+from agents.evaluation.saved_run import agent_walk, load_run
+from agents.rl.freeze import FreezeState
+from agents.rl.ppo import make_train
+from agents.training.loop import train
+from agents.training.saved_runs import restore_policy
+from agents.training.transfer import load_source, start_from
 from jaxenv import EnvConfig, TradingEnv, load_market, walk_split
 from tests.test_config import cli_main
 

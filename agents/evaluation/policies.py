@@ -13,8 +13,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from agents.networks import masked_logits
-from agents.ppo import action_mask_fn
+from agents.rl.networks import masked_logits
+from agents.rl.ppo import action_mask_fn
 
 # act(act_params, obs, mask, key) -> action for one env. The parameters are an argument, not captured, so one
 # compiled evaluation serves every evaluation of a run.

@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from agents.advised_eval import HYBRID_METRICS  # noqa: E402
-from agents.risk_veto import RULES  # noqa: E402
+from agents.advice.risk_veto import RULES  # noqa: E402
+from agents.advice.usage import HYBRID_METRICS  # noqa: E402
 from jaxenv.metrics import METRICS, Trace, trades_table, underwater  # noqa: E402
 
 LABELS = {

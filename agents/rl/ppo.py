@@ -21,9 +21,14 @@ import optax
 from flax import struct
 
 from agents.config import TrainConfig
-from agents.networks import ActorCritic, log_probs_and_entropy, make_network, masked_logits
-from agents.normalization import RunningMeanStd
-from agents.transfer import freeze_stage
+from agents.rl.freeze import freeze_stage
+from agents.rl.networks import (
+    ActorCritic,
+    log_probs_and_entropy,
+    make_network,
+    masked_logits,
+)
+from agents.rl.normalization import RunningMeanStd
 
 
 @struct.dataclass
@@ -146,7 +151,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
     p = cfg.ppo
     n_envs = cfg.num_envs
     num_actions = env.num_actions
-    network = make_network(cfg.network, num_actions, acting.gate_features if acting else 0)
+    network = make_network(cfg.network, num_actions, *(acting.trust_gate() if acting else (None, 0)))
     get_mask = action_mask_fn(env)
 
     v_reset = jax.vmap(env.reset, in_axes=(0, None))

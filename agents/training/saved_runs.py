@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from agents.config import ConfigError, TrainConfig, load_config
-from agents.normalization import RunningMeanStd
+from agents.rl.normalization import RunningMeanStd
 
 RUN_CONFIG = "config.yaml"  # as agents.trainer writes it
 KINDS = ("best", "latest")  # the run's two checkpoint managers (agents.checkpoints.RunCheckpoints)

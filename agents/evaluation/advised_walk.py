@@ -22,11 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from agents.acting import HybridActing, HybridCarry
-from agents.advice import view
-from agents.hybrid import AdvisorLink, chunk_lengths, make_acting, starting_adapter
-from agents.networks import ActorCritic
-from agents.risk_veto import RULES
+from agents.advice.acting import HybridActing, HybridCarry, make_acting
+from agents.advice.risk_veto import RULES
+from agents.advice.table import view
+from agents.advice.usage import hybrid_metrics
+from agents.advisor.adapters import starting_adapter
+from agents.advisor.link import AdvisorLink
+from agents.advisor.query_loop import chunk_lengths
+from agents.rl.networks import ActorCritic
 from jaxenv.env import EnvState
 from jaxenv.evaluate import continue_after_breach, summarize, trace_step
 
@@ -47,32 +50,6 @@ def run_ablations(cfg) -> dict[str, dict]:
     if not cfg.hybrid.learning.enabled:
         return dict(ABLATIONS)
     return {**ABLATIONS, FROZEN_ABLATION: {**ABLATIONS["llm_only"], "adapter": starting_adapter(cfg)}}
-
-
-# name -> what it is: how a hybrid walk used its advice (evaluation tables and JSON, after jaxenv.metrics.METRICS)
-HYBRID_METRICS: dict[str, str] = {
-    "advice_coverage": "share of decisions made with valid advice",
-    "agreement": "share of advised decisions where the advice names the policy's most probable action",
-    "override_rate": "share of decisions whose action the advice changed",
-    "mean_trust": "mean trust gate g over advised decisions (learned fusion)",
-    "veto_rate": "share of decisions where the veto blocked an otherwise valid action",
-    **{f"vetoes_{rule}": f"times the {rule.replace('_', ' ')} rule started a veto" for rule in RULES},
-}
-
-
-def hybrid_metrics(trace: dict) -> dict[str, float]:
-    """Every HYBRID_METRICS figure of one advised walk's trace."""
-    valid = np.asarray(trace["advice_valid"], bool)
-    n = max(len(valid), 1)
-    out = {
-        "advice_coverage": float(valid.sum() / n),
-        "agreement": float(trace["agrees"][valid].mean()) if valid.any() else 0.0,
-        "override_rate": float(np.asarray(trace["overridden"]).sum() / n),
-        "mean_trust": float(trace["trust"][valid].mean()) if valid.any() else 0.0,
-        "veto_rate": float(np.asarray(trace["vetoed"]).sum() / n),
-    }
-    out.update({f"vetoes_{rule}": float(np.asarray(trace[f"veto_fired_{rule}"]).sum()) for rule in RULES})
-    return out
 
 
 def advised_summary(trace: dict) -> dict:

@@ -11,73 +11,31 @@ updates. Ctrl-C (SIGINT) finishes the update in flight, saves a checkpoint and r
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import jax
 import numpy as np
 from tqdm import tqdm
 
-from agents.advised_eval import AdvisedWalker, advised_summary, run_ablations
-from agents.checkpoints import RunCheckpoints
-from agents.config import ConfigError, TrainConfig, load_config, save_config
-from agents.evaluation import Evaluator, always_when_valid, flat_policy, make_episode_evaluator, random_valid_policy
-from agents.metrics import HealthMonitor, MetricsLogger
-from agents.networks import update_flops_per_step
-from agents.hybrid import QueryLoop, checkpoint_adapter, make_acting, prune_adapters
-from agents.ppo import PPO, RunnerState, make_train
-from agents.transfer import load_source, start_from
+from agents.advice.acting import make_acting
+from agents.advisor.adapters import checkpoint_adapter, prune_adapters
+from agents.advisor.query_loop import QueryLoop
+from agents.config import TrainConfig, load_config, save_config
+from agents.evaluation.agent import AgentEvaluator
+from agents.rl.networks import update_flops_per_step
+from agents.rl.ppo import RunnerState, make_train
+from agents.training.checkpoints import RunCheckpoints
+from agents.training.env_setup import EnvSetup, make_env_setup
+from agents.training.metrics import HealthMonitor, MetricsLogger
+from agents.training.transfer import load_source, start_from
 from bridge import SidecarError
 
 CONFIG_FILE = "config.yaml"
-
-
-@dataclass
-class EnvSetup:
-    env: Any  # a gymnax 1.0 Environment
-    params: Any  # EnvParams used for training
-    evaluate: Evaluator | None  # (act, act_params, key) -> {"score": ...}; None = no evaluation
-    score_name: str  # the metrics key of the score: val_net_pnl or eval_return
-    score_label: str  # what the score is, for people
-    evaluate_test: Evaluator | None = None  # held-out split, only for the final summary (never for selection)
-    market: Any = None  # the trading env's market (the hybrid loop renders prompts from it)
-    baselines: dict[str, Callable] = field(default_factory=dict)  # name -> act, compared in the final summary
-
-
-def make_env_setup(cfg: TrainConfig) -> EnvSetup:
-    """The env `cfg.env_name` names: "trading" → jaxenv.TradingEnv on cfg.data; else a gymnax registry id."""
-    if cfg.env_name == "trading":
-        from jaxenv import TradingEnv, evaluate_policy, load_market
-        from jaxenv.env import BUY, SELL
-
-        market = load_market(cfg.data)
-        env = TradingEnv(cfg.env)
-
-        def on_split(split: str) -> Evaluator:
-            def evaluate(act, act_params, key):
-                result = evaluate_policy(env, market, split, act, key, policy_state=act_params)
-                return {"score": result["net_pnl"], **result}
-
-            return evaluate
-
-        baselines = {"flat": flat_policy, "random_valid": random_valid_policy,
-                     "always_long": always_when_valid(BUY), "always_short": always_when_valid(SELL)}
-        return EnvSetup(env, env.make_params(market, "train"), on_split("val"), "val_net_pnl", "net P&L after costs",
-                        on_split("test"), market=market, baselines=baselines)
-
-    import gymnax
-
-    if cfg.env_name not in gymnax.registered_envs:
-        raise ConfigError(f"env_name: unknown env {cfg.env_name!r}; use 'trading' or a gymnax id such as CartPole-v1")
-    env, params = gymnax.make(cfg.env_name)
-    return EnvSetup(env, params, make_episode_evaluator(env, params, cfg.checkpoint.eval_episodes), "eval_return",
-                    "mean return of fresh episodes", baselines={"action_0": flat_policy, "random": random_valid_policy})
 
 
 @dataclass
@@ -112,50 +70,6 @@ class _StopFlag:
     def restore(self) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
-
-
-def make_act(ppo: PPO, deterministic: bool) -> Callable:
-    """act(act_params, obs, mask, key) for one env with act_params = (network params, obs normaliser); made once
-    per run so evaluation compiles once."""
-
-    def act(act_params, obs, mask, key):
-        params, obs_norm = act_params
-        return ppo.policy(params, obs_norm, obs, mask, key, deterministic)
-
-    return act
-
-
-class AgentEvaluator:
-    """Scores a run's network on a split the way the run acts: the policy alone (the env setup's evaluator) or,
-    for hybrid runs, with advice through an `AdvisedWalker` (its own sidecar, so training's pending queries are
-    untouched). `ablation` (a key of agents.advised_eval.run_ablations(cfg)) scores one part of a hybrid agent."""
-
-    def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None):
-        """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns."""
-        self.setup = setup
-        self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
-        self.walker = None
-        self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
-        self.ablations = run_ablations(cfg) if cfg.llm != "none" else {}
-        if cfg.llm != "none" and cfg.hybrid.eval_with_advice and setup.market is not None:
-            self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market)
-
-    def splits(self) -> dict[str, Evaluator]:
-        return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
-
-    def __call__(self, state: RunnerState, split: str, key: jax.Array, ablation: str | None = None) -> dict:
-        if self.walker is None:
-            return self.splits()[split](self.act, (state.params, state.obs_norm), key)
-        changes = dict(self.ablations[ablation]) if ablation else {}
-        if self.adapter_for is not None and "adapter" not in changes:
-            changes["adapter"] = self.adapter_for(int(state.update))
-        trace = self.walker.walk(state.params, state.obs_norm, split, key, **changes)
-        result = advised_summary(trace)
-        return {"score": result["net_pnl"], **result}
-
-    def close(self) -> None:
-        if self.walker is not None:
-            self.walker.close()
 
 
 def train(
@@ -327,35 +241,3 @@ def _postfix(m: dict, score_name: str) -> str:
     return " ".join(parts)
 
 
-def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | None = None) -> dict:
-    """Scores the run's best and latest checkpoints against the env's baselines (flat, random-valid, ...) with the run's
-    evaluator (the validation split for the trading env, which also picked the best checkpoint) and, where the
-    env has one, on the held-out test split. For hybrid runs the best checkpoint's parts are scored too (RL only,
-    LLM only, fused with and without veto, and LLM only from the frozen advisor when it learned:
-    agents.advised_eval.run_ablations). Writes RUN_DIR/summary.json."""
-    setup = setup or make_env_setup(cfg)
-    if setup.evaluate is None:
-        return {}
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env) if cfg.llm != "none" else None)
-    ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
-    abstract = jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed))
-    agents = {"latest": ckpt.restore(abstract)}
-    if ckpt.best.latest_step() is not None:
-        agents["best"] = ckpt.restore(abstract, best=True)
-    ckpt.close()
-
-    key = jax.random.PRNGKey(cfg.seed + 10_000)
-    summary: dict = {"score": setup.score_label, **{f"{k}_update": host["update"] for k, (_, host) in agents.items()}}
-    evaluator = AgentEvaluator(cfg, ppo, setup, lambda update: checkpoint_adapter(cfg, run_dir, update))
-    try:
-        for split, evaluate in evaluator.splits().items():
-            scores = {f"agent_{k}": evaluator(state, split, key) for k, (state, _) in agents.items()}
-            if evaluator.walker is not None:
-                state = agents.get("best", agents["latest"])[0]
-                scores.update({f"ablation_{name}": evaluator(state, split, key, name) for name in evaluator.ablations})
-            scores.update({name: evaluate(baseline, (), key) for name, baseline in setup.baselines.items()})
-            summary[split] = scores
-    finally:
-        evaluator.close()
-    (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary

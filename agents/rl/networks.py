@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from agents.config import NetworkConfig
-from agents.fusion import TrustGate
 
 # Invalid actions get this logit: exp() of it underflows to exactly 0, and unlike -inf it never makes 0·(-inf)=nan
 # in the entropy.
@@ -39,17 +38,18 @@ class ActorCritic(nn.Module):
     actor_hidden: Sequence[int] = (256, 256)
     critic_hidden: Sequence[int] = (256, 256)
     activation: str = "tanh"
-    gate_features: int = 0  # > 0 adds the learned-fusion trust gate over that many fusion features
+    # The learned-fusion trust gate (a module mapping [..., F] fusion features to g in (0, 1)), supplied by the
+    # advice side so the RL core does not depend on it; its parameters live beside the policy's under "gate".
+    gate: nn.Module | None = None
+    gate_features: int = 0
 
     def setup(self):
         self.actor = MLP(self.actor_hidden, self.num_actions, self.activation, out_scale=0.01)
         self.critic = MLP(self.critic_hidden, 1, self.activation, out_scale=1.0)
-        if self.gate_features:
-            self.gate = TrustGate()
 
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         """obs [..., D] (normalised) → (logits [..., A], value [...])."""
-        if self.gate_features and self.is_initializing():  # the gate's parameters live beside the policy's
+        if self.gate is not None and self.is_initializing():
             self.gate(jnp.zeros((1, self.gate_features)))
         return self.actor(obs), self.critic(obs)[..., 0]
 
@@ -64,8 +64,10 @@ class ActorCritic(nn.Module):
         return self.critic(obs)[..., 0]
 
 
-def make_network(cfg: NetworkConfig, num_actions: int, gate_features: int = 0) -> ActorCritic:
-    return ActorCritic(num_actions, tuple(cfg.actor_hidden), tuple(cfg.critic_hidden), cfg.activation, gate_features)
+def make_network(cfg: NetworkConfig, num_actions: int, gate: nn.Module | None = None, gate_features: int = 0) -> ActorCritic:
+    """`gate`: the trust gate over `gate_features` fusion features, for learned fusion; None for the policy alone."""
+    return ActorCritic(num_actions, tuple(cfg.actor_hidden), tuple(cfg.critic_hidden), cfg.activation, gate,
+                       gate_features)
 
 
 def masked_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:

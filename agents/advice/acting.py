@@ -16,10 +16,16 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from agents.advice import AdviceTable, AdviceView, QueryConfig, view
-from agents.fusion import fusion_features, masked_advice_probs, mix, rules_action
-from agents.networks import ActorCritic, log_probs_and_entropy, masked_logits
-from agents.risk_veto import RULES, VetoConfig, VetoState, apply_veto
+from agents.advice.fusion import (
+    TrustGate,
+    fusion_features,
+    masked_advice_probs,
+    mix,
+    rules_action,
+)
+from agents.advice.risk_veto import RULES, VetoConfig, VetoState, apply_veto
+from agents.advice.table import AdviceTable, AdviceView, QueryConfig, view
+from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
 from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
 
 N_FUSION_CONTEXT = 6  # regime (ADX), volatility (ATR %), win rate, consecutive losses, time of day, position
@@ -56,6 +62,10 @@ class HybridActing:
     @property
     def gate_features(self) -> int:
         return (2 * 6 + 5 + N_FUSION_CONTEXT) if self.fusion == "learned" else 0
+
+    def trust_gate(self) -> tuple[TrustGate | None, int]:
+        """The network's trust gate and the width of its input (learned fusion only)."""
+        return (TrustGate(), self.gate_features) if self.fusion == "learned" else (None, 0)
 
     def init_carry(self, n_envs: int) -> HybridCarry:
         return HybridCarry(
@@ -151,3 +161,6 @@ class HybridActing:
         log_prob = jnp.take_along_axis(logp_all, action[..., None], -1)[..., 0]
         entropy = -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), -1)
         return log_prob, entropy, extras.pg_weight
+def make_acting(cfg, env) -> HybridActing:
+    h = cfg.hybrid
+    return HybridActing(h.fusion, h.query, h.veto, h.llm_weight, env.window, env.extended)

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from agents.advice import AdviceView
+from agents.advice.table import AdviceView
 from jaxenv.env import HOLD
 
 GATE_BIAS_INIT = -2.0  # sigmoid(−2) ≈ 0.12: start by trusting the advice little

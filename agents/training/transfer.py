@@ -7,10 +7,9 @@ shared features and zeros for the new ones, so the new network acts exactly as t
 to use them. Layers the source lacks (the trust gate, when a hybrid run starts from an RL-only one) keep their
 fresh init. The observation normaliser's statistics of the shared features are copied too.
 
-`transfer.freeze_steps` adds a warm-up during which the copied weights stay frozen: their gradients are zeroed,
-so only the new input columns and new layers learn. What may learn is optimiser state (`FreezeState`), so it is
-checkpointed and a resumed run keeps it. A warm-up that would last the whole run is refused by the config
-check (the seeds' failure: a 100K-step warm-up in an 82K-step run froze the policy throughout).
+`transfer.freeze_steps` keeps the copied weights frozen for a warm-up (agents.rl.freeze); this module marks
+which weights learn during it. A warm-up that would last the whole run is refused by the config check (the
+seeds' failure: a 100K-step warm-up in an 82K-step run froze the policy throughout).
 """
 
 from __future__ import annotations
@@ -18,49 +17,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from agents.config import TrainConfig, freeze_updates
-from agents.normalization import RunningMeanStd
-from agents.saved_runs import CheckpointMismatch, SavedPolicy, restore_policy
-
-
-class FreezeState(NamedTuple):
-    count: jax.Array  # optimiser steps taken
-    trainable: Any  # like params: 1.0 where a weight learns during the warm-up, 0.0 where it stays frozen
-
-
-def warmup_freeze(frozen_steps: int) -> optax.GradientTransformation:
-    """Zeroes the gradients of frozen weights for the first `frozen_steps` optimiser steps. Everything is
-    trainable until `with_trainable` puts a mask in the state. Placed before gradient clipping, so frozen
-    gradients do not use up the clipping norm."""
-
-    def init(params):
-        return FreezeState(jnp.zeros((), jnp.int32), jax.tree.map(jnp.ones_like, params))
-
-    def update(grads, state: FreezeState, params=None):
-        warm = state.count < frozen_steps
-        grads = jax.tree.map(lambda g, m: jnp.where(warm, g * m, g), grads, state.trainable)
-        return grads, FreezeState(state.count + 1, state.trainable)
-
-    return optax.GradientTransformation(init, update)
-
-
-def freeze_stage(cfg: TrainConfig) -> list[optax.GradientTransformation]:
-    """The optimiser's warm-up stage: none without a warm-up, so other runs' optimiser state keeps its layout."""
-    if not cfg.transfer.freeze_steps:
-        return []
-    return [warmup_freeze(freeze_updates(cfg) * cfg.ppo.update_epochs * cfg.ppo.num_minibatches)]
-
-
-def with_trainable(opt_state: Any, trainable: Any) -> Any:
-    """opt_state with the warm-up's mask replaced (a no-op without a warm-up stage)."""
-    is_freeze = lambda s: isinstance(s, FreezeState)  # noqa: E731
-    return jax.tree.map(lambda s: s._replace(trainable=trainable) if is_freeze(s) else s, opt_state, is_leaf=is_freeze)
+from agents.rl.freeze import with_trainable
+from agents.rl.normalization import RunningMeanStd
+from agents.training.saved_runs import CheckpointMismatch, SavedPolicy, restore_policy
 
 
 def load_source(cfg: TrainConfig, env: Any, env_params: Any) -> SavedPolicy:

@@ -32,13 +32,20 @@ import numpy as np
 from rich.progress import Progress
 from scipy import stats
 
-from agents.advised_eval import HYBRID_METRICS, AdvisedWalker, hybrid_metrics, run_ablations
+from agents.advice.acting import make_acting
+from agents.advice.usage import HYBRID_METRICS, hybrid_metrics
+from agents.advisor.adapters import checkpoint_adapter
 from agents.config import ConfigError, TrainConfig
-from agents.evaluation import flat_policy, random_valid_policy
-from agents.hybrid import checkpoint_adapter, make_acting
-from agents.ppo import PPO, make_train
-from agents.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
-from agents.trainer import make_act
+from agents.evaluation.advised_walk import AdvisedWalker, run_ablations
+from agents.evaluation.agent import make_act
+from agents.evaluation.policies import flat_policy, random_valid_policy
+from agents.rl.ppo import PPO, make_train
+from agents.training.saved_runs import (
+    SavedPolicy,
+    check_fits,
+    load_run_config,
+    restore_policy,
+)
 from jaxenv import Market, TradingEnv, load_market, walk_split
 from jaxenv.evaluate import buy_and_hold
 from jaxenv.metrics import METRICS, Trace, walk_metrics

@@ -1,0 +1,236 @@
+"""A query step (docs/design.md, "One training update, as data flows"), between two jitted chunks:
+
+1. on device, pick at most B envs to ask and gather their prompt scalars;
+2. on the host, render their prompts and submit them to the sidecar (never blocking);
+3. collect the answers to the previous query step (strict: wait for them; async: take what is ready) and
+   write them into the on-device advice table. Prompts sent at query step q are answered into the table
+   at q+1: one query step of latency.
+
+`AdvisorLink` owns the sidecar client for training and evaluation walks alike, restarts a dead sidecar, sizes
+budget `auto`, and counts everything.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agents.advice.table import select_queries
+from agents.advisor.prompt_fields import PromptFieldBuilder, gather_state
+from agents.advisor.sidecar import learning_options, sidecar_options
+from agents.config import HybridConfig
+from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
+from bridge.prompts import DEFAULT_PROMPTS_PATH
+
+AUTO_START = 16  # budget `auto`: B of the first query step ...
+AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
+
+
+class AdvisorLink:
+    """Query steps for any carry with `.env_state` and `.hybrid` (a RunnerState in training, a one-account walk
+    in evaluation): select envs on device, render and submit their prompts, collect the previous query step's
+    answers into the advice table. Owns the sidecar client, restarts a dead sidecar, and counts everything."""
+
+    def __init__(self, cfg, market, n_envs: int, run_dir: Path | None = None, client: SidecarClient | None = None,
+                 latency: str | None = None, learn: bool = False, adapter: str | None = None):
+        """`learn`: the sidecar learns from outcomes (training's link; never a validation walk's). `adapter`: the
+        LoRA adapter to start from instead of the run's (a resumed run's learned one)."""
+        self.cfg = cfg
+        self.h: HybridConfig = cfg.hybrid
+        self.latency = latency or self.h.latency
+        self.cap = min(self.h.max_budget, n_envs)
+        self.auto = self.h.budget == "auto"
+        self.budget = min(AUTO_START, self.cap) if self.auto else min(int(self.h.budget), self.cap)
+        self.renderer = PromptRenderer.from_yaml(self.h.prompts or DEFAULT_PROMPTS_PATH)
+        self.fields = PromptFieldBuilder(market, list(self.renderer.markets), cfg.env.contracts_per_trade)
+        self.texts = list(market.text_table) or None
+        self.learning = learning_options(cfg) if learn else None
+        r = self.h.reasoning
+        self.reasoning = r.enabled and self.renderer.reasoning is not None
+        self.think_used = np.zeros(n_envs, np.int32)  # reasoned answers this episode, per env
+        self.episode_time = np.zeros(n_envs, np.int64)  # the env's episode step when last asked
+        self.n_thoughts = 0
+        self.client = client or self._start_client(adapter)
+        self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, env ids) written, ok only
+        self.pending: list[tuple] = []  # (query step, submit time, prompts) of submissions not yet collected
+        self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
+        self.last_restart = -float("inf")
+        self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.log_llm) else None
+        self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
+        self.reset_counters()
+
+        def select(carry):
+            hy = carry.hybrid
+            side = carry.env_state.side.astype(jnp.int32)
+            pi_top = jnp.stack([hy.top_prob, 1.0 - hy.top_prob], -1)  # only the top probability matters here
+            env_ids, valid = select_queries(hy.advice, self.h.query, self.cap, pi_top, side, hy.changed)
+            advice = hy.advice.mark_queried(env_ids, valid, side)
+            hy = hy.replace(advice=advice, changed=hy.changed.at[env_ids].set(False))
+            scalars = gather_state(carry.env_state, env_ids)
+            scalars["top_prob"] = hy.top_prob[env_ids]
+            scalars["episode_time"] = carry.env_state.time[env_ids]
+            return carry.replace(hybrid=hy), env_ids, valid, scalars
+
+        def write(carry, env_ids, probs, confidence, status, valid):
+            hy = carry.hybrid
+            return carry.replace(hybrid=hy.replace(advice=hy.advice.write(env_ids, probs, confidence, status, valid)))
+
+        self._select = jax.jit(select)
+        self._write = jax.jit(write)
+
+    def _start_client(self, adapter: str | None) -> SidecarClient:
+        backend, options = sidecar_options(self.cfg, adapter)
+        client = SidecarClient(BridgeConfig(capacity=self.cap))
+        try:
+            client.start(backend=backend, prompts=self.renderer, learning=self.learning, **options)
+        except Exception:
+            client.close()
+            raise
+        return client
+
+    def close(self) -> None:
+        if self.llm_log:
+            self.llm_log.close()
+        self.client.close()
+
+    def reset_counters(self) -> None:
+        self.n_query_steps = 0
+        self.n_prompts = 0
+        self.n_answers = {name: 0 for name in STATUS_NAMES}
+        self.wait_s = 0.0
+        self.latencies: list[float] = []
+        self.logged = 0
+        self.n_thoughts = 0
+
+    def query_step(self, carry, chunk_s: float | None = None):
+        """`chunk_s`: how long the chunk since the previous query step ran (sizes budget `auto`)."""
+        carry, env_ids, valid, scalars = self._select(carry)
+        env_ids, valid, scalars = jax.device_get((env_ids, valid, scalars))
+        take = np.flatnonzero(valid)[: self.budget]  # top_k sorted them by priority
+        step = self.query_steps_total
+        self.query_steps_total += 1
+        self.n_query_steps += 1
+        if not self.client.alive:
+            # Training goes on without advice while a new sidecar starts; pending rows come back as backend_error.
+            if time.monotonic() - self.last_restart > self.client.config.start_timeout_s:
+                self.client.restart(wait=False)
+                self.last_restart = time.monotonic()
+        elif len(take) and self.client.pending < 2:
+            rows = {k: v[take] for k, v in scalars.items()}
+            prompts = self.renderer.render(self.fields.build(rows), self.texts)
+            self.client.submit(env_ids[take], prompts, self._think(env_ids[take], rows))
+            self.pending.append((step, time.perf_counter(), prompts))
+            self.n_prompts += len(take)
+        # The answers to earlier query steps' prompts: one step of latency.
+        while self.pending and self.pending[0][0] < step:
+            carry = self._collect(carry, wait=self.latency == "strict", chunk_s=chunk_s)
+        return carry
+
+    def _think(self, env_ids: np.ndarray, rows: dict) -> np.ndarray | None:
+        """Which of the asked envs get chain of thought: the policy is unsure, and the env has reasoning left
+        in this episode (an episode step below the last one seen means a new episode)."""
+        if not self.reasoning:
+            return None
+        r = self.h.reasoning
+        time_now = rows["episode_time"].astype(np.int64)
+        new_episode = time_now < self.episode_time[env_ids]
+        self.think_used[env_ids[new_episode]] = 0
+        self.episode_time[env_ids] = time_now
+        think = (rows["top_prob"] < r.policy_confidence) & (self.think_used[env_ids] < r.per_episode)
+        self.think_used[env_ids[think]] += 1
+        self.n_thoughts += int(think.sum())
+        return think
+
+    def take_written(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """The (seq, answer rows, env ids) of ok answers written into the advice table since the last call."""
+        written, self.written = self.written, []
+        return written
+
+    def drain(self, carry):
+        """Collects every pending answer (waiting for them), e.g. at the end of an evaluation walk."""
+        while self.pending:
+            carry = self._collect(carry, wait=True)
+        return carry
+
+    def _collect(self, carry, wait: bool, chunk_s: float | None = None):
+        t0 = time.perf_counter()
+        answers = self.client.collect(timeout_s=self.h.strict_timeout_s if wait else 0.0)
+        waited = time.perf_counter() - t0
+        self.wait_s += waited
+        _, submitted_at, prompts = self.pending.pop(0)
+        if not len(answers):
+            return carry
+        for name, count in answers.counts().items():
+            self.n_answers[name] = self.n_answers.get(name, 0) + count
+        latency = time.perf_counter() - submitted_at
+        self.latencies.append(latency)
+        if self.auto and chunk_s:
+            self._resize(len(answers), latency, waited, chunk_s)
+        self._log_llm(prompts, answers)
+        if self.on_answers is not None:
+            self.on_answers(answers)
+        ok = np.flatnonzero(answers.status == STATUS_OK)
+        if self.learning and len(ok):
+            self.written.append((answers.seq, ok, answers.env_ids[ok]))
+        n = len(answers)
+        pad = self.cap - n  # fixed shapes: one compiled write for every answer count
+        ids = np.concatenate([answers.env_ids, np.zeros(pad, np.int32)]).astype(np.int32)
+        probs = np.concatenate([answers.probs, np.full((pad, 6), 1 / 6, np.float32)])
+        conf = np.concatenate([answers.confidence, np.zeros(pad, np.float32)])
+        status = np.concatenate([answers.status, np.zeros(pad, np.int32)]).astype(np.int32)
+        valid = np.arange(self.cap) < n
+        return self._write(carry, ids, probs, conf, status, valid)
+
+    def _log_llm(self, prompts, answers) -> None:
+        if not self.llm_log or self.logged >= self.h.log_llm:
+            return
+        def text(x) -> str:
+            return x.decode(errors="replace") if isinstance(x, bytes) else str(x)
+
+        for i in range(min(len(answers), self.h.log_llm - self.logged)):
+            self.llm_log.write(json.dumps({
+                "env": int(answers.env_ids[i]),
+                "prompt": text(prompts[i]),
+                "answer": text(answers.reasons[i]) if answers.reasons is not None else None,
+                "probs": [round(float(x), 4) for x in answers.probs[i]],
+                "confidence": float(answers.confidence[i]),
+                "status": STATUS_NAMES[int(answers.status[i])],
+            }) + "\n")
+            self.logged += 1
+        self.llm_log.flush()
+
+    def _resize(self, answered: int, latency: float, waited: float, chunk_s: float) -> None:
+        """Budget `auto`: B such that answering one query step's prompts hides behind one chunk. Answers that
+        kept the loop waiting were the sidecar's whole work since they were submitted, so their rate sizes B to
+        90% of the chunk; answers that were ready let B grow by a quarter."""
+        if waited > 0.05 * chunk_s:
+            target = answered / max(latency, 1e-6) * chunk_s * 0.9
+        else:
+            target = max(self.budget * 1.25, self.budget + 1)
+        self.budget = int(np.clip(target, AUTO_MIN, self.cap))
+
+    def metrics(self) -> dict:
+        """The query side's counters since reset_counters()."""
+        client_stats = self.client.stats()
+        hits, misses = client_stats.get("cache_hits", 0), client_stats.get("cache_misses", 0)
+        lat = np.array(self.latencies) if self.latencies else np.array([0.0])
+        out = {
+            "llm_prompts": self.n_prompts,
+            "llm_budget": self.budget,
+            "llm_wait_s_per_query": self.wait_s / max(self.n_query_steps, 1),
+            "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
+            "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
+            "llm_cache_hit_rate": hits / max(hits + misses, 1),
+        }
+        if self.reasoning:
+            out["llm_reasoned"] = self.n_thoughts
+        for name in STATUS_NAMES:
+            out[f"llm_{name}"] = self.n_answers.get(name, 0)
+        return out
+
+

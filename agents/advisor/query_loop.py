@@ -1,0 +1,126 @@
+"""The hybrid update (docs/design.md, "One training update, as data flows"): the rollout runs as T/k jitted chunks
+of k steps with a query step (`AdvisorLink.query_step`) between chunks, then PPO learns from the concatenated
+chunks through the fused distribution the actions were sampled from. With `hybrid.learning` on, each update's
+outcomes go to the sidecar and a LoRA round starts every M updates."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from agents.advice.usage import acting_metrics
+from agents.advisor.adapters import adapter_dir
+from agents.advisor.link import AdvisorLink
+from agents.advisor.outcomes import outcome_rows
+from bridge import SidecarClient
+
+FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: SmolLM2 on a 2-core CPU takes ~8 s per step
+
+
+def chunk_lengths(steps: int, k: int) -> list[int]:
+    """Steps per chunk when `steps` env steps run k at a time, e.g. 64 steps, k=5: 12×5 + 4."""
+    return [k] * (steps // k) + ([steps % k] if steps % k else [])
+
+
+class QueryLoop:
+    """Runs hybrid updates: chunks with query steps between them, then one PPO learning step. With
+    `hybrid.learning` on, it also sends each update's outcomes to the sidecar and starts a LoRA round every M
+    updates (the sidecar learns between answering batches, so the rollout does not wait for it)."""
+
+    def __init__(self, cfg, ppo, market, run_dir: Path | None, client: SidecarClient | None = None,
+                 adapter: str | None = None):
+        self.chunks = chunk_lengths(cfg.ppo.num_steps, cfg.hybrid.query.interval)
+        self.learning = cfg.hybrid.learning if cfg.hybrid.learning.enabled else None
+        self.market = market  # its prices measure the market's move after each answer (the outcomes' `move`)
+        self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir, client, learn=self.learning is not None,
+                                adapter=adapter)
+        self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
+        self._learn = jax.jit(ppo.learn)
+        self._advantages = jax.jit(ppo.advantages)
+        self.rounds_seen = 0
+
+    @property
+    def client(self) -> SidecarClient:
+        return self.link.client
+
+    def close(self) -> None:
+        self.link.close()
+
+    def update(self, rs):
+        """One PPO update: T/k chunks with query steps between them, then learning."""
+        self.link.reset_counters()
+        chunk_s = None  # the first query step follows learning, not a chunk
+        trajs, applied, t0 = [], [], 0
+        for k in self.chunks:
+            rs = self.link.query_step(rs, chunk_s)
+            applied.append((t0, k, self.link.take_written()))
+            t = time.perf_counter()
+            rs, traj = self._chunk(rs, k)
+            jax.block_until_ready(traj.reward)
+            chunk_s = time.perf_counter() - t
+            trajs.append(traj)
+            t0 += k
+        traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *trajs)
+        stats = jax.device_get(jax.tree.map(jnp.sum, traj.extras.stats))
+        sent = self._send_outcomes(rs, traj, applied) if self.learning else 0
+        rs, metrics = self._learn(rs, traj)
+        metrics = dict(metrics)
+        metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
+        metrics.update(acting_metrics(stats))
+        metrics.update(self.link.metrics())
+        if self.learning:
+            metrics.update(self._learning_step(int(rs.update), sent))
+        return rs, metrics
+
+    def _send_outcomes(self, rs, traj, applied) -> int:
+        advantage = self._advantages(rs, traj)
+        host = jax.device_get({
+            "action": traj.action, "reward": traj.reward, "advantage": advantage,
+            "advice_valid": traj.extras.advice.valid, **traj.extras.trade,
+        })  # fmt: skip
+        return self.client.send_outcomes(outcome_rows(applied, host, self.market, self.learning.move_bars), wait_s=1.0)
+
+    def _learning_step(self, update: int, sent: int) -> dict:
+        """Starts a LoRA round every M updates; the metrics of rounds finished since the last update."""
+        out = {"lora_outcomes_sent": float(sent)}
+        if update % self.learning.every_updates == 0:
+            started = self.client.command("learn")
+            out["lora_round_started"] = float(started.get("started", False))
+        out.update(self._round_metrics())
+        return out
+
+    def finish_round(self) -> dict:
+        """Runs a LoRA round still in progress to its end (after the run's last update, so that the adapter saved
+        with the final checkpoint has learned from it); that round's metrics."""
+        if not self.learning or not self.client.command("stats")["busy"]:
+            return {}
+        print("finishing the advisor's LoRA round before the final checkpoint ...", file=sys.stderr, flush=True)
+        self.client.command("finish", timeout_s=FINISH_ROUND_TIMEOUT_S)
+        return self._round_metrics()
+
+    def _round_metrics(self) -> dict:
+        """The learner's counters, and the figures of the latest round finished since the last call."""
+        stats = self.client.command("stats")
+        out = {"lora_buffer": float(stats["buffer_train"] + stats["buffer_val"]),
+               "lora_learn_s_total": float(stats["learn_s"]), "lora_rounds": float(len(stats["rounds"]))}
+        for record in stats["rounds"][self.rounds_seen:]:  # the latest finished round's figures
+            out.update({f"lora_{k}": float(v) for k, v in record.items() if k != "round"})
+        self.rounds_seen = len(stats["rounds"])
+        return out
+
+    def save_adapter(self, run_dir: Path, update: int) -> str | None:
+        """Writes the advisor's serving adapter beside checkpoint `update` (once); None when nothing learns."""
+        if not self.learning:
+            return None
+        path = adapter_dir(run_dir, update)
+        if not (path / "adapter_config.json").exists():
+            staging = path.with_name(path.name + ".tmp")
+            shutil.rmtree(staging, ignore_errors=True)
+            self.client.command("save", path=str(staging), timeout_s=600.0)
+            staging.replace(path)  # a crash mid-save leaves no half-written adapter under the checkpoint's name
+        return str(path)

@@ -1,0 +1,60 @@
+"""Scoring a run's agent on a split the way it acts: the policy alone, or for hybrid runs with its advisor
+(an `AdvisedWalker` with its own sidecar), whole or one ablation at a time."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+
+from agents.config import TrainConfig
+from agents.evaluation.advised_walk import AdvisedWalker, advised_summary, run_ablations
+from agents.evaluation.policies import (
+    Evaluator,
+)
+from agents.rl.ppo import PPO, RunnerState
+from agents.training.env_setup import EnvSetup
+
+
+def make_act(ppo: PPO, deterministic: bool) -> Callable:
+    """act(act_params, obs, mask, key) for one env with act_params = (network params, obs normaliser); made once
+    per run so evaluation compiles once."""
+
+    def act(act_params, obs, mask, key):
+        params, obs_norm = act_params
+        return ppo.policy(params, obs_norm, obs, mask, key, deterministic)
+
+    return act
+
+
+class AgentEvaluator:
+    """Scores a run's network on a split the way the run acts: the policy alone (the env setup's evaluator) or,
+    for hybrid runs, with advice through an `AdvisedWalker` (its own sidecar, so training's pending queries are
+    untouched). `ablation` (a key of agents.advised_eval.run_ablations(cfg)) scores one part of a hybrid agent."""
+
+    def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None):
+        """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns."""
+        self.setup = setup
+        self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
+        self.walker = None
+        self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
+        self.ablations = run_ablations(cfg) if cfg.llm != "none" else {}
+        if cfg.llm != "none" and cfg.hybrid.eval_with_advice and setup.market is not None:
+            self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market)
+
+    def splits(self) -> dict[str, Evaluator]:
+        return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
+
+    def __call__(self, state: RunnerState, split: str, key: jax.Array, ablation: str | None = None) -> dict:
+        if self.walker is None:
+            return self.splits()[split](self.act, (state.params, state.obs_norm), key)
+        changes = dict(self.ablations[ablation]) if ablation else {}
+        if self.adapter_for is not None and "adapter" not in changes:
+            changes["adapter"] = self.adapter_for(int(state.update))
+        trace = self.walker.walk(state.params, state.obs_norm, split, key, **changes)
+        result = advised_summary(trace)
+        return {"score": result["net_pnl"], **result}
+
+    def close(self) -> None:
+        if self.walker is not None:
+            self.walker.close()
