@@ -17,6 +17,7 @@ import yaml
 
 from agents.advice.risk_veto import VetoConfig
 from agents.advice.table import QueryConfig
+from bridge.learning import LearningOptions
 from jaxenv.config import DataConfig, EnvConfig
 
 
@@ -71,30 +72,13 @@ class LogConfig:
 
 
 @dataclass
-class LearningConfig:
-    """LoRA learning of the advisor from the outcomes of its advice (llm_sidecar.learning). The fields after
-    `move_bars` are llm_sidecar.learning.LearningOptions."""
+class LearningConfig(LearningOptions):
+    """LoRA learning of the advisor from the outcomes of its advice (llm_sidecar.learning): the sidecar's options
+    (bridge.learning.LearningOptions) and what the trainer alone uses."""
 
     enabled: bool = False  # needs a transformers advisor (smollm2, a model path) in score mode
     every_updates: int = 2  # M: a learning round starts after every M PPO updates (the sidecar runs it between answers)
     move_bars: int = 30  # bars over which each outcome's market move is measured (<= ppo.num_steps for `move`)
-    objective: str = "advantage"  # advantage: weight by the PPO advantage | profitable: fine-tune on profitable ones
-    # | pnl: weight by the P&L of the trade the advice opened (not trading is the baseline)
-    # | move: BUY where the market then rose, SELL where it fell, weighted by the move (every answered prompt)
-    baseline: str = "none"  # advantage: none | action (centre on each action's mean: learn when it pays, not whether)
-    lr: float = 5e-5  # well below the policy's ppo.lr
-    rank: int = 8
-    alpha: int = 16
-    batch_size: int = 16
-    max_epochs: int = 3
-    patience: int = 1  # early stopping on the held-out share's loss
-    grad_clip: float = 1.0
-    kl_coef: float = 0.1  # KL(base ‖ adapted) over the 6 actions, so answers do not collapse
-    anchor_coef: float = 0.0  # KL(base ‖ adapted) of the batch-average answer: learn which prompts, not overall
-    advantage_clip: float = 3.0
-    buffer_size: int = 4096
-    val_share: float = 0.2
-    min_examples: int = 64
 
 
 @dataclass
@@ -220,15 +204,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),
          "hybrid.learning.enabled", "LoRA learning needs a transformers advisor (smollm2 or a model path) in score mode"),
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
-        (cfg.hybrid.learning.objective in ("advantage", "profitable", "pnl", "move"), "hybrid.learning.objective",
-         "must be advantage, profitable, pnl or move"),
         (cfg.hybrid.learning.move_bars >= 1, "hybrid.learning.move_bars", "must be >= 1"),
         (cfg.hybrid.learning.objective != "move" or cfg.hybrid.learning.move_bars <= p.num_steps,
          "hybrid.learning.move_bars", f"the move objective measures moves inside one rollout: must be <= ppo.num_steps "
          f"= {p.num_steps}"),
-        (cfg.hybrid.learning.baseline in ("none", "action"), "hybrid.learning.baseline", "must be none or action"),
-        (0 < cfg.hybrid.learning.val_share < 1, "hybrid.learning.val_share", "must be between 0 and 1"),
-        (cfg.hybrid.learning.lr > 0, "hybrid.learning.lr", "must be > 0"),
         (cfg.hybrid.reasoning.per_episode >= 0, "hybrid.reasoning.per_episode", "must be >= 0"),
         (cfg.hybrid.mock_answers in ("rules", "news", "random"), "hybrid.mock_answers", "must be rules, news or random"),
         (cfg.transfer.checkpoint in ("best", "latest") or cfg.transfer.checkpoint.isdigit(), "transfer.checkpoint",
@@ -244,6 +223,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"{key}: {msg}")
+    try:
+        cfg.hybrid.learning.check()
+    except ValueError as error:
+        raise ConfigError(f"hybrid.learning.{error}") from None
     return cfg
 
 

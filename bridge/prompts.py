@@ -31,7 +31,7 @@ _TEMPLATE_KEYS = {
 }  # fmt: skip
 # How score mode names the 6 actions (bridge.ACTIONS order) after the answer prefix. The default names are the
 # protocol's own, which bridge.parse_answer also reads in generate mode; `action_labels` in the YAML changes them.
-DEFAULT_ACTION_LABELS = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL")
+DEFAULT_ACTION_LABELS = ACTIONS  # score mode labels each action with its own name unless the YAML says otherwise
 # Chain-of-thought answers (the optional `reasoning` mapping): the step headings the model writes, the last one
 # holding the `ACTION | confidence | reason` line, and how many tokens it may generate for them.
 DEFAULT_REASONING_STEPS = ("market analysis", "options", "risks", "decision")

@@ -1,9 +1,11 @@
-"""Constants both sides of the process boundary agree on: actions, answer statuses and prompt fields."""
+"""Constants both sides of the process boundary agree on: the action vocabulary, answer statuses and prompt fields.
+The environment (jaxenv), the agents and the sidecar all take the actions from here; this module imports nothing."""
 
 from __future__ import annotations
 
-# The trading actions, in the environment's order (DESIGN.md "Contracts").
+# The trading actions: ids, names and count (docs/design.md, "Contracts").
 ACTIONS: tuple[str, ...] = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL")
+HOLD, BUY, SELL, MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL = range(len(ACTIONS))
 NUM_ACTIONS = len(ACTIONS)
 
 # Answer statuses. Anything but STATUS_OK carries uniform probabilities and confidence 0.

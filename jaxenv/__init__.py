@@ -11,12 +11,11 @@
 from jaxenv.config import DataConfig, EnvConfig, PropFirmRules
 from jaxenv.contracts import CONTRACTS, ContractSpec, get_contract
 from jaxenv.data import DataValidationError
-from jaxenv.env import ACTION_NAMES, EXIT_REASONS, EnvParams, EnvState, TradingEnv
+from jaxenv.env import EXIT_REASONS, EnvParams, EnvState, TradingEnv
 from jaxenv.evaluate import evaluate_policy, walk_split
 from jaxenv.market import Market, load_market
 
 __all__ = [
-    "ACTION_NAMES",
     "CONTRACTS",
     "ContractSpec",
     "DataConfig",

@@ -22,12 +22,11 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
+from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, HOLD, MOVE_TO_BE, NUM_ACTIONS, SELL
 from jaxenv.config import EnvConfig
 from jaxenv.features import N_BAR_FEATURES, N_CONTEXT_FEATURES
 from jaxenv.market import MAX_WINDOW, Market
 
-HOLD, BUY, SELL, MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL = range(6)
-ACTION_NAMES = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL")
 EXIT_REASONS = ("none", "stop_loss", "take_profit", "session_close", "breach", "breakeven_stop", "trailing_stop")
 N_POSITION, N_VALIDITY, N_RISK = 5, 3, 5
 
@@ -157,7 +156,7 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
 
     @property
     def num_actions(self) -> int:
-        return 6
+        return NUM_ACTIONS
 
     @property
     def obs_size(self) -> int:
@@ -165,7 +164,7 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
         return base + (N_CONTEXT_FEATURES + N_RISK if self.extended else 0)
 
     def action_space(self, params: EnvParams | None = None) -> spaces.Discrete:
-        return spaces.Discrete(6)
+        return spaces.Discrete(NUM_ACTIONS)
 
     def observation_space(self, params: EnvParams | None = None) -> spaces.Box:
         return spaces.Box(-jnp.inf, jnp.inf, (self.obs_size,), jnp.float32)

@@ -19,8 +19,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from bridge.protocol import ACTIONS
 from jaxenv.config import PropFirmRules
-from jaxenv.env import ACTION_NAMES, EXIT_REASONS
+from jaxenv.env import EXIT_REASONS
 from jaxenv.features import session_info
 
 DAYS_PER_YEAR = 252  # trading days: daily Sharpe, Sortino and Calmar are annualised with it
@@ -149,7 +150,7 @@ def trades_table(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int = 1)
     if "advice_valid" in trace:
         valid = np.asarray(trace["advice_valid"], bool)[entries]
         actions = np.asarray(trace["advice_action"])[entries]
-        frame["advice_action"] = [ACTION_NAMES[a] if v else "" for a, v in zip(actions, valid)]
+        frame["advice_action"] = [ACTIONS[a] if v else "" for a, v in zip(actions, valid)]
         confidence = np.asarray(trace["advice_confidence"], np.float64)[entries]
         frame["advice_confidence"] = np.where(valid, confidence, np.nan)
         if "reasons" in trace and "advice_from" in trace:

@@ -42,58 +42,19 @@ import json
 import os
 import time
 from collections import OrderedDict, deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
+from bridge.learning import LearningOptions
+from bridge.protocol import BUY, NUM_ACTIONS, SELL
 from llm_sidecar.models import log
 
-OBJECTIVES = ("advantage", "profitable", "pnl", "move")
-BASELINES = ("none", "action")
-N_ACTIONS = 6
-BUY, SELL = 1, 2
 EXPERIENCES_FILE = "experiences.jsonl.gz"  # saved beside each adapter
 TRAINING_ADAPTER = "learning"
 SERVING_ADAPTER = "default"
-
-
-@dataclass
-class LearningOptions:
-    objective: str = "advantage"  # advantage | profitable | pnl | move
-    baseline: str = "none"  # advantage objective: none | action (centre each advantage on its action's mean)
-    lr: float = 5e-5  # Adam step for the LoRA weights (the policy's is 3e-4)
-    rank: int = 8  # LoRA rank of a new adapter (an adapter loaded with --lora keeps its own)
-    alpha: int = 16
-    batch_size: int = 16  # examples per learning step
-    max_epochs: int = 3  # passes over the training share per round
-    patience: int = 1  # epochs without a better validation loss before the round stops
-    grad_clip: float = 1.0  # global gradient-norm clip
-    kl_coef: float = 0.1  # weight of KL(base ‖ adapted) over the 6 actions
-    anchor_coef: float = 0.0  # weight of KL(base ‖ adapted) of the batch-average answer (0: off)
-    advantage_clip: float = 3.0  # normalised advantages (and P&Ls) are clipped to ±this
-    buffer_size: int = 4096  # experiences kept (the oldest go first)
-    val_share: float = 0.2  # share of prompts (by hash) held out for validation
-    min_examples: int = 64  # a round needs this many training examples (and 8 validation ones)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "LearningOptions":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown learning option(s) {sorted(unknown)}; known: {sorted(known)}")
-        options = cls(**data)
-        if options.objective not in OBJECTIVES:
-            raise ValueError(f"learning objective must be one of {OBJECTIVES}, got {options.objective!r}")
-        if options.baseline not in BASELINES:
-            raise ValueError(f"learning baseline must be one of {BASELINES}, got {options.baseline!r}")
-        if not 0.0 < options.val_share < 1.0:
-            raise ValueError(f"learning val_share must be in (0, 1), got {options.val_share}")
-        for name in ("rank", "batch_size", "max_epochs", "buffer_size", "min_examples"):
-            if getattr(options, name) < 1:
-                raise ValueError(f"learning {name} must be >= 1, got {getattr(options, name)}")
-        return options
 
 
 @dataclass
@@ -211,7 +172,7 @@ def objective_weights(options: LearningOptions, train: list[Experience]) -> Call
                                         0.0, options.advantage_clip)
     adv = np.array([e.advantage for e in train], np.float64)
     actions = np.array([e.action for e in train], np.int64)
-    centre = np.zeros(N_ACTIONS)
+    centre = np.zeros(NUM_ACTIONS)
     if options.baseline == "action":
         for a in np.unique(actions):
             centre[a] = adv[actions == a].mean()

@@ -13,10 +13,17 @@ from pathlib import Path
 import numpy as np
 
 from bridge import peer
-from bridge.protocol import STATUS_BACKEND_ERROR, STATUS_OK, STATUS_PARSE_ERROR
+from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_OK, STATUS_PARSE_ERROR
 from bridge.transport import (
-    PEER_FAILED, PEER_READY, PEER_STOPPED, RESP_CACHE_HITS, RESP_CACHE_MISSES, RESP_PARSE_ERRORS, RESP_PROMPT_TOKENS,
-    PeerEndpoint, Request,
+    PEER_FAILED,
+    PEER_READY,
+    PEER_STOPPED,
+    RESP_CACHE_HITS,
+    RESP_CACHE_MISSES,
+    RESP_PARSE_ERRORS,
+    RESP_PROMPT_TOKENS,
+    PeerEndpoint,
+    Request,
 )  # fmt: skip
 from llm_sidecar.backends import BackendAnswers
 from llm_sidecar.models import log
@@ -69,7 +76,7 @@ def answer_request(endpoint: PeerEndpoint, backend, cache: AnswerCache, request:
     get a chain-of-thought answer from `reasoner` (when there is one). Returns the answers' probabilities
     [n, 6] (NaN rows: not answered or failed), which learning joins to outcomes."""
     prompts = [bytes(row[:n]) for row, n in zip(request.prompts, request.lengths)]
-    answered = np.full((len(prompts), 6), np.nan, dtype=np.float32)
+    answered = np.full((len(prompts), NUM_ACTIONS), np.nan, dtype=np.float32)
     if reasoner is not None and request.think.any():
         rows = np.flatnonzero(request.think)
         answers = _advise(reasoner.think, [prompts[r].decode("utf-8", errors="replace") for r in rows])
@@ -145,7 +152,7 @@ def _publish(endpoint: PeerEndpoint, request: Request, rows: np.ndarray, answers
 
 def _error_answers(n: int, reason: str) -> BackendAnswers:
     return BackendAnswers(
-        probs=np.full((n, 6), 1.0 / 6, dtype=np.float32),
+        probs=np.full((n, NUM_ACTIONS), 1.0 / NUM_ACTIONS, dtype=np.float32),
         action=np.full(n, -1, dtype=np.int8),
         confidence=np.zeros(n, dtype=np.float32),
         status=np.full(n, STATUS_BACKEND_ERROR, dtype=np.int8),

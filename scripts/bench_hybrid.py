@@ -20,15 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax  # noqa: E402
-from bench_common import (  # noqa: E402
-    BenchOptions,
-    fmt_range,
-    jax_device_name,
-    peak_host_memory_mb,
-    rates,
-    table,
-    timed_repeats,
-)
+from bench_common import BenchOptions, fmt_range, jax_device_name, peak_host_memory_mb, rates, table, timed_repeats  # noqa: E402
 from bench_train import time_updates  # noqa: E402
 
 from agents.advice.acting import make_acting  # noqa: E402

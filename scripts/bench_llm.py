@@ -10,14 +10,7 @@ import os
 import tempfile
 import time
 
-from bench_common import (
-    BenchOptions,
-    cpu_model,
-    package_versions,
-    peak_host_memory_mb,
-    table,
-    timed_repeats,
-)
+from bench_common import BenchOptions, cpu_model, package_versions, peak_host_memory_mb, table, timed_repeats
 
 from bridge import PromptRenderer
 from llm_sidecar.__main__ import example_fields
@@ -44,11 +37,7 @@ def _plan(quick: bool, batch_sizes: list[int] | None) -> list[tuple[str, str, in
 def run(opts: BenchOptions) -> list[dict]:
     import torch
 
-    from llm_sidecar.backends import (
-        MockBackend,
-        TransformersBackend,
-        TransformersOptions,
-    )
+    from llm_sidecar.backends import MockBackend, TransformersBackend, TransformersOptions
     from llm_sidecar.models import build_tiny_phi3
 
     # On a CPU shared with other work (the JAX trainer, other jobs) fewer torch threads can be much faster:

@@ -30,15 +30,7 @@ from lora_direction_probe import describe, probe_prompts, smollm2  # noqa: E402
 
 from bridge import PromptRenderer  # noqa: E402
 from jaxenv.synthetic import headline_sentiment  # noqa: E402
-from llm_sidecar.learning import (  # noqa: E402
-    BUY,
-    SELL,
-    Experience,
-    LearningOptions,
-    LoraLearner,
-    load_experiences,
-    usable,
-)
+from llm_sidecar.learning import BUY, SELL, Experience, LearningOptions, LoraLearner, load_experiences, usable  # noqa: E402
 
 ACTIONS = ("HOLD", "BUY", "SELL")
 
@@ -147,12 +139,7 @@ def llm_only_walks(run_dir: Path, adapter: str) -> None:
     restored run and one sidecar serve both walks."""
     import jax
 
-    from agents.evaluation.advised_walk import (
-        ABLATIONS,
-        FROZEN_ABLATION,
-        advised_summary,
-        run_ablations,
-    )
+    from agents.evaluation.advised_walk import ABLATIONS, FROZEN_ABLATION, advised_summary, run_ablations
     from agents.evaluation.saved_run import advised_walk, load_run
 
     run = load_run(run_dir, "latest")

@@ -96,9 +96,7 @@ def test_bad_inputs_fail_loudly_naming_the_problem():
 
 
 def test_4096_prompts_render_in_milliseconds():
-    from llm_sidecar.__main__ import (
-        example_fields,  # numpy-only helper; does not import torch
-    )
+    from llm_sidecar.__main__ import example_fields  # numpy-only helper; does not import torch
 
     renderer = PromptRenderer.from_yaml()
     fields, texts = example_fields(4096)

@@ -8,16 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bridge.protocol import BUY, HOLD
 from jaxenv.config import DataConfig, EnvConfig
 from jaxenv.contracts import get_contract
 from jaxenv.data import DataValidationError, read_bars, validate_bars
-from jaxenv.env import BUY, HOLD, TradingEnv
-from jaxenv.features import (
-    FEATURES,
-    N_BAR_FEATURES,
-    N_CONTEXT_FEATURES,
-    feature_table_markdown,
-)
+from jaxenv.env import TradingEnv
+from jaxenv.features import FEATURES, N_BAR_FEATURES, N_CONTEXT_FEATURES, feature_table_markdown
 from jaxenv.market import load_market, market_from_frame
 from jaxenv.synthetic import PRESETS, generate_bars, headline_sentiment
 from tests.conftest import bar_at, flat_frame

@@ -11,16 +11,7 @@ import numpy as np
 import pytest
 
 from jaxenv.config import EnvConfig
-from jaxenv.env import (
-    BUY,
-    DISABLE_TRAIL,
-    ENABLE_TRAIL,
-    EXIT_REASONS,
-    HOLD,
-    MOVE_TO_BE,
-    SELL,
-    TradingEnv,
-)
+from jaxenv.env import BUY, DISABLE_TRAIL, ENABLE_TRAIL, EXIT_REASONS, HOLD, MOVE_TO_BE, SELL, TradingEnv
 from tests.conftest import HandMarket, bar_at
 
 pytestmark = pytest.mark.nojit

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bridge.protocol import BUY, ENABLE_TRAIL, HOLD, MOVE_TO_BE
 from jaxenv.config import DataConfig, EnvConfig
-from jaxenv.env import BUY, ENABLE_TRAIL, EXIT_REASONS, HOLD, MOVE_TO_BE, TradingEnv
+from jaxenv.env import EXIT_REASONS, TradingEnv
 from jaxenv.market import load_market
 from tests.conftest import HandMarket, bar_at
 from tests.test_env_execution import play

@@ -7,16 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.advice.fusion import (
-    TrustGate,
-    fusion_features,
-    masked_advice_probs,
-    mix,
-    rules_action,
-)
+from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
 from agents.advice.risk_veto import VetoConfig, VetoState, apply_veto
 from agents.advice.table import AdviceTable, QueryConfig, select_queries, view
-from jaxenv.env import BUY, ENABLE_TRAIL, HOLD, SELL, TradingEnv
+from bridge.protocol import BUY, ENABLE_TRAIL, HOLD, SELL
+from jaxenv.env import TradingEnv
 from tests.conftest import HandMarket, bar_at
 
 ALL = jnp.ones((1, 6), bool)

@@ -4,13 +4,7 @@ or to a parse error — never to a silent HOLD."""
 import numpy as np
 import pytest
 
-from bridge import (
-    DEFAULT_CONFIDENCE,
-    STATUS_OK,
-    STATUS_PARSE_ERROR,
-    answer_probabilities,
-    parse_answer,
-)
+from bridge import DEFAULT_CONFIDENCE, STATUS_OK, STATUS_PARSE_ERROR, answer_probabilities, parse_answer
 
 HOLD, BUY, SELL, MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL = range(6)
 D = DEFAULT_CONFIDENCE

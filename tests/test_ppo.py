@@ -13,13 +13,7 @@ from flax import struct
 from gymnax.environments import environment, spaces
 
 from agents.config import load_config
-from agents.rl.networks import (
-    ActorCritic,
-    forward_flops,
-    log_probs_and_entropy,
-    masked_logits,
-    update_flops_per_step,
-)
+from agents.rl.networks import ActorCritic, forward_flops, log_probs_and_entropy, masked_logits, update_flops_per_step
 from agents.rl.normalization import RunningMeanStd
 from agents.rl.ppo import gae_targets, make_train, truncation_values
 

@@ -4,14 +4,7 @@ import os
 
 import numpy as np
 
-from bridge import (
-    ACTIONS,
-    STATUS_OK,
-    STATUS_PARSE_ERROR,
-    BridgeConfig,
-    PromptRenderer,
-    SidecarClient,
-)
+from bridge import ACTIONS, STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, PromptRenderer, SidecarClient
 from llm_sidecar.__main__ import example_fields
 from llm_sidecar.backends import MockBackend
 

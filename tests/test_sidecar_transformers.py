@@ -9,19 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bridge import (  # noqa: E402
-    STATUS_OK,
-    STATUS_PARSE_ERROR,
-    BridgeConfig,
-    PromptRenderer,
-    SidecarClient,
-)
+from bridge import STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, PromptRenderer, SidecarClient  # noqa: E402
 from llm_sidecar.__main__ import example_fields  # noqa: E402
-from llm_sidecar.backends import (  # noqa: E402
-    TransformersBackend,
-    TransformersOptions,
-    quantization_config,
-)
+from llm_sidecar.backends import TransformersBackend, TransformersOptions, quantization_config  # noqa: E402
 from llm_sidecar.models import build_tiny_phi3  # noqa: E402
 
 RENDERER = PromptRenderer.from_yaml()

@@ -16,16 +16,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from agents.advice.fusion import (
-    TrustGate,
-    fusion_features,
-    masked_advice_probs,
-    mix,
-    rules_action,
-)
+from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
 from agents.advice.risk_veto import RULES, VetoConfig, VetoState, apply_veto
 from agents.advice.table import AdviceTable, AdviceView, QueryConfig, view
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
+from bridge.protocol import NUM_ACTIONS
 from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
 
 N_FUSION_CONTEXT = 6  # regime (ADX), volatility (ATR %), win rate, consecutive losses, time of day, position
@@ -61,7 +56,7 @@ class HybridActing:
 
     @property
     def gate_features(self) -> int:
-        return (2 * 6 + 5 + N_FUSION_CONTEXT) if self.fusion == "learned" else 0
+        return (2 * NUM_ACTIONS + 5 + N_FUSION_CONTEXT) if self.fusion == "learned" else 0
 
     def trust_gate(self) -> tuple[TrustGate | None, int]:
         """The network's trust gate and the width of its input (learned fusion only)."""

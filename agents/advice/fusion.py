@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from agents.advice.table import AdviceView
-from jaxenv.env import HOLD
+from bridge.protocol import HOLD
 
 GATE_BIAS_INIT = -2.0  # sigmoid(−2) ≈ 0.12: start by trusting the advice little
 

@@ -15,15 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxenv.env import (
-    BUY,
-    ENABLE_TRAIL,
-    SELL,
-    EnvParams,
-    EnvState,
-    drawdown_threshold,
-    recent_win_rate,
-)
+from jaxenv.env import BUY, ENABLE_TRAIL, SELL, EnvParams, EnvState, drawdown_threshold, recent_win_rate
 
 RULES = ("consecutive_losses", "drawdown_buffer", "win_rate")
 BLOCKED_ACTIONS = (BUY, SELL, ENABLE_TRAIL)

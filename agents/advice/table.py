@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from bridge.protocol import NUM_ACTIONS
+
 STATUS_NONE = -1  # no answer yet (the bridge's statuses are 0 ok, 1 parse_error, 2 timeout, 3 backend_error)
 STATUS_OK = 0
 
@@ -41,7 +43,7 @@ class AdviceTable:
     side: jax.Array  # [N] int32 the side the stored advice was asked about
 
     @classmethod
-    def create(cls, n_envs: int, num_actions: int = 6) -> "AdviceTable":
+    def create(cls, n_envs: int, num_actions: int = NUM_ACTIONS) -> "AdviceTable":
         big = jnp.full(n_envs, 1 << 20, jnp.int32)
         return cls(
             probs=jnp.full((n_envs, num_actions), 1.0 / num_actions),

@@ -26,6 +26,7 @@ from agents.advisor.sidecar import learning_options, sidecar_options
 from agents.config import HybridConfig
 from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
+from bridge.protocol import NUM_ACTIONS
 
 AUTO_START = 16  # budget `auto`: B of the first query step ...
 AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
@@ -180,7 +181,7 @@ class AdvisorLink:
         n = len(answers)
         pad = self.cap - n  # fixed shapes: one compiled write for every answer count
         ids = np.concatenate([answers.env_ids, np.zeros(pad, np.int32)]).astype(np.int32)
-        probs = np.concatenate([answers.probs, np.full((pad, 6), 1 / 6, np.float32)])
+        probs = np.concatenate([answers.probs, np.full((pad, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32)])
         conf = np.concatenate([answers.confidence, np.zeros(pad, np.float32)])
         status = np.concatenate([answers.status, np.zeros(pad, np.int32)]).astype(np.int32)
         valid = np.arange(self.cap) < n

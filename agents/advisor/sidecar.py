@@ -3,7 +3,6 @@ LoRA learner's options when the advisor learns from outcomes."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from agents.advisor.adapters import starting_adapter
@@ -11,13 +10,11 @@ from agents.config import ConfigError
 
 
 def learning_options(cfg) -> dict | None:
-    """What the sidecar's LoRA learner gets (llm_sidecar.learning.LearningOptions and a seed), or None."""
+    """What the sidecar's LoRA learner gets (bridge.learning.LearningOptions fields and a seed), or None."""
     learning = cfg.hybrid.learning
     if not learning.enabled:
         return None
-    trainer_only = ("enabled", "every_updates", "move_bars")
-    options = {k: v for k, v in dataclasses.asdict(learning).items() if k not in trainer_only}
-    return {**options, "seed": cfg.seed}
+    return {**learning.options(), "seed": cfg.seed}
 
 
 def sidecar_options(cfg, adapter: str | None = None) -> tuple[str, dict]:

@@ -9,9 +9,7 @@ import jax
 
 from agents.config import TrainConfig
 from agents.evaluation.advised_walk import AdvisedWalker, advised_summary, run_ablations
-from agents.evaluation.policies import (
-    Evaluator,
-)
+from agents.evaluation.policies import Evaluator
 from agents.rl.ppo import PPO, RunnerState
 from agents.training.env_setup import EnvSetup
 

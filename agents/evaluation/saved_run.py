@@ -40,12 +40,7 @@ from agents.evaluation.advised_walk import AdvisedWalker, run_ablations
 from agents.evaluation.agent import make_act
 from agents.evaluation.policies import flat_policy, random_valid_policy
 from agents.rl.ppo import PPO, make_train
-from agents.training.saved_runs import (
-    SavedPolicy,
-    check_fits,
-    load_run_config,
-    restore_policy,
-)
+from agents.training.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
 from jaxenv import Market, TradingEnv, load_market, walk_split
 from jaxenv.evaluate import buy_and_hold
 from jaxenv.metrics import METRICS, Trace, walk_metrics

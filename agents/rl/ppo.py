@@ -22,12 +22,7 @@ from flax import struct
 
 from agents.config import TrainConfig
 from agents.rl.freeze import freeze_stage
-from agents.rl.networks import (
-    ActorCritic,
-    log_probs_and_entropy,
-    make_network,
-    masked_logits,
-)
+from agents.rl.networks import ActorCritic, log_probs_and_entropy, make_network, masked_logits
 from agents.rl.normalization import RunningMeanStd
 
 

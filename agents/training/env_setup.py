@@ -31,8 +31,8 @@ class EnvSetup:
 def make_env_setup(cfg: TrainConfig) -> EnvSetup:
     """The env `cfg.env_name` names: "trading" → jaxenv.TradingEnv on cfg.data; else a gymnax registry id."""
     if cfg.env_name == "trading":
+        from bridge.protocol import BUY, SELL
         from jaxenv import TradingEnv, evaluate_policy, load_market
-        from jaxenv.env import BUY, SELL
 
         market = load_market(cfg.data)
         env = TradingEnv(cfg.env)
