@@ -352,6 +352,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+RUN_CONFIG_FILE = "config.yaml"  # RUN_DIR/config.yaml: the resolved config a run was started with
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Defaults ← YAML file ← `--set` overrides, checked and validated."""
     raw: dict = {}

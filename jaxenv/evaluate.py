@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxenv.env import EXIT_REASONS, EnvParams, TradingEnv, drawdown_threshold
 from jaxenv.market import Market
+from jaxenv.metrics import walk_metrics
 
 PolicyFn = Callable[..., jax.Array]
 
@@ -78,23 +79,6 @@ def walk_split(
     return {k: np.asarray(v) for k, v in trace.items()}
 
 
-def summarize(trace: dict[str, np.ndarray]) -> dict[str, float]:
-    exits = trace["exit_reason"] > 0
-    pnls = trace["trade_pnl"][exits]
-    equity_curve = np.cumsum(trace["pnl"])
-    drawdown = np.maximum.accumulate(np.maximum(equity_curve, 0.0)) - equity_curve
-    return {
-        "net_pnl": float(equity_curve[-1]) if len(equity_curve) else 0.0,
-        "trades": float(exits.sum()),
-        "win_rate": float((pnls > 0).mean()) if len(pnls) else 0.0,
-        # spread of one trade's P&L: net P&L's standard error is about trade_pnl_std · √trades
-        "trade_pnl_std": float(pnls.std(ddof=1)) if len(pnls) > 1 else 0.0,
-        "breaches": float(trace["breach"].sum()),
-        "max_drawdown": float(drawdown.max()) if len(drawdown) else 0.0,
-        "bars": float(len(equity_curve)),
-    }
-
-
 def evaluate_policy(
     env: TradingEnv,
     market: Market,
@@ -103,8 +87,9 @@ def evaluate_policy(
     key: jax.Array,
     policy_state: Any = None,
 ) -> dict[str, float]:
-    """Net P&L (mark-to-market, after costs), trades, win rate, breaches and max drawdown on a split."""
-    return summarize(walk_split(env, market, split, policy_fn, key, policy_state))
+    """Every jaxenv.metrics.METRICS figure of one account walking the split (net P&L after costs first)."""
+    trace = walk_split(env, market, split, policy_fn, key, policy_state)
+    return walk_metrics(trace, market.timestamps, env.config.prop_firm)
 
 
 

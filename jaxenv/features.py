@@ -127,8 +127,19 @@ def _adx(h: pd.Series, lo: pd.Series, c: pd.Series, n: int) -> pd.Series:
     return _wilder(dx, n)
 
 
+# Indicators in the units a person reads (prompts show them), computed beside the scaled features from the same
+# series: name -> what it is.
+INDICATORS: dict[str, str] = {
+    "rsi14": "Wilder RSI(14), 0..100",
+    "adx14": "Wilder ADX(14), 0..100",
+    "vwap_dist_pct": "(close − session VWAP) / close, percent",
+    "ret15_pct": "close-to-close change over 15 bars, percent",
+}
+
+
 def compute_features(frame: pd.DataFrame, sessions: SessionInfo, session_minutes: int):
-    """Returns (bar_features [n, 11], context_features [n, 28], atr [n]) as float32 arrays."""
+    """Returns (bar_features [n, 11], context_features [n, 28], atr [n], indicators {INDICATORS name: [n]}) as
+    float32 arrays. Features are scaled for the network; indicators are the raw values prompts show."""
     o, h, lo, c, v = (frame[k].astype(np.float64).reset_index(drop=True) for k in ("open", "high", "low", "close", "volume"))
     sid = pd.Series(sessions.session_id)
     atr = _wilder(_true_range(h, lo, c), ATR_WINDOW)
@@ -145,14 +156,15 @@ def compute_features(frame: pd.DataFrame, sessions: SessionInfo, session_minutes
         return (sma - sma.shift(lag)) / atr_safe
 
     vol_mean, vol_std = v.rolling(60).mean(), v.rolling(60).std()
+    rsi14, adx14 = _rsi(c, 14), _adx(h, lo, c, 14)
     bar = pd.DataFrame(
         {
             "ret_atr": c.diff() / atr_safe,
             "range_atr": (h - lo) / atr_safe,
             "body_atr": (c - o) / atr_safe,
             "volume_z": ((v - vol_mean) / vol_std.replace(0.0, np.nan)).clip(-5, 5),
-            "rsi14": _rsi(c, 14) / 100.0 - 0.5,
-            "adx14": _adx(h, lo, c, 14) / 100.0,
+            "rsi14": rsi14 / 100.0 - 0.5,
+            "adx14": adx14 / 100.0,
             "atr_pct": atr / c * 1000.0,
             "vwap_dist": ((c - vwap) / atr_safe / 10.0).clip(-3, 3),
             "sma20_slope": slope(20, 5),
@@ -221,7 +233,14 @@ def compute_features(frame: pd.DataFrame, sessions: SessionInfo, session_minutes
     # The first bar's true range is its own high − low, so ATR is defined from bar 0; a zero-range start
     # (flat prices) is floored at one tick-sized fraction so stop distances never collapse to zero.
     atr_out = np.maximum(atr.to_numpy(), 1e-6 * c.to_numpy()).astype(np.float32)
-    return finish(bar), finish(context), atr_out
+    indicators = pd.DataFrame({
+        "rsi14": rsi14.fillna(50.0),  # warm-up bars read as neutral
+        "adx14": adx14.fillna(0.0),
+        "vwap_dist_pct": (c - vwap) / c * 100.0,
+        "ret15_pct": ((c - c.shift(15)) / c * 100.0).fillna(0.0),
+    })
+    assert list(indicators.columns) == list(INDICATORS)
+    return finish(bar), finish(context), atr_out, {k: indicators[k].to_numpy(np.float32) for k in INDICATORS}
 
 
 def feature_table_markdown() -> str:

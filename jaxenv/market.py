@@ -30,6 +30,7 @@ class Market:
     bar_features: np.ndarray  # float32 [n, 11]
     context_features: np.ndarray  # float32 [n, 28]
     atr: np.ndarray  # float32 [n], ATR14 in price units
+    indicators: dict[str, np.ndarray]  # jaxenv.features.INDICATORS: float32 [n] each, in a person's units
     sessions: SessionInfo
     session_minutes: int  # scheduled length of one session
     text_table: list[str]  # distinct headlines; the policy never sees them, prompts do
@@ -106,7 +107,7 @@ def market_from_frame(frame: pd.DataFrame, source: str, cfg: DataConfig, dropped
     frame = loaded.frame
     sessions = session_info(frame.index)
     session_minutes = _scheduled_session_minutes(contract, frame.index)
-    bar_features, context_features, atr = compute_features(frame, sessions, session_minutes)
+    bar_features, context_features, atr, indicators = compute_features(frame, sessions, session_minutes)
     if "headline" in frame:
         text_table, text_index = np.unique(frame["headline"].to_numpy(dtype=str), return_inverse=True)
         text_table, text_index = list(text_table), text_index.astype(np.int32)
@@ -124,6 +125,7 @@ def market_from_frame(frame: pd.DataFrame, source: str, cfg: DataConfig, dropped
         bar_features=bar_features,
         context_features=context_features,
         atr=atr,
+        indicators=indicators,
         sessions=sessions,
         session_minutes=session_minutes,
         text_table=text_table,

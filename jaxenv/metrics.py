@@ -38,6 +38,7 @@ METRICS: dict[str, str] = {
     "win_rate": "winning trades / trades",
     "profit_factor": "sum of winning trades / |sum of losing trades|",
     "expectancy": "mean net P&L per trade",
+    "trade_pnl_std": "sample std of closed trades' P&L (net P&L's standard error is about this × √trades)",
     "trades": "closed trades",
     "trades_per_day": "closed trades / trading days",
     "avg_holding_bars": "mean bars from the entry bar to the exit bar, both counted",
@@ -47,6 +48,7 @@ METRICS: dict[str, str] = {
     "days_to_first_breach": "trading day (1-based) of the first breach",
     "prop_passed": "1 if the first account reached the profit target before any breach",
     "days": "trading days walked",
+    "bars": "decisions (bars) walked",
 }
 
 
@@ -160,8 +162,9 @@ def trades_table(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int = 1)
 
 
 def walk_metrics(trace: Trace, timestamps: pd.DatetimeIndex, rules: PropFirmRules) -> dict:
-    """Every metric of METRICS for one walk; None where a metric is undefined (e.g. profit factor without a
-    losing trade), so JSON stays valid."""
+    """Every metric of METRICS for one walk: the one scorer of a walk (training's validation, evaluate.py, the
+    benchmarks and experiments). None where a metric is undefined (e.g. profit factor without a losing trade), so
+    JSON stays valid."""
     pnl = np.asarray(trace["pnl"], np.float64)
     days = step_days(trace, timestamps)
     daily = pd.Series(pnl).groupby(days.to_numpy()).sum()
@@ -177,11 +180,13 @@ def walk_metrics(trace: Trace, timestamps: pd.DatetimeIndex, rules: PropFirmRule
         "max_drawdown": drawdown,
         "calmar": calmar(daily, drawdown),
         **trade_stats(trades["pnl"].to_numpy()),
+        "trade_pnl_std": float(trades["pnl"].std(ddof=1)) if len(trades) > 1 else 0.0,
         "trades_per_day": len(trades) / len(daily) if len(daily) else None,
         "avg_holding_bars": float(trades["bars_held"].mean()) if len(trades) else None,
         "commissions": commissions,
         "commission_share": commissions / abs(gross) if gross else None,
         **prop_firm_result(trace, days, rules),
         "days": float(len(daily)),
+        "bars": float(len(pnl)),
     }
     return {name: out[name] for name in METRICS}

@@ -10,7 +10,7 @@ import pytest
 
 from jaxenv import EnvConfig, TradingEnv
 from jaxenv.config import PropFirmRules
-from jaxenv.evaluate import buy_and_hold, summarize
+from jaxenv.evaluate import buy_and_hold
 from jaxenv.metrics import (
     calmar,
     daily_pnl,
@@ -169,9 +169,11 @@ def test_buy_and_hold_holds_one_contract_across_sessions(hand_market):
 
 def test_a_walk_summary_gives_the_spread_of_its_trades_for_a_standard_error():
     """A walk's net P&L is noisy; its summary carries one trade's P&L spread so a reader can weigh it."""
-    trace = {"exit_reason": np.array([0, 1, 0, 2, 0]), "trade_pnl": np.array([0.0, 100.0, 0.0, -300.0, 0.0]),
-             "pnl": np.array([0.0, 100.0, 0.0, -300.0, 0.0]), "breach": np.zeros(5, bool)}
-    figures = summarize(trace)
+    stamps = rth_index(1)
+    trace = walk(5, entry_side=[1, 0, -1, 0, 0], exit_reason=[0, 1, 0, 2, 0], trade_pnl=[0.0, 100.0, 0.0, -300.0, 0.0],
+                 pnl=[0.0, 100.0, 0.0, -300.0, 0.0])
+    figures = walk_metrics(trace, stamps, RULES)
     assert figures["trades"] == 2 and figures["net_pnl"] == -200.0
     assert figures["trade_pnl_std"] == pytest.approx(200.0 * math.sqrt(2))  # sample std of +100 and -300
-    assert summarize({**trace, "exit_reason": np.array([0, 1, 0, 0, 0])})["trade_pnl_std"] == 0.0  # one trade
+    one = walk(5, entry_side=[1, 0, 0, 0, 0], exit_reason=[0, 1, 0, 0, 0], trade_pnl=[0.0, 100.0, 0.0, 0.0, 0.0])
+    assert walk_metrics(one, stamps, RULES)["trade_pnl_std"] == 0.0  # one trade

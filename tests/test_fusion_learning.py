@@ -25,7 +25,7 @@ def run(tmp_path: Path, name: str, overrides: list[str]) -> tuple[dict, list[flo
     result = train(cfg, tmp_path / name)
     summary = final_comparison(cfg, result.run_dir, result.setup)
     lines = (result.run_dir / "metrics.jsonl").read_text().splitlines()
-    trust = [m["llm_trust"] for m in map(json.loads, lines) if "llm_trust" in m]
+    trust = [m["mean_trust"] for m in map(json.loads, lines) if "mean_trust" in m]
     return summary, trust
 
 

@@ -42,7 +42,7 @@ def test_strict_mode_with_mock_advisor_is_reproducible(tmp_path):
     results = [train(load_config(None, SMALL + ["seed=3"]), tmp_path / f"run{i}") for i in range(2)]
     a, b = (deterministic(r.last_metrics) for r in results)
     assert a == b
-    assert a["llm_ok"] > 0 and a["llm_coverage"] > 0.1  # advice was asked, answered and used
+    assert a["llm_ok"] > 0 and a["advice_coverage"] > 0.1  # advice was asked, answered and used
     np.testing.assert_array_equal(np.asarray(results[0].state.params["params"]["gate"]["Dense_0"]["kernel"]),
                                   np.asarray(results[1].state.params["params"]["gate"]["Dense_0"]["kernel"]))
     assert shm_segments() == before  # the sidecar's segments are gone after training
@@ -92,8 +92,8 @@ def test_rules_fusion_and_no_veto_run(tmp_path):
     result = train(load_config(None, SMALL + ["hybrid.fusion=rules", "hybrid.veto.enabled=false", "total_steps=640"]),
                    tmp_path / "rules")
     m = result.last_metrics
-    assert m["veto_rate"] == 0.0 and m["llm_trust"] == 0.0
-    assert 0.0 <= m["llm_override_rate"] <= 1.0
+    assert m["veto_rate"] == 0.0 and m["mean_trust"] == 0.0
+    assert 0.0 <= m["override_rate"] <= 1.0
 
 
 def _sidecars(pid: int) -> list[int]:

@@ -85,7 +85,7 @@ class HybridActing:
 
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
-        mask, veto, fired, active = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
+        mask, veto, fired, _ = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
         logits = masked_logits(logits, mask)
         logp_rl = jax.nn.log_softmax(logits)
         pi_rl = jnp.exp(logp_rl)
@@ -126,7 +126,7 @@ class HybridActing:
             "agreement": (valid * (advice_action == jnp.argmax(pi_rl, -1))).sum(),
             "overrides": changed_by_advice.sum().astype(jnp.float32),
             "trust": gate.sum(),
-            "veto_active": active.sum().astype(jnp.float32),
+            "vetoed": (env_mask & ~mask).any(-1).sum().astype(jnp.float32),  # blocked an otherwise valid action
             **{f"veto_fired_{r}": fired[:, i].sum().astype(jnp.float32) for i, r in enumerate(RULES)},
         }
         extras = StepExtras(advice=advice, context=context, pg_weight=pg_weight, stats=stats)

@@ -1,49 +1,45 @@
-"""How an agent used its advice: coverage, agreement, overrides, trust and vetoes, from the acting step's
-per-step sums. One function serves training (the rollout's sums) and evaluation (a walk's)."""
+"""How an agent used its advice: coverage, agreement, overrides, trust and vetoes. The acting step
+(agents.advice.acting.HybridActing.act) sums its figures per step (`stats`); `advice_metrics` turns sums into
+rates. Training sums a rollout's steps, evaluation a walk's (the walk's trace keeps each step's stats under
+`STAT_PREFIX`), so both report the same figures under the same names."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
 from agents.advice.risk_veto import RULES
 
-
-def acting_metrics(stats: dict) -> dict:
-    """Rates from the acting step's per-step sums (agents.acting.HybridActing stats)."""
-    decisions = max(float(stats["decisions"]), 1.0)
-    with_advice = max(float(stats["with_advice"]), 1.0)
-    return {
-        "llm_coverage": float(stats["with_advice"]) / decisions,
-        "llm_advice_confidence": float(stats["advice_confidence"]) / with_advice,
-        "llm_agreement": float(stats["agreement"]) / with_advice,
-        "llm_override_rate": float(stats["overrides"]) / decisions,
-        "llm_trust": float(stats["trust"]) / with_advice,
-        "veto_rate": float(stats["veto_active"]) / decisions,
-        **{f"veto_fired_{r}": float(stats[f"veto_fired_{r}"]) for r in RULES},
-    }
-
-
-# name -> what it is: how a hybrid walk used its advice (evaluation tables and JSON, after jaxenv.metrics.METRICS)
-HYBRID_METRICS: dict[str, str] = {
+# name -> what it is: the figures of advice_metrics (training logs, evaluation tables and JSON)
+ADVICE_METRICS: dict[str, str] = {
     "advice_coverage": "share of decisions made with valid advice",
+    "advice_confidence": "mean confidence of the advice in force (decayed with its age) over advised decisions",
     "agreement": "share of advised decisions where the advice names the policy's most probable action",
     "override_rate": "share of decisions whose action the advice changed",
     "mean_trust": "mean trust gate g over advised decisions (learned fusion)",
     "veto_rate": "share of decisions where the veto blocked an otherwise valid action",
     **{f"vetoes_{rule}": f"times the {rule.replace('_', ' ')} rule started a veto" for rule in RULES},
 }
+STAT_PREFIX = "stat_"  # a walk trace's columns of the acting step's per-step stats
 
 
-def hybrid_metrics(trace: dict) -> dict[str, float]:
-    """Every HYBRID_METRICS figure of one advised walk's trace."""
-    valid = np.asarray(trace["advice_valid"], bool)
-    n = max(len(valid), 1)
-    out = {
-        "advice_coverage": float(valid.sum() / n),
-        "agreement": float(trace["agrees"][valid].mean()) if valid.any() else 0.0,
-        "override_rate": float(np.asarray(trace["overridden"]).sum() / n),
-        "mean_trust": float(trace["trust"][valid].mean()) if valid.any() else 0.0,
-        "veto_rate": float(np.asarray(trace["vetoed"]).sum() / n),
+def advice_metrics(sums: Mapping[str, float]) -> dict[str, float]:
+    """Every ADVICE_METRICS figure from the acting step's stats summed over the decisions of interest."""
+    decisions = max(float(sums["decisions"]), 1.0)
+    advised = max(float(sums["with_advice"]), 1.0)
+    return {
+        "advice_coverage": float(sums["with_advice"]) / decisions,
+        "advice_confidence": float(sums["advice_confidence"]) / advised,
+        "agreement": float(sums["agreement"]) / advised,
+        "override_rate": float(sums["overrides"]) / decisions,
+        "mean_trust": float(sums["trust"]) / advised,
+        "veto_rate": float(sums["vetoed"]) / decisions,
+        **{f"vetoes_{rule}": float(sums[f"veto_fired_{rule}"]) for rule in RULES},
     }
-    out.update({f"vetoes_{rule}": float(np.asarray(trace[f"veto_fired_{rule}"]).sum()) for rule in RULES})
-    return out
+
+
+def walk_advice_metrics(trace: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """advice_metrics of one advised walk: its trace's per-step stats, summed."""
+    return advice_metrics({k[len(STAT_PREFIX):]: np.asarray(v, np.float64).sum()
+                           for k, v in trace.items() if k.startswith(STAT_PREFIX)})

@@ -9,11 +9,8 @@ import numpy as np
 
 from bridge.protocol import FIELD_INDEX, NUM_PROMPT_FIELDS
 from jaxenv.env import EnvState, recent_win_rate
-from jaxenv.features import FEATURES
 from jaxenv.market import Market
 
-_BAR = [f.name for f in FEATURES if f.group == "bar"]
-_CONTEXT = [f.name for f in FEATURES if f.group != "bar"]
 STATE_FIELDS = ("t", "side", "entry_price", "balance", "equity", "recent_count", "consecutive_losses")
 
 
@@ -30,14 +27,6 @@ class PromptFieldBuilder:
         self.contracts = contracts
         symbol = market.contract.symbol
         self.market_index = float(market_symbols.index(symbol)) if symbol in market_symbols else np.nan
-        f = market.bar_features
-        c = market.context_features
-        atr_pct = market.atr.astype(np.float64) / market.close * 100.0
-        # Raw indicator values for people to read, undone from the features' scalings.
-        self.rsi = (f[:, _BAR.index("rsi14")] + 0.5) * 100.0
-        self.adx = f[:, _BAR.index("adx14")] * 100.0
-        self.vwap_pct = f[:, _BAR.index("vwap_dist")] * 10.0 * atr_pct
-        self.momentum_pct = c[:, _CONTEXT.index("ret15_atr")] * atr_pct
         self.minute = market.sessions.minute_of_day.astype(np.float32)
         self.point_value = market.contract.point_value
 
@@ -50,10 +39,11 @@ class PromptFieldBuilder:
         out[:, FIELD_INDEX["market"]] = self.market_index
         out[:, FIELD_INDEX["minute_of_day"]] = self.minute[t]
         out[:, FIELD_INDEX["price"]] = price
-        out[:, FIELD_INDEX["adx"]] = self.adx[t]
-        out[:, FIELD_INDEX["rsi"]] = self.rsi[t]
-        out[:, FIELD_INDEX["vwap_dist"]] = self.vwap_pct[t]
-        out[:, FIELD_INDEX["momentum"]] = self.momentum_pct[t]
+        indicators = self.market.indicators  # raw values (jaxenv.features.INDICATORS), not the network's scaling
+        out[:, FIELD_INDEX["adx"]] = indicators["adx14"][t]
+        out[:, FIELD_INDEX["rsi"]] = indicators["rsi14"][t]
+        out[:, FIELD_INDEX["vwap_dist"]] = indicators["vwap_dist_pct"][t]
+        out[:, FIELD_INDEX["momentum"]] = indicators["ret15_pct"][t]
         out[:, FIELD_INDEX["position"]] = side * self.contracts
         out[:, FIELD_INDEX["unrealized_pnl"]] = np.asarray(scalars["equity"]) - np.asarray(scalars["balance"])
         out[:, FIELD_INDEX["win_rate"]] = np.where(np.asarray(scalars["recent_count"]) > 0, scalars["win_rate"], np.nan)

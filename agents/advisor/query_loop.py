@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from agents.advice.usage import acting_metrics
+from agents.advice.usage import advice_metrics
 from agents.advisor.adapters import adapter_dir
 from agents.advisor.link import AdvisorLink
 from agents.advisor.outcomes import outcome_rows
@@ -71,7 +71,7 @@ class QueryLoop:
         rs, metrics = self._learn(rs, traj)
         metrics = dict(metrics)
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
-        metrics.update(acting_metrics(stats))
+        metrics.update(advice_metrics(stats))
         metrics.update(self.link.metrics())
         if self.learning:
             metrics.update(self._learning_step(int(rs.update), sent))

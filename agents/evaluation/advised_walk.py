@@ -23,15 +23,15 @@ import numpy as np
 from flax import struct
 
 from agents.advice.acting import HybridActing, HybridCarry, make_acting
-from agents.advice.risk_veto import RULES
 from agents.advice.table import view
-from agents.advice.usage import hybrid_metrics
+from agents.advice.usage import STAT_PREFIX, walk_advice_metrics
 from agents.advisor.adapters import starting_adapter
 from agents.advisor.link import AdvisorLink
 from agents.advisor.query_loop import chunk_lengths
 from agents.rl.networks import ActorCritic
 from jaxenv.env import EnvState
-from jaxenv.evaluate import continue_after_breach, summarize, trace_step
+from jaxenv.evaluate import continue_after_breach, trace_step
+from jaxenv.metrics import walk_metrics
 
 # name -> the acting changes of that ablation (fusion None = the run's own fusion)
 ABLATIONS: dict[str, dict] = {
@@ -52,11 +52,11 @@ def run_ablations(cfg) -> dict[str, dict]:
     return {**ABLATIONS, FROZEN_ABLATION: {**ABLATIONS["llm_only"], "adapter": starting_adapter(cfg)}}
 
 
-def advised_summary(trace: dict) -> dict:
-    """`jaxenv.summarize`'s figures plus how the advice was used (HYBRID_METRICS) and the advisor's counters
-    (prompts, answers per status, latency)."""
-    out = summarize(trace)
-    out.update(hybrid_metrics(trace))
+def advised_summary(trace: dict, timestamps, rules) -> dict:
+    """A walk's figures (jaxenv.metrics.walk_metrics), how the advice was used (ADVICE_METRICS) and the advisor's
+    counters (prompts, answers per status, latency)."""
+    out = walk_metrics(trace, timestamps, rules)
+    out.update(walk_advice_metrics(trace))
     out.update({k: float(v) for k, v in trace.get("llm", {}).items()})
     return out
 
@@ -121,7 +121,7 @@ class AdvisedWalker:
              fusion: str | None = None, veto: bool | None = None, greedy: bool | None = None,
              adapter: Any = ...) -> dict[str, Any]:
         """Per-bar trace with `jaxenv.walk_split`'s columns plus the advice in force at each bar
-        (`advice_action`, `advice_confidence` (decayed), `advice_valid`, `trust`, `overridden`, `vetoed`) and
+        (`advice_action`, `advice_confidence` (decayed), `advice_valid`), the acting step's stats (`stat_*`) and
         `reasons`: {bar the answer arrived at: reason text}; `advice_from` gives that bar per step (-1: none).
         `adapter`: the advisor's LoRA adapter for this walk (a path, or None for the base model; `...` keeps the
         current one)."""
@@ -183,7 +183,7 @@ def _chunk(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool,
         net_in = obs_norm.normalize(obs) if normalize_obs else obs
         logits = network.apply(params, net_in, method=ActorCritic.logits)
         advice = view(carry.hybrid.advice, acting.query, state.side)
-        action, _, _, acting_mask, extras, hybrid = acting.act(
+        action, _, _, _, extras, hybrid = acting.act(
             network, params, carry.hybrid, logits, mask, obs, state, env_params, k_act
         )
         next_state, _, terminated, info = v_transition(state, action, env_params)
@@ -195,11 +195,7 @@ def _chunk(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool,
             "advice_confidence": advice.confidence[0],
             "advice_valid": advice.valid[0],
             "advice_age": carry.hybrid.advice.age[0],
-            "trust": extras.stats["trust"],
-            "overridden": extras.stats["overrides"] > 0,
-            "vetoed": (mask[0] & ~acting_mask[0]).any(),
-            "agrees": extras.stats["agreement"] > 0,
-            **{f"veto_fired_{rule}": extras.stats[f"veto_fired_{rule}"] > 0 for rule in RULES},
+            **{STAT_PREFIX + k: v for k, v in extras.stats.items()},  # one decision's sums: advice_metrics' input
         })
         next_state = jax.vmap(continue_after_breach, in_axes=(None, 0, 0, 0, None))(
             env, next_state, terminated, k_reset[None], env_params)

@@ -33,6 +33,7 @@ class AgentEvaluator:
     def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None):
         """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns."""
         self.setup = setup
+        self.rules = cfg.env.prop_firm
         self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
         self.walker = None
         self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
@@ -50,7 +51,7 @@ class AgentEvaluator:
         if self.adapter_for is not None and "adapter" not in changes:
             changes["adapter"] = self.adapter_for(int(state.update))
         trace = self.walker.walk(state.params, state.obs_norm, split, key, **changes)
-        result = advised_summary(trace)
+        result = advised_summary(trace, self.setup.market.timestamps, self.rules)
         return {"score": result["net_pnl"], **result}
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from agents.advice.risk_veto import RULES  # noqa: E402
-from agents.advice.usage import HYBRID_METRICS  # noqa: E402
+from agents.advice.usage import ADVICE_METRICS  # noqa: E402
 from jaxenv.metrics import METRICS, Trace, trades_table, underwater  # noqa: E402
 
 LABELS = {
@@ -27,8 +27,8 @@ LABELS = {
     "avg_holding_bars": "avg holding (bars)", "commissions": "commissions", "commission_share": "commissions / gross",
     "breaches": "breaches", "days_to_first_breach": "days to 1st breach", "prop_passed": "prop-firm target",
     "days": "trading days",
-    "advice_coverage": "advice coverage", "agreement": "advice agrees", "override_rate": "overridden by advice",
-    "mean_trust": "mean trust g", "veto_rate": "vetoed decisions",
+    "advice_coverage": "advice coverage", "advice_confidence": "advice confidence", "agreement": "advice agrees",
+    "override_rate": "overridden by advice", "mean_trust": "mean trust g", "veto_rate": "vetoed decisions",
     **{f"vetoes_{rule}": f"vetoes: {rule.replace('_', ' ')}" for rule in RULES},
 }
 MONEY = {"net_pnl", "max_drawdown", "expectancy", "commissions"}
@@ -66,7 +66,7 @@ def columns(summary: dict[str, Any]) -> dict[str, dict]:
 
 def rows(summary: dict[str, Any]) -> list[str]:
     """The metrics shown: every one of METRICS, then how advice was used when any column walked with advice."""
-    hybrid = [m for m in HYBRID_METRICS if any(m in column for column in columns(summary).values())]
+    hybrid = [m for m in ADVICE_METRICS if any(m in column for column in columns(summary).values())]
     return [*METRICS, *hybrid]
 
 

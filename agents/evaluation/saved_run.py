@@ -13,7 +13,7 @@ Policies are named walks `(bars, key) -> trace` in three groups. A hybrid run (o
 walks with its advisor exactly as in training's evaluation (`agents.advised_eval.AdvisedWalker`: its own sidecar,
 query steps every k bars, one step of latency, strict waiting), and its ablations are the same walk with the
 acting changed: RL only, LLM only, fused without and with the veto; their metrics add how the advice was used
-(`HYBRID_METRICS`). A policy whose walk does not depend on the key (greedy acting, flat, buy-and-hold) is walked
+(`ADVICE_METRICS`). A policy whose walk does not depend on the key (greedy acting, flat, buy-and-hold) is walked
 once per set of bars, so repeating identical walks over seeds never narrows an interval.
 """
 
@@ -33,7 +33,7 @@ from rich.progress import Progress
 from scipy import stats
 
 from agents.advice.acting import make_acting
-from agents.advice.usage import HYBRID_METRICS, hybrid_metrics
+from agents.advice.usage import ADVICE_METRICS, walk_advice_metrics
 from agents.advisor.adapters import checkpoint_adapter
 from agents.config import ConfigError, TrainConfig
 from agents.evaluation.advised_walk import AdvisedWalker, run_ablations
@@ -172,7 +172,7 @@ def summarize_walks(walks: list[dict]) -> dict[str, Any]:
     """Every metric's mean over the walks (over those where it is defined), `n` walks and, for n > 1, `ci95`."""
     out: dict[str, Any] = {}
     ci95: dict[str, list[float]] = {}
-    for name in [*METRICS, *(m for m in HYBRID_METRICS if m in walks[0])]:
+    for name in [*METRICS, *(m for m in ADVICE_METRICS if m in walks[0])]:
         values = [w[name] for w in walks if w[name] is not None]
         out[name], interval = mean_and_interval(values) if values else (None, None)
         if interval is not None:
@@ -248,7 +248,7 @@ def evaluate(runs: list[LoadedRun], options: EvalOptions) -> Evaluation:
                 trace = walk(bars, jax.random.fold_in(key, i))
                 metrics = walk_metrics(trace, timestamps, rules)
                 if "advice_valid" in trace:
-                    metrics.update(hybrid_metrics(trace))
+                    metrics.update(walk_advice_metrics(trace))
                 result.walks[group].setdefault(name, []).append(metrics)
                 result.first_traces.setdefault(name, trace)
                 progress.advance(task)

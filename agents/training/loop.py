@@ -25,7 +25,7 @@ from tqdm import tqdm
 from agents.advice.acting import make_acting
 from agents.advisor.adapters import checkpoint_adapter, prune_adapters
 from agents.advisor.query_loop import QueryLoop
-from agents.config import TrainConfig, load_config, save_config
+from agents.config import RUN_CONFIG_FILE, TrainConfig, load_config, save_config
 from agents.evaluation.agent import AgentEvaluator
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import RunnerState, make_train
@@ -34,8 +34,6 @@ from agents.training.env_setup import EnvSetup, make_env_setup
 from agents.training.metrics import HealthMonitor, MetricsLogger
 from agents.training.transfer import load_source, start_from
 from bridge import SidecarError
-
-CONFIG_FILE = "config.yaml"
 
 
 @dataclass
@@ -84,10 +82,10 @@ def train(
     from RUN_DIR and the run continues from its latest finished checkpoint."""
     run_dir = Path(run_dir)
     if resume:
-        if not (run_dir / CONFIG_FILE).exists():
-            raise FileNotFoundError(f"--resume: {run_dir / CONFIG_FILE} not found; is {run_dir} a run folder?")
-        cfg = load_config(run_dir / CONFIG_FILE)
-    elif (run_dir / CONFIG_FILE).exists():
+        if not (run_dir / RUN_CONFIG_FILE).exists():
+            raise FileNotFoundError(f"--resume: {run_dir / RUN_CONFIG_FILE} not found; is {run_dir} a run folder?")
+        cfg = load_config(run_dir / RUN_CONFIG_FILE)
+    elif (run_dir / RUN_CONFIG_FILE).exists():
         raise FileExistsError(f"{run_dir} already holds a run; use --resume {run_dir} or another --run-dir")
     assert cfg is not None
     setup = env_setup or make_env_setup(cfg)  # before the run folder exists: bad data leaves nothing behind
@@ -95,7 +93,7 @@ def train(
     source = load_source(cfg, setup.env, setup.params) if cfg.transfer.init_from and not resume else None
     if not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / CONFIG_FILE)
+        save_config(cfg, run_dir / RUN_CONFIG_FILE)
     acting = make_acting(cfg, setup.env) if cfg.llm != "none" else None
     ppo = make_train(cfg, setup.env, setup.params, acting)
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)

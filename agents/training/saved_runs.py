@@ -21,10 +21,9 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from agents.config import ConfigError, TrainConfig, load_config
+from agents.config import RUN_CONFIG_FILE, ConfigError, TrainConfig, load_config
 from agents.rl.normalization import RunningMeanStd
 
-RUN_CONFIG = "config.yaml"  # as agents.trainer writes it
 KINDS = ("best", "latest")  # the run's two checkpoint managers (agents.checkpoints.RunCheckpoints)
 
 
@@ -51,7 +50,7 @@ class SavedPolicy:
 
 
 def load_run_config(run_dir: str | Path) -> TrainConfig:
-    path = Path(run_dir) / RUN_CONFIG
+    path = Path(run_dir) / RUN_CONFIG_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} not found; is {run_dir} a run folder made by scripts/train.py?")
     try:
