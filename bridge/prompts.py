@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from bridge.protocol import ACTIONS, FIELD_INDEX, NUM_PROMPT_FIELDS, PROMPT_FIELDS
+from bridge.protocol import ACTIONS, FIELD_INDEX, NUM_ACTIONS, NUM_PROMPT_FIELDS, PROMPT_FIELDS
 
 DEFAULT_PROMPTS_PATH = Path(__file__).resolve().parents[1] / "configs" / "prompts.yaml"
 
@@ -185,9 +185,9 @@ class PromptRenderer:
         self.answer_prefix = answer_prefix
         self.source = source
         labels = tuple(action_labels)
-        if len(labels) != 6 or len(set(labels)) != 6 or not all(isinstance(a, str) and a.strip() for a in labels):
-            raise ValueError(f"{source}: action_labels must be 6 distinct non-empty strings naming HOLD, BUY, SELL, "
-                             f"MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL in that order, got {action_labels!r}")
+        if len(labels) != NUM_ACTIONS or len(set(labels)) != NUM_ACTIONS or not all(isinstance(a, str) and a.strip() for a in labels):
+            raise ValueError(f"{source}: action_labels must be {NUM_ACTIONS} distinct non-empty strings naming "
+                             f"{', '.join(ACTIONS)} in that order, got {action_labels!r}")
         self.action_labels = labels
         self.reasoning = None if reasoning is None else check_reasoning(reasoning, source)
         words = {"long": "long", "short": "short", "flat": "flat", **(position_words or {})}

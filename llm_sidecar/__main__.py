@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from bridge import ACTIONS, PROMPT_FIELDS, STATUS_NAMES, PromptRenderer
+from bridge import ACTIONS, NUM_ACTIONS, PROMPT_FIELDS, STATUS_NAMES, PromptRenderer
 from bridge.peer import add_transport_arguments
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from llm_sidecar.backends import MOCK_ANSWERS
@@ -34,11 +34,11 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     hf.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     hf.add_argument("--temperature", type=float, default=1.0, help="score mode softmax temperature")
     hf.add_argument("--score-tokens", choices=("first", "full"), default="first",
-                    help="score mode: 'first' = one forward pass, one softmax over the 6 labels' first-token logits "
+                    help=f"score mode: 'first' = one forward pass, one softmax over the {NUM_ACTIONS} labels' first-token logits "
                          "(exact for one-token labels); 'full' = length-normalised log-likelihood of every label token")
     hf.add_argument("--action-labels", default=None,
-                    help="score mode: the 6 action names the system prompt uses, comma-separated, in HOLD,BUY,SELL,"
-                         "MOVE_TO_BE,ENABLE_TRAIL,DISABLE_TRAIL order (default: those names; `ask` reads --prompts)")
+                    help=f"score mode: the {NUM_ACTIONS} action names the system prompt uses, comma-separated, in "
+                         f"{','.join(ACTIONS)} order (default: those names; `ask` reads --prompts)")
     hf.add_argument("--micro-batch", type=int, default=64, help="score mode: prompts per forward pass, length-sorted")
     hf.add_argument("--max-new-tokens", type=int, default=24, help="generate mode answer length")
     hf.add_argument("--sample", action="store_true", help="generate mode: sample instead of greedy")

