@@ -15,8 +15,6 @@ from typing import Any
 
 import yaml
 
-from agents.advice.risk_veto import VetoConfig
-from agents.advice.table import QueryConfig
 from bridge.learning import LearningOptions
 from jaxenv.config import DataConfig, EnvConfig
 
@@ -69,6 +67,30 @@ class LogConfig:
     min_entropy_frac: float = 0.05  # warn when entropy < this × log(num_actions)
     short_episode_frac: float = 0.1  # warn when episodes end at < this × the env's episode limit ...
     warmup_updates: int = 10  # ... or any of the above, only after this many updates
+
+
+@dataclass
+class QueryConfig:
+    """Which envs a query step asks (agents.advice.table.select_queries) and how long advice lasts."""
+
+    interval: int = 5  # k: env steps per chunk; a query step sits between chunks
+    cooldown: int = 10  # env steps before the same env may be asked again
+    uncertainty_threshold: float = 0.6  # the policy is uncertain when its top probability is below this
+    decay: float = 0.8  # confidence × decay per interval of age
+    max_age_intervals: int = 6  # advice older than this many intervals has expired
+    entries_only: bool = False  # ask only flat envs (entry decisions): for advisors with nothing to say in a trade
+
+
+@dataclass
+class VetoConfig:
+    """The risk veto's rules (agents.advice.risk_veto)."""
+
+    enabled: bool = True
+    consecutive_losses: int = 3  # fire at this many losses in a row; 0 turns the rule off
+    min_drawdown_buffer: float = 0.20  # fire below this share of the trailing drawdown left; 0 turns it off
+    min_win_rate: float = 0.40  # fire below this win rate of the last 10 trades; 0 turns it off
+    min_trades_for_win_rate: int = 5
+    cooldown_bars: int = 30
 
 
 @dataclass

@@ -15,7 +15,7 @@ Public API (what the hybrid training loop uses):
         if not client.alive:
             client.restart(wait=False)             # the trainer goes on without advice meanwhile
 
-`submit` may run once more before `collect` (at most two pending): DESIGN.md's one-step latency.
+`submit` may run once more before `collect` (at most two pending): docs/design.md's one-step latency.
 `parse_answer(text)` reads `ACTION | confidence | reason` answers; `client.stats()` has the counters.
 """
 

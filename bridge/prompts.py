@@ -185,7 +185,8 @@ class PromptRenderer:
         self.answer_prefix = answer_prefix
         self.source = source
         labels = tuple(action_labels)
-        if len(labels) != NUM_ACTIONS or len(set(labels)) != NUM_ACTIONS or not all(isinstance(a, str) and a.strip() for a in labels):
+        distinct = len(labels) == len(set(labels)) == NUM_ACTIONS
+        if not distinct or not all(isinstance(a, str) and a.strip() for a in labels):
             raise ValueError(f"{source}: action_labels must be {NUM_ACTIONS} distinct non-empty strings naming "
                              f"{', '.join(ACTIONS)} in that order, got {action_labels!r}")
         self.action_labels = labels

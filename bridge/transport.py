@@ -5,7 +5,7 @@ Two segments, both created and unlinked by the client:
              slab (what happened after answered queries, for the sidecar's learning) and a command area;
   response — header (state, pid, heartbeat, counters), two answer slots and the reply to the last command.
 Submission `seq` uses slot `seq % 2`, so the trainer can submit step q while step q-1 is still being answered
-(DESIGN.md's one-step latency). Each answer row carries the seq it answers: a row is taken by collect() only
+(docs/design.md's one-step latency). Each answer row carries the seq it answers: a row is taken by collect() only
 when its seq matches, so an answer to an older submission is never taken for a newer one.
 
 Signalling uses two Linux eventfds (a kernel counter that works as a semaphore): the client posts the request

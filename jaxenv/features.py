@@ -2,7 +2,7 @@
 
 Every value at bar t uses bars <= t only: rolling windows and Wilder/EMA smoothing look back, session
 aggregates are cumulative within the session, and warm-up gaps are filled with 0, never back-filled.
-`FEATURES` documents each one (the README's feature table is generated from it).
+`FEATURES` documents each one (docs/environment.md's feature table is `feature_table_markdown()`'s output).
 """
 
 from __future__ import annotations

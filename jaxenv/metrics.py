@@ -28,7 +28,7 @@ DAYS_PER_YEAR = 252  # trading days: daily Sharpe, Sortino and Calmar are annual
 
 Trace = Mapping[str, np.ndarray]
 
-# name -> what it is; the order of the console table and of the README's definitions.
+# name -> what it is; the order of the console table and of docs/evaluation.md's definitions.
 METRICS: dict[str, str] = {
     "net_pnl": "net P&L after commissions and slippage, mark-to-market",
     "sharpe_daily": "mean / std of daily P&L × √252",
@@ -128,8 +128,8 @@ def prop_firm_result(trace: Trace, days: pd.Series, rules: PropFirmRules) -> dic
 def trades_table(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int = 1) -> pd.DataFrame:
     """One row per closed trade: entry/exit time (bar open stamps) and price, side, contracts, net P&L, exit
     reason, bars held, and the advice in force at the entry decision when the trace has it (columns
-    `advice_action`/`advice_confidence`/`advice_valid` per step and `reasons` {bar: text} with `advice_from`,
-    as agents.advised_eval writes); empty otherwise. A position still open at the walk's end is not a trade."""
+    `advice_action`/`advice_confidence`/`advice_valid` per step and `reasons` {bar: text} with `advice_from`, as
+    agents.evaluation.advised_walk writes); empty otherwise. A position still open at the walk's end is not a trade."""
     entries = np.flatnonzero(np.asarray(trace["entry_side"]) != 0)
     exits = np.flatnonzero(np.asarray(trace["exit_reason"]) > 0)
     if not len(exits) <= len(entries) <= len(exits) + 1 or np.any(entries[: len(exits)] > exits):

@@ -34,7 +34,8 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     hf.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     hf.add_argument("--temperature", type=float, default=1.0, help="score mode softmax temperature")
     hf.add_argument("--score-tokens", choices=("first", "full"), default="first",
-                    help=f"score mode: 'first' = one forward pass, one softmax over the {NUM_ACTIONS} labels' first-token logits "
+                    help=f"score mode: 'first' = one forward pass, one softmax over the {NUM_ACTIONS} labels' first-token "
+                         "logits "
                          "(exact for one-token labels); 'full' = length-normalised log-likelihood of every label token")
     hf.add_argument("--action-labels", default=None,
                     help=f"score mode: the {NUM_ACTIONS} action names the system prompt uses, comma-separated, in "

@@ -1,115 +1,12 @@
-"""Train a PPO agent on the futures-trading env (or any gymnax env) with thousands of envs in one jitted program.
+"""Train a PPO agent on the futures-trading env with thousands of envs in one jitted program
+(the logic: agents/training/cli.py; `--help` lists every flag).
 
     python scripts/train.py --envs 4096
     python scripts/train.py --config configs/signal.yaml --seed 1 --set ppo.lr=1e-4
     python scripts/train.py --resume runs/20250101-120000
-
-Writes a run folder: config.yaml (the resolved config), metrics.jsonl, tb/ (TensorBoard), checkpoints/ and, at
-the end, summary.json (the best checkpoint against flat and random-valid baselines on the validation split).
 """
 
-from __future__ import annotations
-
-import argparse
-import sys
-import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from agents.config import LLM_CHOICES, ConfigError, load_config  # noqa: E402
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", help="YAML config file; unset keys keep their defaults (see configs/default.yaml)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="override one config key, nested with dots, e.g. --set ppo.lr=1e-4; repeatable")
-    ap.add_argument("--envs", type=int, help="number of parallel environments (config num_envs)")
-    ap.add_argument("--total-steps", type=int, help="environment steps to train, all envs together (total_steps)")
-    ap.add_argument("--seed", type=int, help="random seed for init, envs and sampling (seed)")
-    ap.add_argument("--data", help="market data: a CSV/Parquet file or synthetic:PRESET "
-                    "(default, signal, headlines); sets data.source")
-    ap.add_argument("--llm", help=f"LLM advisor: {', '.join(LLM_CHOICES)} (default smollm2, the embedded model; none: RL only, the fastest path)")
-    ap.add_argument("--llm-mode", choices=["score", "generate"], help="score: one forward pass scores the 6 actions; "
-                    "generate: text answers parsed (hybrid.llm_mode)")
-    ap.add_argument("--quantization", choices=["none", "int8", "int4"], help="bitsandbytes quantization of the "
-                    "advisor (GPU) (hybrid.quantization)")
-    ap.add_argument("--llm-adapter", metavar="PATH", help="a peft LoRA adapter directory for the advisor; saved in "
-                    "the run's config, so evaluation loads it too (hybrid.llm_adapter)")
-    ap.add_argument("--fusion", choices=["none", "rules", "learned"], help="how advice changes actions: learned "
-                    "trust gate (default), the seeds' priority rules, or none (queries for statistics only)")
-    ap.add_argument("--query-interval", type=int, help="env steps between LLM query steps, k (hybrid.query.interval)")
-    ap.add_argument("--llm-budget", help="most envs asked per query step: a number or auto (hybrid.budget)")
-    ap.add_argument("--latency", choices=["strict", "async"], help="strict: wait for the previous query step's "
-                    "answers (reproducible); async: never wait (hybrid.latency)")
-    ap.add_argument("--no-veto", action="store_true", help="turn the risk veto off (hybrid.veto.enabled=false)")
-    ap.add_argument("--log-llm", type=int, metavar="N", help="write N prompts and answers per update to "
-                    "llm_log.jsonl (hybrid.log_llm)")
-    ap.add_argument("--date-format", help="strptime format of the data file's timestamps (data.date_format)")
-    ap.add_argument("--run-dir", help="run folder to create (default runs/<date>-<time>)")
-    ap.add_argument("--init-from", metavar="RUN_DIR", help="start the networks from RUN_DIR's best checkpoint, "
-                    "e.g. a 261-feature policy from a 228-feature run (transfer.init_from; see transfer.* keys)")
-    ap.add_argument("--resume", metavar="RUN_DIR",
-                    help="continue RUN_DIR from its latest checkpoint with its saved config (other options unused)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress=false)")
-    return ap.parse_args(argv)
-
-
-def start(args: argparse.Namespace):
-    """A new run from defaults ← --config ← flags, or --resume."""
-    from agents.training.loop import train
-
-    if args.resume:
-        given = [name for name in ("config", "envs", "total_steps", "seed", "data", "run_dir", "init_from")
-                 if getattr(args, name)]
-        if given or args.overrides:
-            flags = ", ".join("--" + g.replace("_", "-") for g in given) or "--set"
-            raise ConfigError(f"--resume continues with the run's saved config; drop {flags}")
-        return train(None, args.resume, resume=True)
-    overrides = list(args.overrides)
-    for flag, key in (("envs", "num_envs"), ("total_steps", "total_steps"), ("seed", "seed"),
-                      ("data", "data.source"), ("llm", "llm"), ("llm_mode", "hybrid.llm_mode"),
-                      ("quantization", "hybrid.quantization"), ("fusion", "hybrid.fusion"),
-                      ("query_interval", "hybrid.query.interval"), ("llm_budget", "hybrid.budget"),
-                      ("latency", "hybrid.latency"), ("log_llm", "hybrid.log_llm"), ("date_format", "data.date_format"),
-                      ("init_from", "transfer.init_from")):
-        if getattr(args, flag) is not None:
-            overrides.append(f"{key}={getattr(args, flag)}")
-    if args.llm_adapter is not None:  # absolute, so the run's config finds it from anywhere
-        overrides.append(f"hybrid.llm_adapter={Path(args.llm_adapter).resolve()}")
-    if args.no_progress:
-        overrides.append("log.progress=false")
-    if args.no_veto:
-        overrides.append("hybrid.veto.enabled=false")
-    cfg = load_config(args.config, overrides)
-    run_dir = Path(args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-    return train(cfg, run_dir)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-
-    from agents.evaluation.comparison import final_comparison
-    from agents.training.saved_runs import CheckpointMismatch
-    from jaxenv import DataValidationError
-
-    try:
-        result = start(args)
-    except (ConfigError, DataValidationError, FileNotFoundError, FileExistsError, CheckpointMismatch) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if result.interrupted:
-        return 130
-    cfg = load_config(result.run_dir / "config.yaml")
-    summary = final_comparison(cfg, result.run_dir, result.setup)
-    for split in ("val", "test"):
-        if split in summary:
-            scores = "  ".join(f"{who} {r['score']:.2f}" for who, r in summary[split].items())
-            print(f"{split} {summary['score']}: {scores}")
-    print(f"run folder: {result.run_dir}")
-    return 0
-
+from agents.training.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

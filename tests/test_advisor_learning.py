@@ -161,8 +161,9 @@ def test_the_pnl_objective_weighs_an_entry_by_its_trades_pnl_and_not_trading_by_
 
 
 def test_replay_script_tabulates_what_the_saved_outcomes_teach_pooled_over_runs(tmp_path):
-    """scripts/lora_replay.py reads the experiences saved beside adapters, pools several runs', splits them by
-    action and headline direction, and says how often a closed trade's market move agreed with its headline."""
+    """scripts/advisor_learning/lora_replay.py reads the experiences saved beside adapters, pools several runs',
+    splits them by action and headline direction, and says how often a closed trade's market move agreed with its
+    headline."""
     def save(folder: Path, outcomes: tuple) -> str:
         folder.mkdir()
         rows = [Experience(f"News: {h}", np.full(6, 1 / 6, np.float32), a, 0.0, pnl, adv, in_force, move).to_json()
@@ -176,8 +177,8 @@ def test_replay_script_tabulates_what_the_saved_outcomes_teach_pooled_over_runs(
                                   (bear, 0, float("nan"), 0.5, 0.3, True)))  # the market rose after bad news
     # A SELL that won while the headline was bullish, and a row whose advice was not in force: only its move counts.
     second = save(tmp_path / "b", ((bull, 2, 30.0, 0.2, 0.2, True), (bear, 1, 500.0, 9.0, -1.0, False)))
-    out = subprocess.run([sys.executable, "scripts/lora_replay.py", first, second], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    out = subprocess.run([sys.executable, "scripts/advisor_learning/lora_replay.py", first, second],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout
     assert "5 training and 0 held-out experiences" in out
     assert "| BUY | bullish | 1 | +1.000 | +40.0 (1) | 1.00 |" in out
     assert "| BUY | bearish | 1 | -1.000 | -60.0 (1) | 0.00 |" in out
@@ -188,10 +189,9 @@ def test_replay_script_tabulates_what_the_saved_outcomes_teach_pooled_over_runs(
 
 
 def test_the_experiment_table_gives_each_seed_and_the_mean_over_seeds():
-    """Does learning help on average, not on a lucky seed: scripts/lora_headlines_experiment.py's table gives
+    """Does learning help on average, not on a lucky seed: experiments/lora_headlines.py's table gives
     each walk's P&L with its standard error and ends with the mean P&L and accuracy over the seeds."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from lora_headlines_experiment import table
+    from experiments.lora_headlines import table
 
     def seed(s: int, learned_pnl: float, accuracy: float) -> dict:
         figures = {"frozen": {"p_buy_bull": 0.2, "p_buy_bear": 0.2, "top_hold": 0, "top_buy": 0, "top_sell": 1}}

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+from benchmarks import cli as benchmark
+from benchmarks.common import scaling_note, timed_repeats
 
-import benchmark  # noqa: E402
-from bench_common import scaling_note, timed_repeats  # noqa: E402
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
 def test_quick_run_writes_valid_json_plot_and_markdown(tmp_path):
@@ -86,7 +85,7 @@ def test_timed_repeats_never_adds_reps(reps):
 
 
 def test_train_memory_projection_is_a_line_through_the_measured_sizes():
-    from bench_train import projected_peak_mb
+    from benchmarks.train import projected_peak_mb
 
     measured = [{"steps_per_update": 1000, "peak_host_mb": 600.0}, {"steps_per_update": 3000, "peak_host_mb": 1000.0}]
     assert projected_peak_mb(measured, 5000) == pytest.approx(1400.0)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from agents.config import load_config
-from agents.training.checkpoints import RunCheckpoints
+from agents.runs.checkpoints import RunCheckpoints
 from agents.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ CRASHING_CHILD = textwrap.dedent(
     import sys, time
     import jax.numpy as jnp
     from orbax.checkpoint._src.path import atomicity
-    from agents.training.checkpoints import RunCheckpoints
+    from agents.runs.checkpoints import RunCheckpoints
 
     run_dir, marker = sys.argv[1], sys.argv[2]
     ckpt = RunCheckpoints(run_dir, keep=3)

@@ -109,13 +109,10 @@ def test_shipped_training_configs_load(name):
 
 
 def cli_main():
-    """scripts/train.py's main(), loaded in-process (flag errors return before any JAX work)."""
-    import importlib.util
+    """scripts/train.py's main(), in-process (flag errors return before any JAX work)."""
+    from agents.training.cli import main
 
-    spec = importlib.util.spec_from_file_location("train_cli", ROOT / "scripts" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return main
 
 
 def test_cli_rejects_bad_hybrid_values_and_bad_keys(capsys):

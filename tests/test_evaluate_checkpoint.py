@@ -4,7 +4,6 @@ refuses a checkpoint that does not fit, saying what differs."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -17,11 +16,10 @@ import yaml
 
 from agents.config import load_config
 from agents.evaluation.saved_run import EvalOptions, agent_walk, evaluate, load_run
+from agents.runs.saved_runs import restore_policy
 from agents.training.loop import train
-from agents.training.saved_runs import restore_policy
 from jaxenv.metrics import walk_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["llm=none", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2",
         "network.actor_hidden=[16,16]", "network.critic_hidden=[16,16]", "log.progress=false",
         "log.tensorboard=false", "data.source=synthetic:signal", "data.synthetic_days=30",
@@ -29,10 +27,9 @@ TINY = ["llm=none", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "
 
 
 def evaluate_main():
-    spec = importlib.util.spec_from_file_location("evaluate_cli", ROOT / "scripts" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    from agents.evaluation.cli import main
+
+    return main
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The learned trust on a small version of the README's fusion experiment (configs/headlines.yaml): the trust in an
+"""The learned trust on a small version of docs/advisor.md's fusion experiment (configs/headlines.yaml): the trust in an
 advisor that reads the headline rises and the fused agent beats the policy alone on validation; the trust in an
 advisor that answers at random falls and the agent ends near the policy alone. Minutes of training:
 `pytest -m slow tests/test_fusion_learning.py`."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agents.config import load_config
-from agents.evaluation.comparison import final_comparison
+from agents.training.comparison import final_comparison
 from agents.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,9 +4,7 @@ it through the SB3 VecEnv wrapper."""
 
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -95,11 +93,10 @@ def test_single_env_passes_gymnasium_env_checker(env_and_params):
 
 def test_maskable_ppo_trains_through_the_sb3_wrapper(env_and_params):
     pytest.importorskip("sb3_contrib")
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from bench_sb3 import SB3VecEnv, make_maskable_ppo
     from sb3_contrib.common.maskable.utils import get_action_masks
 
     from agents.config import load_config
+    from benchmarks.sb3 import SB3VecEnv, make_maskable_ppo
 
     env, params = env_and_params
     vec_env = SB3VecEnv(TradingVectorEnv(env, params, N_ENVS))

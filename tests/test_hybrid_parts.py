@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
-from agents.advice.risk_veto import VetoConfig, VetoState, apply_veto
-from agents.advice.table import AdviceTable, QueryConfig, select_queries, view
+from agents.advice.risk_veto import VetoState, apply_veto
+from agents.advice.table import AdviceTable, select_queries, view
+from agents.config import QueryConfig, VetoConfig
 from bridge.protocol import BUY, ENABLE_TRAIL, HOLD, SELL
 from jaxenv.env import TradingEnv
 from tests.conftest import HandMarket, bar_at

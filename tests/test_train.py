@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents.config import LogConfig, load_config
-from agents.evaluation.comparison import final_comparison
+from agents.training.comparison import final_comparison
 from agents.training.loop import train
 from agents.training.metrics import HealthMonitor, MetricsLogger
 from tests.test_config import cli_main
@@ -97,7 +97,7 @@ def test_metrics_logger_writes_json_with_nulls_and_trims_on_resume(tmp_path):
 # ------------------------------------------------------------------------------------------------- learning
 @pytest.mark.slow
 def test_learns_out_of_sample_on_synthetic_signal(tmp_path):
-    """A smaller version of the README's learning check (configs/signal.yaml): after training, the validation
+    """A smaller version of docs/training.md's learning check (configs/signal.yaml): after training, the validation
     split's P&L after costs clearly beats never trading and trading at random."""
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "signal.yaml",
                       ["total_steps=1500000", "log.progress=false", "log.tensorboard=false"])

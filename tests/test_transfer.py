@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from agents.config import ConfigError, load_config
-from agents.evaluation.agent import make_act
+from agents.evaluation.policies import make_act
 from agents.evaluation.saved_run import agent_walk, load_run
 from agents.rl.freeze import FreezeState
 from agents.rl.ppo import make_train
+from agents.runs.saved_runs import restore_policy
 from agents.training.loop import train
-from agents.training.saved_runs import restore_policy
 from agents.training.transfer import load_source, start_from
 from jaxenv import EnvConfig, TradingEnv, load_market, walk_split
 from tests.test_config import cli_main

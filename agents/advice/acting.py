@@ -17,8 +17,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
-from agents.advice.risk_veto import RULES, VetoConfig, VetoState, apply_veto
-from agents.advice.table import AdviceTable, AdviceView, QueryConfig, view
+from agents.advice.risk_veto import RULES, VetoState, apply_veto
+from agents.advice.table import AdviceTable, AdviceView, view
+from agents.config import QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
 from bridge.protocol import NUM_ACTIONS
 from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY

@@ -9,26 +9,15 @@ veto the agent is let back in rather than locked out for good.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from agents.config import VetoConfig
 from jaxenv.env import BUY, ENABLE_TRAIL, SELL, EnvParams, EnvState, drawdown_threshold, recent_win_rate
 
 RULES = ("consecutive_losses", "drawdown_buffer", "win_rate")
 BLOCKED_ACTIONS = (BUY, SELL, ENABLE_TRAIL)
-
-
-@dataclass
-class VetoConfig:
-    enabled: bool = True
-    consecutive_losses: int = 3  # fire at this many losses in a row; 0 turns the rule off
-    min_drawdown_buffer: float = 0.20  # fire below this share of the trailing drawdown left; 0 turns it off
-    min_win_rate: float = 0.40  # fire below this win rate of the last 10 trades; 0 turns it off
-    min_trades_for_win_rate: int = 5
-    cooldown_bars: int = 30
 
 
 @struct.dataclass

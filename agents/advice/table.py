@@ -10,26 +10,15 @@ long position is no reason to stay out of the market once flat.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from agents.config import QueryConfig
 from bridge.protocol import NUM_ACTIONS
 
 STATUS_NONE = -1  # no answer yet (the bridge's statuses are 0 ok, 1 parse_error, 2 timeout, 3 backend_error)
 STATUS_OK = 0
-
-
-@dataclass
-class QueryConfig:
-    interval: int = 5  # k: env steps per chunk; a query step sits between chunks
-    cooldown: int = 10  # env steps before the same env may be asked again
-    uncertainty_threshold: float = 0.6  # the policy is uncertain when its top probability is below this
-    decay: float = 0.8  # confidence × decay per interval of age
-    max_age_intervals: int = 6  # advice older than this many intervals has expired
-    entries_only: bool = False  # ask only flat envs (entry decisions): for advisors with nothing to say in a trade
 
 
 @struct.dataclass

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from agents.rl.networks import masked_logits
-from agents.rl.ppo import action_mask_fn
+from agents.rl.ppo import PPO, action_mask_fn
 
 # act(act_params, obs, mask, key) -> action for one env. The parameters are an argument, not captured, so one
 # compiled evaluation serves every evaluation of a run.
@@ -74,3 +74,14 @@ def make_episode_evaluator(env, env_params, n: int) -> Evaluator:
         return {"score": float(ret), "mean_return": float(ret), "mean_length": float(length)}
 
     return evaluate
+
+
+def make_act(ppo: PPO, deterministic: bool) -> Callable:
+    """act(act_params, obs, mask, key) for one env with act_params = (network params, obs normaliser); made once
+    per run so evaluation compiles once."""
+
+    def act(act_params, obs, mask, key):
+        params, obs_norm = act_params
+        return ppo.policy(params, obs_norm, obs, mask, key, deterministic)
+
+    return act

@@ -23,17 +23,18 @@ from jaxenv.metrics import METRICS, Trace, trades_table, underwater  # noqa: E40
 LABELS = {
     "net_pnl": "net P&L", "sharpe_daily": "Sharpe (daily)", "sortino_daily": "Sortino (daily)",
     "max_drawdown": "max drawdown", "calmar": "Calmar", "win_rate": "win rate", "profit_factor": "profit factor",
-    "expectancy": "expectancy / trade", "trades": "trades", "trades_per_day": "trades / day",
+    "expectancy": "expectancy / trade", "trade_pnl_std": "std of trade P&L", "trades": "trades",
+    "trades_per_day": "trades / day",
     "avg_holding_bars": "avg holding (bars)", "commissions": "commissions", "commission_share": "commissions / gross",
     "breaches": "breaches", "days_to_first_breach": "days to 1st breach", "prop_passed": "prop-firm target",
-    "days": "trading days",
+    "days": "trading days", "bars": "bars walked",
     "advice_coverage": "advice coverage", "advice_confidence": "advice confidence", "agreement": "advice agrees",
     "override_rate": "overridden by advice", "mean_trust": "mean trust g", "veto_rate": "vetoed decisions",
     **{f"vetoes_{rule}": f"vetoes: {rule.replace('_', ' ')}" for rule in RULES},
 }
-MONEY = {"net_pnl", "max_drawdown", "expectancy", "commissions"}
+MONEY = {"net_pnl", "max_drawdown", "expectancy", "trade_pnl_std", "commissions"}
 PERCENT = {"win_rate", "commission_share", "advice_coverage", "agreement", "override_rate", "veto_rate"}
-WHOLE = {"trades", "breaches", "days_to_first_breach", "days", *(f"vetoes_{rule}" for rule in RULES)}
+WHOLE = {"trades", "breaches", "days_to_first_breach", "days", "bars", *(f"vetoes_{rule}" for rule in RULES)}
 
 
 def _number(name: str, value: float) -> str:

@@ -10,7 +10,7 @@ their mean and a 95% Student-t interval.
     result.summary()   # {"agent": {...}, "ablations": {...}, "baselines": {...}}
 
 Policies are named walks `(bars, key) -> trace` in three groups. A hybrid run (one trained with an advisor)
-walks with its advisor exactly as in training's evaluation (`agents.advised_eval.AdvisedWalker`: its own sidecar,
+walks with its advisor exactly as in training's evaluation (`agents.evaluation.advised_walk.AdvisedWalker`: its own sidecar,
 query steps every k bars, one step of latency, strict waiting), and its ablations are the same walk with the
 acting changed: RL only, LLM only, fused without and with the veto; their metrics add how the advice was used
 (`ADVICE_METRICS`). A policy whose walk does not depend on the key (greedy acting, flat, buy-and-hold) is walked
@@ -37,10 +37,9 @@ from agents.advice.usage import ADVICE_METRICS, walk_advice_metrics
 from agents.advisor.adapters import checkpoint_adapter
 from agents.config import ConfigError, TrainConfig
 from agents.evaluation.advised_walk import AdvisedWalker, run_ablations
-from agents.evaluation.agent import make_act
-from agents.evaluation.policies import flat_policy, random_valid_policy
+from agents.evaluation.policies import flat_policy, make_act, random_valid_policy
 from agents.rl.ppo import PPO, make_train
-from agents.training.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
+from agents.runs.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
 from jaxenv import Market, TradingEnv, load_market, walk_split
 from jaxenv.evaluate import buy_and_hold
 from jaxenv.metrics import METRICS, Trace, walk_metrics
@@ -74,7 +73,7 @@ class LoadedRun:
     env: TradingEnv
     market: Market
     ppo: PPO
-    act: Callable  # agents.trainer.make_act: act((params, obs_norm), obs, mask, key)
+    act: Callable  # agents.evaluation.policies.make_act: act((params, obs_norm), obs, mask, key)
     sampled: bool  # act samples actions (else: the most probable one, as training's evaluation does by default)
     walker: AdvisedWalker | None = None  # hybrid runs: walks with the run's advisor (close() stops its sidecar)
 
@@ -141,7 +140,7 @@ def agent_walk(run: LoadedRun) -> WalkFn:
 
 
 def ablation_walks(run: LoadedRun) -> dict[str, Policy]:
-    """A hybrid run's parts (agents.advised_eval.run_ablations): RL only, LLM only (HOLD where there is no advice),
+    """A hybrid run's parts (agents.evaluation.advised_walk.run_ablations): RL only, LLM only (HOLD where there is no advice),
     fused without and with the veto, whatever the run trained with, and LLM only from the frozen advisor when it
     learned. An RL-only run (llm: none) has none."""
     if run.walker is None:

@@ -141,7 +141,7 @@ def gate_mask(params: Any) -> Any:
 
 
 def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
-    """`acting` (an agents.acting.HybridActing) routes acting through risk veto and fusion with LLM advice;
+    """`acting` (an agents.advice.acting.HybridActing) routes acting through risk veto and fusion with LLM advice;
     None samples from the policy alone."""
     p = cfg.ppo
     n_envs = cfg.num_envs
@@ -159,7 +159,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
 
     num_grad_steps = cfg.num_updates * p.update_epochs * p.num_minibatches
     lr = optax.linear_schedule(p.lr, 0.0, num_grad_steps) if p.anneal_lr else p.lr
-    # freeze_stage: a transfer warm-up's gradient mask (agents/transfer.py), empty for other runs
+    # freeze_stage: a transfer warm-up's gradient mask (agents/rl/freeze.py, set up by agents/training/transfer.py), empty for other runs
     # The trust gate sits on top of a policy that is learning too; at the policy's step size it could barely move
     # in a run of a few dozen updates, so it learns `hybrid.gate_lr_scale` times faster.
     gate_scale = cfg.hybrid.gate_lr_scale if acting is not None and acting.gate_features else 1.0

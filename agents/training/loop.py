@@ -26,13 +26,13 @@ from agents.advice.acting import make_acting
 from agents.advisor.adapters import checkpoint_adapter, prune_adapters
 from agents.advisor.query_loop import QueryLoop
 from agents.config import RUN_CONFIG_FILE, TrainConfig, load_config, save_config
-from agents.evaluation.agent import AgentEvaluator
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import RunnerState, make_train
-from agents.training.checkpoints import RunCheckpoints
+from agents.runs.checkpoints import RunCheckpoints
 from agents.training.env_setup import EnvSetup, make_env_setup
 from agents.training.metrics import HealthMonitor, MetricsLogger
 from agents.training.transfer import load_source, start_from
+from agents.training.validation import AgentEvaluator
 from bridge import SidecarError
 
 

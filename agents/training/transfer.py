@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from agents.config import TrainConfig, freeze_updates
 from agents.rl.freeze import with_trainable
 from agents.rl.normalization import RunningMeanStd
-from agents.training.saved_runs import CheckpointMismatch, SavedPolicy, restore_policy
+from agents.runs.saved_runs import CheckpointMismatch, SavedPolicy, restore_policy
 
 
 def load_source(cfg: TrainConfig, env: Any, env_params: Any) -> SavedPolicy:

@@ -16,7 +16,8 @@ import time
 import gymnax
 import jax
 import jax.numpy as jnp
-from bench_common import (
+
+from benchmarks.common import (
     BenchOptions,
     cpu_caches,
     fmt_range,
@@ -28,7 +29,6 @@ from bench_common import (
     table,
     timed_repeats,
 )
-
 from jaxenv import DataConfig, EnvConfig, TradingEnv, load_market
 
 DEFAULT_ENVS = [256, 1024, 4096, 16384, 65536]

@@ -10,8 +10,7 @@ import os
 import tempfile
 import time
 
-from bench_common import BenchOptions, cpu_model, package_versions, peak_host_memory_mb, table, timed_repeats
-
+from benchmarks.common import BenchOptions, cpu_model, package_versions, peak_host_memory_mb, table, timed_repeats
 from bridge import PromptRenderer
 from llm_sidecar.__main__ import example_fields
 

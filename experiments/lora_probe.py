@@ -3,20 +3,17 @@ synthetic:headlines headlines (half bullish, half bearish) with the embedded Smo
 each adapter given, and prints P(HOLD), P(BUY | bullish) vs P(BUY | bearish), P(SELL | bearish) vs
 P(SELL | bullish), and the share of prompts per top action. ~1 min per adapter on a 2-core CPU.
 
-    python scripts/lora_direction_probe.py results/lora_headlines/runs/seed0/adapters/6
+    python scripts/advisor_learning/lora_direction_probe.py results/lora_headlines/runs/seed0/adapters/6
 """
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from bridge import PROMPT_FIELDS, PromptRenderer  # noqa: E402
-from jaxenv.synthetic import random_headline  # noqa: E402
-from llm_sidecar.__main__ import example_fields  # noqa: E402
-from llm_sidecar.backends import TransformersBackend, TransformersOptions  # noqa: E402
+from bridge import PROMPT_FIELDS, PromptRenderer
+from bridge.protocol import ACTIONS, BUY, HOLD, SELL
+from jaxenv.synthetic import random_headline
+from llm_sidecar.__main__ import example_fields
+from llm_sidecar.backends import TransformersBackend, TransformersOptions
 
 N_PROMPTS = 120
 
@@ -41,10 +38,10 @@ def probe_prompts(renderer: PromptRenderer) -> tuple[list[str], np.ndarray]:
 def direction_figures(probs: np.ndarray, bull: np.ndarray) -> dict[str, float]:
     """Mean answer probabilities by headline direction, and the share of prompts per top action."""
     top = probs.argmax(1)
-    return {"p_hold": float(probs[:, 0].mean()),
-            "p_buy_bull": float(probs[bull, 1].mean()), "p_buy_bear": float(probs[~bull, 1].mean()),
-            "p_sell_bear": float(probs[~bull, 2].mean()), "p_sell_bull": float(probs[bull, 2].mean()),
-            **{f"top_{name}": float((top == a).mean()) for a, name in enumerate(("hold", "buy", "sell"))}}
+    return {"p_hold": float(probs[:, HOLD].mean()),
+            "p_buy_bull": float(probs[bull, BUY].mean()), "p_buy_bear": float(probs[~bull, BUY].mean()),
+            "p_sell_bear": float(probs[~bull, SELL].mean()), "p_sell_bull": float(probs[bull, SELL].mean()),
+            **{f"top_{ACTIONS[a].lower()}": float((top == a).mean()) for a in (HOLD, BUY, SELL)}}
 
 
 def describe(probs: np.ndarray, bull: np.ndarray) -> str:
@@ -61,19 +58,16 @@ def smollm2(renderer: PromptRenderer, adapter: str | None = None) -> Transformer
 
 
 def score(renderer: PromptRenderer, prompts: list[str], adapter: str | None) -> np.ndarray:
-    """The embedded SmolLM2's answer probabilities [n, 6], with `adapter` (None: the base model)."""
+    """The embedded SmolLM2's answer probabilities [n, NUM_ACTIONS], with `adapter` (None: the base model)."""
     return smollm2(renderer, adapter).advise(prompts).probs
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("adapters", nargs="*", help="peft adapter directories (the base model is always scored first)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     renderer = PromptRenderer.from_yaml()
     prompts, bull = probe_prompts(renderer)
     for adapter in [None, *args.adapters]:
         print(f"{adapter or 'base model'}: {describe(score(renderer, prompts, adapter), bull)}", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

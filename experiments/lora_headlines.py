@@ -1,13 +1,15 @@
-"""Does the advisor get better by learning from trading outcomes? For each seed: a hybrid run on
+r"""Does the advisor get better by learning from trading outcomes? For each seed: a hybrid run on
 synthetic:headlines (configs/headlines_lora.yaml) in which the embedded SmolLM2 answers in score mode and sends
 its answered queries' outcomes (action taken, reward, trade P&L, PPO advantage, market move) to the LoRA learner;
 then the advisor alone (LLM-only: its top action, HOLD where there is no advice) walks the validation split twice,
 frozen (the base model) and with the adapter saved beside the run's final checkpoint, and both answer the
-direction probe's bullish and bearish headlines (scripts/lora_direction_probe.py).
+direction probe's bullish and bearish headlines (experiments/lora_probe.py).
 
-    python scripts/lora_headlines_experiment.py --seeds 0 1 2 --splits val test      # ~30 min a seed on 2 CPU cores
-    python scripts/lora_headlines_experiment.py --seeds 0 --set hybrid.learning.objective=advantage \
-        --set hybrid.learning.lr=5e-5 --set hybrid.learning.max_epochs=3               # learn from the trades instead
+    python scripts/advisor_learning/lora_headlines_experiment.py --seeds 0 1 2 \
+        --splits val test                                                               # ~30 min a seed on 2 CPU cores
+    python scripts/advisor_learning/lora_headlines_experiment.py --seeds 0 \
+        --set hybrid.learning.objective=advantage --set hybrid.learning.lr=5e-5 \
+        --set hybrid.learning.max_epochs=3                                              # learn from the trades instead
 
 Writes OUT/results.json (per seed: both walks' figures, the learning rounds' held-out figures, the probe's) and
 OUT/table.md; the runs are under OUT/runs/seed<S>. The schedule is short for a CPU: `--updates` PPO updates with
@@ -19,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from agents.config import load_config  # noqa: E402
+from agents.config import load_config
 
 ROUND_FIGURES = ("train_examples", "val_examples", "steps", "adopted", "val_loss_before", "val_loss", "kl_to_base",
                  "accuracy_base", "accuracy", "direction_accuracy_base", "direction_accuracy", "learn_s")
@@ -62,9 +61,9 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
 
     from agents.advice.acting import make_acting
     from agents.advisor.adapters import checkpoint_adapter
-    from agents.evaluation.agent import AgentEvaluator
     from agents.rl.ppo import make_train
     from agents.training.loop import train
+    from agents.training.validation import AgentEvaluator
 
     overrides = [f"seed={seed}", "checkpoint.eval_every_updates=0",
                  f"hybrid.learning.every_updates={args.every or args.updates}", *args.overrides]
@@ -98,10 +97,9 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
 
 def outcome_agreement(adapter: str | None) -> dict:
     """How much the run's outcomes could teach about the news: the share of its closed trades, and of the market
-    moves after its answered prompts, that went the headline's way (scripts/lora_replay.py's figures; 0.5 is no
+    moves after its answered prompts, that went the headline's way (experiments/lora_replay.py's figures; 0.5 is no
     signal). The buffer holds the rows its objective uses: moves only under `move`, trades only under the others."""
-    from lora_replay import headline_agreement
-
+    from experiments.lora_replay import headline_agreement
     from llm_sidecar.learning import load_experiences
 
     if adapter is None:
@@ -113,11 +111,10 @@ def outcome_agreement(adapter: str | None) -> dict:
 
 
 def direction_probe(adapter: str | None) -> dict:
-    """scripts/lora_direction_probe.py's figures for the base model and the learned adapter: did the advisor
+    """experiments/lora_probe.py's figures for the base model and the learned adapter: did the advisor
     learn to answer bullish and bearish headlines differently?"""
-    from lora_direction_probe import direction_figures, probe_prompts, score
-
     from bridge import PromptRenderer
+    from experiments.lora_probe import direction_figures, probe_prompts, score
 
     renderer = PromptRenderer.from_yaml()
     prompts, bull = probe_prompts(renderer)
@@ -177,7 +174,7 @@ def table(results: list[dict], splits: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.updates < 1 or (args.every is not None and args.every < 1):
         raise SystemExit("--updates and --every must be at least 1")
@@ -190,7 +187,4 @@ def main(argv: list[str] | None = None) -> None:
         (out / "results.json").write_text(json.dumps({"args": vars(args), "seeds": results}, indent=2, default=str))
         (out / "table.md").write_text(table(results, args.splits))
     print(table(results, args.splits))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,38 +1,39 @@
-"""What did the advisor's outcomes teach, and what would another objective learn from them? Reads the
+r"""What did the advisor's outcomes teach, and what would another objective learn from them? Reads the
 experiences a run's LoRA learner saved beside an adapter (RUN/adapters/N/experiences.jsonl.gz) and prints, per
 action taken, the mean PPO advantage and trade P&L after bullish and after bearish headlines (the signal a
 round can learn the news from), and how often a closed trade, and the market's move after an answered prompt (the
 `move` objective's label), went the way of its headline. Several adapter directories pool their experiences (as
 if one run had collected them all; the walk uses the first run).
 With --learn, it replays one learning round on those experiences, from the base SmolLM2 and with the options
-given by --set, and scores the probe prompts (scripts/lora_direction_probe.py) before and after. With --walk, the
+given by --set, and scores the probe prompts (experiments/lora_probe.py) before and after. With --walk, the
 advisor alone (LLM-only) also walks the run's validation split, frozen and with the replayed adapter, as
-scripts/lora_headlines_experiment.py does. On a 2-core CPU: ~10 min a round on one run's ~400 experiences
+experiments/lora_headlines.py does. On a 2-core CPU: ~10 min a round on one run's ~400 experiences
 (~24 min an epoch on five runs'), ~70 s a walk.
 
-    python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6
-    python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --set baseline=action --out /tmp/a
-    python scripts/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --walk --set anchor_coef=5
-    python scripts/lora_replay.py results/lora_headlines/runs/seed{0,1,2}/adapters/6 --learn --walk --set max_epochs=1
+    python scripts/advisor_learning/lora_replay.py results/lora_headlines/runs/seed0/adapters/6
+    python scripts/advisor_learning/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn \
+        --set baseline=action --out /tmp/a
+    python scripts/advisor_learning/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --walk \
+        --set anchor_coef=5
+    python scripts/advisor_learning/lora_replay.py results/lora_headlines/runs/seed{0,1,2}/adapters/6 --learn --walk \
+        --set max_epochs=1
 """
 import argparse
 import dataclasses
-import sys
 import tempfile
 from collections import deque
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from bridge import PromptRenderer
+from bridge.learning import LearningOptions
+from bridge.protocol import ACTIONS, BUY, HOLD, SELL
+from experiments.lora_probe import describe, probe_prompts, smollm2
+from jaxenv.synthetic import headline_sentiment
+from llm_sidecar.learning import Experience, LoraLearner, load_experiences, usable
 
-from lora_direction_probe import describe, probe_prompts, smollm2  # noqa: E402
-
-from bridge import PromptRenderer  # noqa: E402
-from jaxenv.synthetic import headline_sentiment  # noqa: E402
-from llm_sidecar.learning import BUY, SELL, Experience, LearningOptions, LoraLearner, load_experiences, usable  # noqa: E402
-
-ACTIONS = ("HOLD", "BUY", "SELL")
+TABLE_ACTIONS = (HOLD, BUY, SELL)  # the actions the outcome table has rows for
 
 
 def outcome_table(experiences: list[Experience]) -> str:
@@ -47,7 +48,8 @@ def outcome_table(experiences: list[Experience]) -> str:
     pnl = np.array([e.trade_pnl for e in experiences])
     profitable = np.array([e.profitable for e in experiences])
     lines = ["| action | headline | n | mean advantage | mean trade P&L (closed) | profitable |", "|---|---|---|---|---|---|"]
-    for a, name in enumerate(ACTIONS):
+    for a in TABLE_ACTIONS:
+        name = ACTIONS[a]
         for s, news in ((1, "bullish"), (-1, "bearish")):
             m = (action == a) & (sentiment == s)
             closed = m & np.isfinite(pnl)
@@ -81,7 +83,7 @@ def headline_agreement(experiences: list[Experience]) -> dict[str, tuple[float, 
             for name, agree in (("trades", trades), ("moves", moves))}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("adapters", nargs="+", metavar="adapter",
                     help="adapter directories holding experiences.jsonl.gz (a run's adapters/N); several are pooled")
@@ -91,7 +93,7 @@ def main() -> None:
     ap.add_argument("--out", help="save the replayed round's adapter (and its experiences) here")
     ap.add_argument("--walk", action="store_true", help="with --learn: the advisor alone walks the run's validation "
                     "split (the run folder holding adapters/N), frozen and with the replayed adapter")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.walk and not args.learn:
         ap.error("--walk scores a replayed round: give --learn too")
     train, val = [], []
@@ -101,7 +103,7 @@ def main() -> None:
     print(f"{len(train)} training and {len(val)} held-out experiences from {', '.join(args.adapters)}\n")
     print(outcome_table(train + val), flush=True)
     if not args.learn:
-        return
+        return 0
     import torch
 
     defaults = dataclasses.asdict(LearningOptions())
@@ -131,6 +133,7 @@ def main() -> None:
     if args.walk:
         del learner, backend  # the walk's own sidecar loads the model again
         llm_only_walks(Path(args.adapters[0]).resolve().parents[1], out)
+    return 0
 
 
 def llm_only_walks(run_dir: Path, adapter: str) -> None:
@@ -148,12 +151,9 @@ def llm_only_walks(run_dir: Path, adapter: str) -> None:
     bars, key = run.market.split_range("val"), jax.random.PRNGKey(run.cfg.seed + 10_000)  # the experiment's key
     try:
         for name, changes in walks.items():
-            figures = advised_summary(advised_walk(run, **changes)(bars, key))
+            figures = advised_summary(advised_walk(run, **changes)(bars, key), run.market.timestamps, run.cfg.env.prop_firm)
             print(f"validation, LLM-only, {name}: net P&L {figures['net_pnl']:,.0f}, {figures['trades']:.0f} trades",
                   flush=True)
     finally:
         run.close()
 
-
-if __name__ == "__main__":
-    main()

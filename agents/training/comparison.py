@@ -11,10 +11,10 @@ import jax
 from agents.advice.acting import make_acting
 from agents.advisor.adapters import checkpoint_adapter
 from agents.config import TrainConfig
-from agents.evaluation.agent import AgentEvaluator
 from agents.rl.ppo import make_train
-from agents.training.checkpoints import RunCheckpoints
+from agents.runs.checkpoints import RunCheckpoints
 from agents.training.env_setup import EnvSetup, make_env_setup
+from agents.training.validation import AgentEvaluator
 
 
 def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | None = None) -> dict:
@@ -22,7 +22,7 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
     evaluator (the validation split for the trading env, which also picked the best checkpoint) and, where the
     env has one, on the held-out test split. For hybrid runs the best checkpoint's parts are scored too (RL only,
     LLM only, fused with and without veto, and LLM only from the frozen advisor when it learned:
-    agents.advised_eval.run_ablations). Writes RUN_DIR/summary.json."""
+    agents.evaluation.advised_walk.run_ablations). Writes RUN_DIR/summary.json."""
     setup = setup or make_env_setup(cfg)
     if setup.evaluate is None:
         return {}

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import gymnasium
+import numpy as np
+import torch
+from sb3_contrib import MaskablePPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-import gymnasium  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from bench_common import (  # noqa: E402
+from agents.config import load_config
+from benchmarks.common import (
     BenchOptions,
     fmt,
     fmt_range,
@@ -38,14 +39,9 @@ from bench_common import (  # noqa: E402
     scaling_note,
     table,
 )
-from bench_train import REP_BUDGET_S, build_ppo, time_updates  # noqa: E402
-from sb3_contrib import MaskablePPO  # noqa: E402
-from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
-from stable_baselines3.common.vec_env import VecEnv, VecNormalize  # noqa: E402
-
-from agents.config import load_config  # noqa: E402
-from jaxenv import DataConfig, EnvConfig, TradingEnv, load_market  # noqa: E402
-from jaxenv.gym_adapter import TradingVectorEnv  # noqa: E402
+from benchmarks.train import REP_BUDGET_S, build_ppo, time_updates
+from jaxenv import DataConfig, EnvConfig, TradingEnv, load_market
+from jaxenv.gym_adapter import TradingVectorEnv
 
 DEFAULT_ENVS = [4, 256, 1024]  # 4: the seeds' own setting
 QUICK_ENVS = [16]

@@ -1,4 +1,5 @@
-"""Scoring a run's agent on a split the way it acts: the policy alone, or for hybrid runs with its advisor
+"""Scoring a training run's agent on a split the way it acts, during training (validation every M updates picks the
+best checkpoint) and at its end (training.comparison): the policy alone, or for hybrid runs with its advisor
 (an `AdvisedWalker` with its own sidecar), whole or one ablation at a time."""
 
 from __future__ import annotations
@@ -9,26 +10,15 @@ import jax
 
 from agents.config import TrainConfig
 from agents.evaluation.advised_walk import AdvisedWalker, advised_summary, run_ablations
-from agents.evaluation.policies import Evaluator
+from agents.evaluation.policies import Evaluator, make_act
 from agents.rl.ppo import PPO, RunnerState
 from agents.training.env_setup import EnvSetup
-
-
-def make_act(ppo: PPO, deterministic: bool) -> Callable:
-    """act(act_params, obs, mask, key) for one env with act_params = (network params, obs normaliser); made once
-    per run so evaluation compiles once."""
-
-    def act(act_params, obs, mask, key):
-        params, obs_norm = act_params
-        return ppo.policy(params, obs_norm, obs, mask, key, deterministic)
-
-    return act
 
 
 class AgentEvaluator:
     """Scores a run's network on a split the way the run acts: the policy alone (the env setup's evaluator) or,
     for hybrid runs, with advice through an `AdvisedWalker` (its own sidecar, so training's pending queries are
-    untouched). `ablation` (a key of agents.advised_eval.run_ablations(cfg)) scores one part of a hybrid agent."""
+    untouched). `ablation` (a key of agents.evaluation.advised_walk.run_ablations(cfg)) scores one part of a hybrid agent."""
 
     def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None):
         """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns."""

@@ -4,8 +4,8 @@ plus prompt rendering. Run as `python scripts/benchmark.py bridge --json PATH`."
 from __future__ import annotations
 
 import numpy as np
-from bench_common import BenchOptions, cpu_model, table, timed_repeats
 
+from benchmarks.common import BenchOptions, cpu_model, table, timed_repeats
 from bridge import ECHO_PEER_COMMAND, BridgeConfig, PromptRenderer, SidecarClient
 from llm_sidecar.__main__ import example_fields  # numpy only: torch is not imported
 

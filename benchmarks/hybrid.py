@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import jax
 
-import jax  # noqa: E402
-from bench_common import BenchOptions, fmt_range, jax_device_name, peak_host_memory_mb, rates, table, timed_repeats  # noqa: E402
-from bench_train import time_updates  # noqa: E402
-
-from agents.advice.acting import make_acting  # noqa: E402
-from agents.advisor.query_loop import QueryLoop  # noqa: E402
-from agents.config import load_config  # noqa: E402
-from agents.rl.ppo import make_train  # noqa: E402
+from agents.advice.acting import make_acting
+from agents.advisor.query_loop import QueryLoop
+from agents.config import load_config
+from agents.rl.ppo import make_train
+from benchmarks.common import BenchOptions, fmt_range, jax_device_name, peak_host_memory_mb, rates, table, timed_repeats
+from benchmarks.train import time_updates
 
 DEFAULT_ENVS = [4096]
 QUICK_ENVS = [256]
@@ -85,7 +81,7 @@ def time_hybrid(advisor: str, n_envs: int, num_steps: int, reps: int, setup) -> 
     return {
         **rates(cfg.steps_per_update, timing),
         "reps": timing["reps"],
-        "coverage": mean("llm_coverage"),
+        "coverage": mean("advice_coverage"),
         "budget": mean("llm_budget"),
         "prompts_per_update": mean("llm_prompts"),
         "wait_s_per_query": mean("llm_wait_s_per_query"),

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from agents.config import RUN_CONFIG_FILE, ConfigError, TrainConfig, load_config
+from agents.config import ConfigError, RUN_CONFIG_FILE, TrainConfig, load_config
 from agents.rl.normalization import RunningMeanStd
 
-KINDS = ("best", "latest")  # the run's two checkpoint managers (agents.checkpoints.RunCheckpoints)
+KINDS = ("best", "latest")  # the run's two checkpoint managers (agents.runs.checkpoints.RunCheckpoints)
 
 
 class CheckpointMismatch(ValueError):

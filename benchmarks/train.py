@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import jax
 
-import jax  # noqa: E402
-from bench_common import (  # noqa: E402
+from agents.config import load_config
+from agents.rl.networks import update_flops_per_step
+from agents.rl.ppo import make_train
+from benchmarks.common import (
     BenchOptions,
     available_memory_gb,
     fmt,
@@ -36,10 +36,6 @@ from bench_common import (  # noqa: E402
     table,
     timed_repeats,
 )
-
-from agents.config import load_config  # noqa: E402
-from agents.rl.networks import update_flops_per_step  # noqa: E402
-from agents.rl.ppo import make_train  # noqa: E402
 
 DEFAULT_ENVS = [256, 1024, 4096, 16384, 65536]  # 65536 only where its projected memory fits
 QUICK_ENVS = [256]

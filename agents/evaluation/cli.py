@@ -1,0 +1,97 @@
+"""Evaluate a trained run from its checkpoint: the agent against baselines on the same bars, with reports.
+
+    python scripts/evaluate.py --run-dir runs/x                          # best checkpoint, test split, greedy
+    python scripts/evaluate.py --run-dir runs/x --checkpoint 40 --split val --json val.json
+    python scripts/evaluate.py --run-dir runs/x --data bars.parquet      # every bar of another file
+    python scripts/evaluate.py --run-dir runs/x --episodes 50 --seeds 3  # random 5-session episodes
+    python scripts/evaluate.py --run-dir runs/s0 --run-dir runs/s1 --run-dir runs/s2   # training seeds pooled
+
+Writes to --out (default RUN/eval/<checkpoint>-<split>): evaluation.json (or --json PATH), table.md, trades.csv,
+equity.png, underwater.png, training.png; prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", action="append", required=True, metavar="RUN",
+                    help="run folder made by scripts/train.py; repeat to pool several runs (e.g. training seeds)")
+    ap.add_argument("--checkpoint", default="best", metavar="STEP|best|latest",
+                    help="which checkpoint: best (on validation; latest when there is none), latest, or an update")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--split", choices=["val", "test"], help="the run's own split to walk (default test)")
+    where.add_argument("--data", metavar="PATH", help="walk every bar of this CSV/Parquet file (or synthetic:PRESET) "
+                       "instead of the run's data")
+    ap.add_argument("--episodes", type=int, default=0, metavar="N",
+                    help="N random episodes (env.max_steps_in_episode bars each) instead of one walk of everything")
+    ap.add_argument("--sample", action="store_true", help="sample actions instead of taking the most probable")
+    ap.add_argument("--seeds", type=int, default=1, metavar="N",
+                    help="evaluation seeds; with more than one walk the table shows mean ± 95%% interval")
+    ap.add_argument("--json", metavar="PATH", help="write every figure here (default OUT/evaluation.json)")
+    ap.add_argument("--out", metavar="DIR", help="folder for the table, trades.csv and plots "
+                    "(default RUN/eval/<checkpoint>-<split>)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    if args.seeds < 1 or args.episodes < 0:
+        ap.error("--seeds must be >= 1 and --episodes >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    from rich.console import Console
+
+    from agents.config import ConfigError
+    from agents.evaluation.report import (
+        markdown_table,
+        plot_equity,
+        plot_training,
+        plot_underwater,
+        rich_table,
+        write_json,
+        write_trades,
+    )
+    from agents.evaluation.saved_run import EvalOptions, evaluate, load_run
+    from agents.runs.saved_runs import CheckpointMismatch
+    from jaxenv import DataValidationError
+
+    split = args.split or ("all" if args.data else "test")
+    options = EvalOptions(split=split, episodes=args.episodes, seeds=args.seeds, progress=not args.no_progress)
+    try:
+        runs = [load_run(run_dir, args.checkpoint, args.data, args.sample) for run_dir in args.run_dir]
+        result = evaluate(runs, options)
+    except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    first = runs[0]
+    label = f"{first.saved.label}-{split}" + (f"-{args.episodes}ep" if args.episodes else "")
+    out = Path(args.out) if args.out else first.saved.run_dir / "eval" / label
+    out.mkdir(parents=True, exist_ok=True)
+    summary = result.summary()
+    json_path = Path(args.json) if args.json else out / "evaluation.json"
+    write_json(summary, json_path)
+    (out / "table.md").write_text(markdown_table(summary))
+    Console(width=None if sys.stdout.isatty() else 200).print(rich_table(summary))  # piped: no wrapping
+
+    timestamps = first.market.timestamps
+    agent = result.first_traces["agent"]
+    trades = write_trades(agent, timestamps, first.cfg.env.contracts_per_trade, out / "trades.csv")
+    first_walk = "" if len(result.bars) == 1 and args.seeds == 1 else " (first walk)"
+    plot_equity(agent, timestamps, out / "equity.png",
+                f"{first.saved.run_dir.name} {first.saved.label} on {split}{first_walk}: {len(trades)} trades")
+    plot_underwater({name: result.first_traces[name] for name in ("agent", "buy_and_hold")}, timestamps,
+                    out / "underwater.png", f"drawdown from the running peak of cumulative P&L{first_walk}")
+    written = ["table.md", "trades.csv", "equity.png", "underwater.png"]
+    run_name = first.saved.run_dir.name
+    if plot_training(first.saved.run_dir / "metrics.jsonl", out / "training.png", f"training: {run_name}"):
+        written.append("training.png")
+    print(f"wrote {json_path} and {out}/: {', '.join(written)}")
+    return 0
+

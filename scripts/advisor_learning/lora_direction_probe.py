@@ -1,0 +1,10 @@
+"""Has a learned advisor picked up the headline's direction? Scores bullish and bearish headline prompts with the
+base SmolLM2 and each adapter given (the logic: experiments/lora_probe.py).
+
+    python scripts/advisor_learning/lora_direction_probe.py results/lora_headlines/runs/seed0/adapters/6
+"""
+
+from experiments.lora_probe import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,10 @@
+"""The sidecar's LoRA learner on the embedded SmolLM2 without the trainer: one learning round on hand-made
+outcomes that reward BUY after bullish and SELL after bearish news (the logic: experiments/lora_check.py).
+
+    python scripts/advisor_learning/lora_headlines_check.py
+"""
+
+from experiments.lora_check import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
