@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from bridge.learning import LearningOptions
-from jaxenv.config import DataConfig, EnvConfig
+from jaxenv.config import DataConfig, EnvConfig, check_rules, resolve_data_config
 
 
 class ConfigError(ValueError):
@@ -249,7 +249,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         cfg.hybrid.learning.check()
     except ValueError as error:
         raise ConfigError(f"hybrid.learning.{error}") from None
-    return cfg
+    try:
+        check_rules(cfg.env.prop_firm)
+        # The instrument by name becomes its full specification, so a run's config.yaml records the values it traded.
+        return dataclasses.replace(cfg, data=resolve_data_config(cfg.data))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -264,6 +269,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Checks `value` against the annotation `tp`; returns it converted (int→float, nested dicts→dataclasses)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
+        sections = [arm for arm in typing.get_args(tp) if dataclasses.is_dataclass(arm)]
+        if isinstance(value, dict) and len(sections) == 1:  # a mapping is that section: its errors name its keys
+            return _coerce(value, sections[0], key)
         for arm in typing.get_args(tp):
             if arm is type(None):
                 if value is None:
@@ -309,7 +317,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
     else:
         raise ConfigError(f"{key}: unsupported annotation {tp!r}")
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    hint = ""
+    if tp is str and isinstance(value, int):
+        hint = " (quote times of day in YAML: '18:00' unquoted reads as a number)"
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}{hint}")
 
 
 def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
@@ -337,7 +348,13 @@ def _parse_scalar(text: str, tp: Any, key: str) -> Any:
         if text.lower() in ("false", "0", "no", "off"):
             return False
         raise ConfigError(f"{key}: expected true or false, got {text!r}")
-    if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    if union and any(dataclasses.is_dataclass(arm) for arm in typing.get_args(tp)) and text.lstrip().startswith("{"):
+        try:  # a name or a whole section as a YAML flow mapping: data.contract="{symbol: X, tick_size: 0.01}"
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{key}: cannot parse {text!r}: {e}") from None
+    if tp is str or (union and str in typing.get_args(tp)):
         return text
     try:
         return yaml.safe_load(text)

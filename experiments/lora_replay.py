@@ -151,7 +151,8 @@ def llm_only_walks(run_dir: Path, adapter: str) -> None:
     bars, key = run.market.split_range("val"), jax.random.PRNGKey(run.cfg.seed + 10_000)  # the experiment's key
     try:
         for name, changes in walks.items():
-            figures = advised_summary(advised_walk(run, **changes)(bars, key), run.market.timestamps, run.cfg.env.prop_firm)
+            trace = advised_walk(run, **changes)(bars, key)
+            figures = advised_summary(trace, run.market.timestamps, run.cfg.env.prop_firm, run.market.sessions.day)
             print(f"validation, LLM-only, {name}: net P&L {figures['net_pnl']:,.0f}, {figures['trades']:.0f} trades",
                   flush=True)
     finally:

@@ -1,6 +1,7 @@
-"""Pure-JAX futures-trading environment (gymnax API) and its market data.
+"""Pure-JAX trading environment (gymnax API) and its market data: futures, spot FX and cash equities.
 
-    market = load_market(DataConfig(source="synthetic:signal"))
+    market = load_market(DataConfig(source="synthetic:signal"))   # or DataConfig(source="bars.csv", contract="6E")
+    print(load_report(market))
     env = TradingEnv(EnvConfig())
     params = env.make_params(market, split="train")
     obs, state = env.reset(key, params)
@@ -9,10 +10,11 @@
 """
 
 from jaxenv.config import DataConfig, EnvConfig, PropFirmRules
-from jaxenv.contracts import CONTRACTS, ContractSpec, get_contract
+from jaxenv.contracts import CONTRACTS, ContractSpec, get_contract, resolve_contract
 from jaxenv.data import DataValidationError
 from jaxenv.env import EXIT_REASONS, EnvParams, EnvState, TradingEnv
 from jaxenv.evaluate import evaluate_policy, walk_split
+from jaxenv.load_report import load_report
 from jaxenv.market import Market, load_market
 
 __all__ = [
@@ -30,5 +32,7 @@ __all__ = [
     "evaluate_policy",
     "get_contract",
     "load_market",
+    "load_report",
+    "resolve_contract",
     "walk_split",
 ]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+
+from jaxenv.contracts import ContractSpec, InstrumentError, get_contract, is_hhmm, known_zone, resolve_contract
 
 
 @dataclass
@@ -16,7 +19,10 @@ class PropFirmRules:
     trail_stop_offset: float = 100.0
     profit_target: float = 3_000.0  # an evaluation passes when equity reaches starting_balance + this (reports only)
     max_contracts: int = 10
-    flat_by: str = "16:59"  # exchange time; any position is closed on the last bar at or before this
+    # Futures positions are closed on the last bar that ends by this time of day in `timezone` ("" = no such rule).
+    # It binds futures only: spot FX and equities follow their instrument's flat_at_close.
+    flat_by: str = "16:59"
+    timezone: str = "America/New_York"  # the zone of flat_by
     no_entry_minutes_before_close: int = 15  # no new entries this close to the session's last bar
 
 
@@ -30,7 +36,9 @@ class EnvConfig:
     target_atr_mult: float = 3.0
     trail_atr_mult: float = 1.0
     breakeven_trigger_atr: float = 1.0  # MOVE_TO_BE is valid once unrealised profit reaches this many ATRs
-    max_steps_in_episode: int = 1_950  # five regular sessions of minute bars
+    # Bars per episode; 0 = the data's default: five sessions of intraday bars (1,950 for regular-hours minute bars),
+    # 252 daily bars (a trading year)
+    max_steps_in_episode: int = 0
     reward_scale: float = 0.01  # reward = change of equity in dollars × this
     breach_penalty: float = 0.0  # extra dollars subtracted on a drawdown breach (before scaling)
     prop_firm: PropFirmRules = field(default_factory=PropFirmRules)
@@ -39,8 +47,12 @@ class EnvConfig:
 @dataclass
 class DataConfig:
     source: str = "synthetic:default"  # a CSV/Parquet path or synthetic:PRESET
-    contract: str = "NQ"  # the instrument the bars are of: tick size, tick value, commission, sessions
-    timezone: str = "America/New_York"
+    # The instrument the bars are of: a built-in name (jaxenv.contracts.CONTRACTS) or a full ContractSpec (a mapping
+    # in YAML): tick size and value, costs, currency, session hours and the exchange's time zone.
+    contract: str | ContractSpec = field(default_factory=lambda: get_contract("NQ"))
+    source_timezone: str = ""  # the zone of the file's naive stamps; "" = the instrument's exchange zone
+    min_range_ticks: float = 2.0  # a median bar range below this many ticks means the file is another instrument
+    timezone: str = ""  # no longer used (runs saved before instruments carried their zone): "" or the exchange zone
     date_format: str | None = None  # strptime format for unusual timestamp strings
     drop_invalid_rows: bool = False  # drop rows that fail validation (and report how many) instead of failing
     text_column: str | None = None  # e.g. "headline"; None = use a column named headline/news/text if present
@@ -48,3 +60,28 @@ class DataConfig:
     synthetic_seed: int = 0
     train_frac: float = 0.70
     val_frac: float = 0.15  # the rest is the test split
+
+
+def resolve_data_config(cfg: DataConfig) -> DataConfig:
+    """`cfg` with its instrument resolved to a complete ContractSpec and its time zones checked; a ValueError names
+    the key (data.contract.tick_size: must be > 0)."""
+    try:
+        contract = resolve_contract(cfg.contract)
+    except InstrumentError as error:
+        raise ValueError(error.keyed("data.contract")) from None
+    if cfg.source_timezone and not known_zone(cfg.source_timezone):
+        raise ValueError(f"data.source_timezone: unknown time zone {cfg.source_timezone!r} (an IANA name such as UTC, "
+                         "Europe/London or America/Chicago)")
+    if cfg.timezone and cfg.timezone != contract.timezone:
+        raise ValueError(f"data.timezone: no longer used ({cfg.timezone!r}); the exchange's zone is the instrument's "
+                         f"({contract.symbol}: {contract.timezone}, data.contract's timezone) and the zone of the "
+                         "file's naive stamps is data.source_timezone")
+    return dataclasses.replace(cfg, contract=contract)
+
+
+def check_rules(rules: PropFirmRules) -> None:
+    """A ValueError names the key of a prop-firm rule that cannot be read."""
+    if rules.flat_by and not is_hhmm(rules.flat_by):
+        raise ValueError(f"env.prop_firm.flat_by: expected HH:MM or \"\" (no rule), got {rules.flat_by!r}")
+    if not known_zone(rules.timezone):
+        raise ValueError(f"env.prop_firm.timezone: unknown time zone {rules.timezone!r}")

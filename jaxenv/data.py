@@ -1,12 +1,16 @@
-"""Loading OHLCV minute bars from CSV or Parquet, as common tools export them, and validating them.
+"""Loading OHLCV bars from CSV or Parquet, as common tools export them, with their stamps in the exchange's time
+zone, and validating them.
 
-Bad input fails with a `DataValidationError` that names the file, the row and the column. Nothing is fixed
-silently: `drop_invalid_rows=True` drops the offending rows and reports how many.
+Bad input fails with a `DataValidationError` that names the file, the row and the column: a file that is not bars
+(empty, binary, a truncated Parquet file) as well as a bad value or a daylight-saving gap in naive stamps. Nothing is
+fixed silently: `drop_invalid_rows=True` drops the offending rows and reports how many.
 """
 
 from __future__ import annotations
 
+import gzip
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,22 +40,24 @@ def read_bars(
     timezone: str = "America/New_York",
     date_format: str | None = None,
     text_column: str | None = None,
+    source_timezone: str | None = None,
 ) -> pd.DataFrame:
-    """Reads a CSV or Parquet file into a frame with a tz-aware index and lower-case OHLCV columns.
-    Does not validate values; see `validate_bars`."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"market data file not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        raw = pd.read_parquet(path)
-        if isinstance(raw.index, pd.DatetimeIndex) or raw.index.name is not None:
-            raw = raw.reset_index()
-    elif suffix in (".csv", ".txt", ".gz"):
-        raw = pd.read_csv(path)
-    else:
-        raise DataValidationError(f"{path}: unsupported file type {suffix!r}; use .csv or .parquet")
+    """Reads a CSV or Parquet file into a frame with lower-case OHLCV columns and a tz-aware index in `timezone`
+    (the exchange's zone). Does not validate values; see `validate_bars`. Naive stamps are taken as
+    `source_timezone` (default: `timezone`)."""
+    return read_bars_noted(path, timezone, date_format, text_column, source_timezone)[0]
 
+
+def read_bars_noted(
+    path: str | Path,
+    timezone: str = "America/New_York",
+    date_format: str | None = None,
+    text_column: str | None = None,
+    source_timezone: str | None = None,
+) -> tuple[pd.DataFrame, str]:
+    """`read_bars`, and a note of how the stamps' zone was read (for the load report)."""
+    path = Path(path)
+    raw = _read_table(path)
     by_lower: dict[str, str] = {}
     for col in raw.columns:
         by_lower.setdefault(str(col).strip().lower(), col)
@@ -61,14 +67,17 @@ def read_bars(
         raise DataValidationError(
             f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(map(str, raw.columns))}"
         )
+    if not len(raw):
+        raise DataValidationError(f"{path}: has columns but no rows of bars")
 
-    stamps = _parse_timestamps(path, raw, by_lower, timezone, date_format)
+    stamps, wall, column = _parse_timestamps(path, raw, by_lower, date_format)
+    stamps, note = to_exchange_time(stamps, wall, timezone, source_timezone, str(path), column)
     frame = pd.DataFrame({c: pd.to_numeric(raw[by_lower[c]], errors="coerce") for c in REQUIRED_COLUMNS})
     non_numeric = frame.isna() & raw[[by_lower[c] for c in REQUIRED_COLUMNS]].notna().values
     if non_numeric.values.any():
         col = non_numeric.columns[non_numeric.any()].tolist()[0]
         rows = np.flatnonzero(non_numeric[col].values)
-        raise DataValidationError(f"{path}: column '{col}' has non-numeric values at {_rows(rows)}")
+        raise DataValidationError(f"{path}: column '{col}' has non-numeric values at {row_list(rows)}")
     frame.index = stamps
     frame.index.name = "timestamp"
 
@@ -77,12 +86,67 @@ def read_bars(
         if text_key not in by_lower:
             raise DataValidationError(f"{path}: text column {text_column!r} not found")
         frame["headline"] = raw[by_lower[text_key]].fillna("").astype(str).values
-    return frame
+    return frame, note
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """The file as a raw frame; a file that cannot be read as bars fails with one line naming it."""
+    if not path.exists():
+        raise FileNotFoundError(f"market data file not found: {path}")
+    if path.is_dir():
+        raise DataValidationError(f"{path}: is a folder; --data takes a CSV or Parquet file")
+    if path.stat().st_size == 0:
+        raise DataValidationError(f"{path}: the file is empty")
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        try:
+            raw = pd.read_parquet(path)
+        except (ValueError, OSError) as error:  # pyarrow's ArrowInvalid (a ValueError) for truncated or foreign files
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise DataValidationError(
+                f"{path}: not a readable Parquet file (truncated, or another format named .parquet): {reason}"
+            ) from None
+        if isinstance(raw.index, pd.DatetimeIndex) or raw.index.name is not None:
+            raw = raw.reset_index()
+        return raw
+    if suffix not in (".csv", ".txt", ".gz"):
+        raise DataValidationError(f"{path}: unsupported file type {suffix!r}; use .csv or .parquet")
+    not_text = DataValidationError(
+        f"{path}: not a UTF-8 text CSV file (binary content or another encoding; Parquet files need the .parquet "
+        "suffix)")
+    if not _is_text(path):
+        raise not_text
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise DataValidationError(f"{path}: has no columns (an empty or blank CSV file)") from None
+    except (UnicodeDecodeError, EOFError, OSError, zlib.error):
+        raise not_text from None
+    except pd.errors.ParserError as error:
+        reason = str(error).strip().splitlines()[-1]
+        raise DataValidationError(f"{path}: could not be read as CSV: {reason}") from None
+
+
+def _is_text(path: Path, size: int = 8192) -> bool:
+    """The file's first bytes (decompressed for .gz) are UTF-8 text without NUL bytes."""
+    try:
+        with (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else path.open("rb")) as file:
+            head = file.read(size)
+    except (OSError, EOFError, zlib.error):
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.start < len(head) - 3:  # not merely a character cut at the end of the sample
+            return False
+    return b"\x00" not in head
 
 
 def _parse_timestamps(
-    path: Path, raw: pd.DataFrame, by_lower: dict[str, str], timezone: str, date_format: str | None
-) -> pd.DatetimeIndex:
+    path: Path, raw: pd.DataFrame, by_lower: dict[str, str], date_format: str | None
+) -> tuple[pd.DatetimeIndex, pd.DatetimeIndex, str]:
+    """(stamps as parsed: naive, or tz-aware where the text carries offsets; their wall-clock times as written,
+    naive; the column's name)."""
     names = [n for n in TIMESTAMP_NAMES if n in by_lower]
     if "date" in by_lower and "time" in by_lower and not any(n in by_lower for n in TIMESTAMP_NAMES[:3]):
         text = raw[by_lower["date"]].astype(str) + " " + raw[by_lower["time"]].astype(str)
@@ -100,6 +164,7 @@ def _parse_timestamps(
                 f"{path}: no timestamp column; expected one of {', '.join(TIMESTAMP_NAMES)} "
                 "(any case), separate date and time columns, or an unnamed first index column"
             )
+    wall = None
     try:
         if pd.api.types.is_numeric_dtype(text):
             # Epoch numbers: seconds, milliseconds or nanoseconds by magnitude.
@@ -107,28 +172,67 @@ def _parse_timestamps(
             unit = "s" if np.nanmax(values) < 1e11 else ("ms" if np.nanmax(values) < 1e14 else "ns")
             stamps = pd.to_datetime(values, unit=unit, utc=True)
         else:
-            stamps = pd.to_datetime(text, format=date_format, errors="coerce")
+            try:
+                stamps = pd.to_datetime(text, format=date_format, errors="coerce")
+            except ValueError:  # offsets that differ between rows (a daylight-saving change): one common zone
+                stamps = pd.to_datetime(text, format=date_format, errors="coerce", utc=True)
+                written = text.astype(str).str.replace(r"(Z|[+-]\d\d:?\d\d)$", "", regex=True)
+                wall = pd.DatetimeIndex(pd.to_datetime(written, errors="coerce"))
     except (ValueError, TypeError) as err:
         raise DataValidationError(f"{path}: column '{column}' could not be parsed as timestamps: {err}") from None
     stamps = pd.DatetimeIndex(stamps)
     bad = np.flatnonzero(stamps.isna())
     if len(bad):
         hint = "" if date_format else "; pass --date-format for unusual formats"
-        raise DataValidationError(f"{path}: column '{column}' has unparseable timestamps at {_rows(bad)}{hint}")
-    if stamps.tz is None:
-        stamps = stamps.tz_localize(timezone, ambiguous="NaT", nonexistent="NaT")  # naive = exchange time
-        bad = np.flatnonzero(stamps.isna())
-        if len(bad):
-            raise DataValidationError(
-                f"{path}: column '{column}' has times that do not exist or are ambiguous in {timezone} "
-                f"(daylight-saving change) at {_rows(bad)}"
-            )
-    else:
-        stamps = stamps.tz_convert(timezone)
-    return stamps
+        raise DataValidationError(f"{path}: column '{column}' has unparseable timestamps at {row_list(bad)}{hint}")
+    if wall is None or wall.isna().any():
+        wall = stamps if stamps.tz is None else stamps.tz_localize(None)
+    return stamps, wall, column
 
 
-def _rows(positions: np.ndarray) -> str:
+def to_exchange_time(
+    stamps: pd.DatetimeIndex,
+    wall: pd.DatetimeIndex | None,
+    timezone: str,
+    source_timezone: str | None,
+    where: str,
+    column: str = "timestamp",
+) -> tuple[pd.DatetimeIndex, str]:
+    """Stamps in the exchange's zone `timezone`, and a note of what was assumed. Stamps with offsets are converted;
+    naive ones are taken as `source_timezone` (default: the exchange's) and a daylight-saving gap or overlap in them
+    is an error; stamps that are all midnight are dates, the exchange's trading days as written (no conversion)."""
+    if wall is None:
+        wall = stamps.tz_localize(None) if stamps.tz is not None else stamps
+    if len(wall) and (wall == wall.normalize()).all():
+        dates = wall.normalize().tz_localize(timezone, ambiguous=np.zeros(len(wall), bool), nonexistent="shift_forward")
+        return dates, "dates without a time of day: the exchange's trading days as written, no zone conversion"
+    if stamps.tz is not None:
+        unused = "; data.source_timezone unused" if source_timezone else ""
+        return stamps.tz_convert(timezone), f"with UTC offsets, converted to {timezone}{unused}"
+    zone = source_timezone or timezone
+    why = "data.source_timezone" if source_timezone else "the instrument's exchange zone"
+    try:
+        local = stamps.tz_localize(zone, ambiguous="raise", nonexistent="raise")
+    except ValueError:
+        standard = np.zeros(len(stamps), bool)
+        skipped = np.flatnonzero(stamps.tz_localize(zone, ambiguous=standard, nonexistent="NaT").isna())
+        twice = np.flatnonzero(stamps.tz_localize(zone, ambiguous="NaT", nonexistent="shift_forward").isna())
+        if len(skipped):
+            rows, what = skipped, "do not exist in {z} (the clocks jump forward at a daylight-saving change)"
+        else:
+            rows, what = twice, "occur twice in {z} (the clocks go back at a daylight-saving change)"
+        raise DataValidationError(
+            f"{where}: column '{column}' has times that {what.format(z=zone)} at {row_list(rows)} "
+            f"({stamps[rows[0]]}); naive stamps are taken as {zone} ({why}). If the file is in another zone, name "
+            "it: --set data.source_timezone=UTC (or its zone); else export the stamps with their UTC offset"
+        ) from None
+    note = f"naive, taken as {zone} ({why})"
+    if zone != timezone:
+        return local.tz_convert(timezone), f"{note}, converted to {timezone}"
+    return local, note
+
+
+def row_list(positions: np.ndarray) -> str:
     """Data rows, 1-based, as a person counts them below the header."""
     shown = ", ".join(str(int(p) + 1) for p in positions[:_SHOWN_ROWS])
     more = f" and {len(positions) - _SHOWN_ROWS} more" if len(positions) > _SHOWN_ROWS else ""
@@ -187,8 +291,8 @@ def validate_bars(
         if not drop_invalid_rows:
             rule, column, bad = problems[0]
             raise DataValidationError(
-                f"{source}: column '{column}' {rule} at {_rows(np.flatnonzero(bad))} "
-                "(set drop_invalid_rows / --drop-invalid-rows to drop such rows instead)"
+                f"{source}: column '{column}' {rule} at {row_list(np.flatnonzero(bad))} "
+                "(--set data.drop_invalid_rows=true drops such rows instead)"
             )
         any_bad = np.zeros(len(frame), dtype=bool)
         for _, _, bad in problems:

@@ -2,7 +2,8 @@
 
 Timing (no look-ahead): the agent acts on the close of bar t and sees only bars <= t. A market order fills
 at bar t+1's open plus slippage; stops and targets are checked against bar t+1's high/low (the stop first
-when both are touched); positions still open on a session's last allowed bar are closed at its close.
+when both are touched); positions still open on a session's last allowed bar are closed at its close (when the
+instrument or the prop firm asks for flat positions at the session's end; the calendar says which bar that is).
 
 Drawdown (prop-firm trailing rule): each bar is first checked against the threshold set by the previous
 peak, at the bar's worst mark (adverse extreme, floored at the stop); the peak then rises to the bar's best
@@ -13,7 +14,7 @@ price where equity meets the threshold and terminates the episode.
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import jax
@@ -23,9 +24,11 @@ from flax import struct
 from gymnax.environments import environment, spaces
 
 from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, HOLD, MOVE_TO_BE, NUM_ACTIONS, SELL
-from jaxenv.config import EnvConfig
+from jaxenv.config import DataConfig, EnvConfig, PropFirmRules, check_rules
+from jaxenv.contracts import ContractSpec
 from jaxenv.features import N_BAR_FEATURES, N_CONTEXT_FEATURES
-from jaxenv.market import MAX_WINDOW, Market
+from jaxenv.market import MAX_WINDOW, Market, load_market
+from jaxenv.sessions import flat_rules
 
 EXIT_REASONS = ("none", "stop_loss", "take_profit", "session_close", "breach", "breakeven_stop", "trailing_stop")
 N_POSITION, N_VALIDITY, N_RISK = 5, 3, 5
@@ -57,6 +60,9 @@ class EnvParams(environment.EnvParams):
     trail_stop_offset: jax.Array = 100.0
     reward_scale: jax.Array = 0.01
     breach_penalty: jax.Array = 0.0
+    # Positions may not be held from one session into the next: one still open when the next bar belongs to another
+    # session (its last bar was missing from the data) is closed at that bar's open.
+    flat_between_sessions: jax.Array = True
 
 
 @struct.dataclass
@@ -91,8 +97,15 @@ def drawdown_threshold(peak: jax.Array, params: EnvParams) -> jax.Array:
     return jnp.minimum(peak - params.trailing_drawdown, params.starting_balance + params.trail_stop_offset)
 
 
+@lru_cache(maxsize=1)
+def default_market() -> Market:
+    """The market of `DataConfig()` (synthetic NQ minute bars), built once on first use."""
+    return load_market(DataConfig())
+
+
 class TradingEnv(environment.Environment[EnvState, EnvParams]):
-    """Trades one futures contract over minute bars. Build params with `make_params(market, split)`."""
+    """Trades one instrument over its bars. Build params with `make_params(market, split)`; `default_params` trades
+    the default synthetic market's training split (for gymnax wrappers that read it)."""
 
     def __init__(self, config: EnvConfig | None = None):
         super().__init__()
@@ -104,8 +117,14 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
                 f"env.contracts_per_trade={self.config.contracts_per_trade} must be between 1 and "
                 f"prop_firm.max_contracts={self.config.prop_firm.max_contracts}"
             )
+        check_rules(self.config.prop_firm)
         self.window = self.config.window
         self.extended = self.config.extended_features
+        self._default_params: EnvParams | None = None
+
+    def episode_steps(self, market: Market) -> int:
+        """env.max_steps_in_episode, or the market's default when it is 0."""
+        return self.config.max_steps_in_episode or market.episode_bars
 
     # ----------------------------------------------------------------------------------------- params
     def make_params(self, market: Market, split: str | tuple[int, int] = "train", sequential: bool = False) -> EnvParams:
@@ -114,12 +133,12 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
         start, end = market.split_range(split)
         if start < self.window - 1:
             raise ValueError(f"split starts at bar {start}, before one {self.window}-bar window exists")
-        can_enter, flatten = session_rules(market, rules.flat_by, rules.no_entry_minutes_before_close)
+        can_enter, flatten = session_rules(market, rules)
         bars = np.stack(
             [market.open, market.high, market.low, market.close, market.atr, can_enter, flatten, market.sessions.session_id],
             axis=1,
         ).astype(np.float32)
-        max_steps = end - 1 - start if sequential else cfg.max_steps_in_episode
+        max_steps = end - 1 - start if sequential else self.episode_steps(market)
         f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
         return EnvParams(
             bars=jnp.asarray(bars),
@@ -143,11 +162,15 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
             trail_stop_offset=f32(rules.trail_stop_offset),
             reward_scale=f32(cfg.reward_scale),
             breach_penalty=f32(cfg.breach_penalty),
+            flat_between_sessions=jnp.asarray(flattens_at_session_end(spec, rules)),
         )
 
     @property
     def default_params(self) -> EnvParams:
-        raise ValueError("TradingEnv has no default market: build params with env.make_params(market, split)")
+        """The default synthetic market's training split, built on first use."""
+        if self._default_params is None:
+            self._default_params = self.make_params(default_market(), "train")
+        return self._default_params
 
     # ---------------------------------------------------------------------------------------- gymnax API
     @property
@@ -336,24 +359,27 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
         commissions = state.commissions + jnp.where(enter, comm, 0.0)
 
         # The adverse level hit first on the way down (long) or up (short): the stop or the liquidation price
-        # at which equity meets the drawdown threshold.
+        # at which equity meets the drawdown threshold. A position carried into another session (its last bar was
+        # missing) is closed at the open before anything else.
         in_pos = side != 0
         is_long = side > 0
+        carried = in_pos & ~enter & (nxt[SESSION] != now[SESSION]) & params.flat_between_sessions
         threshold = drawdown_threshold(state.peak, params)
         safe_sign_pv = jnp.where(in_pos, sign * pv_n, 1.0)
         liquidation_level = entry_price + (threshold - balance) / safe_sign_pv
         adverse_level = jnp.where(is_long, jnp.maximum(stop, liquidation_level), jnp.minimum(stop, liquidation_level))
-        adverse_hit = in_pos & jnp.where(is_long, lo <= adverse_level, h >= adverse_level)
+        adverse_hit = in_pos & ~carried & jnp.where(is_long, lo <= adverse_level, h >= adverse_level)
         liquidated = adverse_hit & jnp.where(is_long, liquidation_level >= stop, liquidation_level <= stop)
         stop_hit = adverse_hit & ~liquidated
-        target_hit = in_pos & ~adverse_hit & jnp.where(is_long, h >= target, lo <= target)
-        session_exit = in_pos & ~adverse_hit & ~target_hit & (nxt[FLATTEN] > 0)
+        target_hit = in_pos & ~carried & ~adverse_hit & jnp.where(is_long, h >= target, lo <= target)
+        session_exit = in_pos & ~adverse_hit & ~target_hit & ((nxt[FLATTEN] > 0) | carried)
         exiting = adverse_hit | target_hit | session_exit
 
         # A gap through a level fills at the open; stops and liquidations slip, the target is a limit order.
         adverse_fill = jnp.where(is_long, jnp.minimum(adverse_level, o), jnp.maximum(adverse_level, o)) - sign * slip
         target_fill = jnp.where(is_long, jnp.maximum(target, o), jnp.minimum(target, o))
-        exit_price = jnp.where(adverse_hit, adverse_fill, jnp.where(target_hit, target_fill, c - sign * slip))
+        session_fill = jnp.where(carried, o, c) - sign * slip
+        exit_price = jnp.where(adverse_hit, adverse_fill, jnp.where(target_hit, target_fill, session_fill))
         gross = sign * (exit_price - entry_price) * pv_n
         trade_pnl = gross - 2.0 * comm
         balance = balance + jnp.where(exiting, gross - comm, 0.0)
@@ -424,25 +450,19 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
         return next_state, reward.astype(jnp.float32), terminated, info
 
 
-def session_rules(market: Market, flat_by: str, no_entry_minutes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per bar: may a new entry be placed, and must an open position be closed at this bar's close.
+def flattens_at_session_end(spec: ContractSpec, rules: PropFirmRules) -> bool:
+    """Must positions be flat at each session's end: the instrument says so, or the prop firm's flat_by (futures)."""
+    return spec.flat_at_close or prop_flat_by(spec, rules) is not None
 
-    From the clock only (the session schedule is known in advance): a position is closed on the last bar
-    that ends by the session's close (the contract's regular close for RTH-only data, else `flat_by`);
-    entries stop `no_entry_minutes` before that. A gap in the data also ends a session: a position cannot
-    be held across bars that do not exist."""
-    hh, mm = (int(x) for x in flat_by.split(":"))
-    if market.session_minutes < 23 * 60:
-        close_h, close_m = (int(x) for x in market.contract.rth_close.split(":"))
-        close_minute = min(close_h * 60 + close_m, hh * 60 + mm)
-    else:
-        close_minute = hh * 60 + mm
-    minute = market.sessions.minute_of_day.astype(np.int64)
-    # Bars are stamped with their open; a bar ends one minute later. ETH sessions wrap past midnight, so
-    # measure minutes to the close forward from each bar, modulo a day.
-    minutes_to_close = (close_minute - (minute + 1)) % (24 * 60)
-    last_bar_of_data_session = np.append(np.diff(market.sessions.session_id) != 0, True)
-    flatten = (minutes_to_close == 0) | (minutes_to_close > 23 * 60) | last_bar_of_data_session
-    # Entries follow the clock alone (not the data gap above), so an observation never hints at the next bar.
-    can_enter = (minutes_to_close >= max(no_entry_minutes, 1)) & (minutes_to_close <= 23 * 60)
-    return can_enter, flatten
+
+def prop_flat_by(spec: ContractSpec, rules: PropFirmRules) -> str | None:
+    """The prop firm's flat-by time where it binds: futures accounts, when set."""
+    return rules.flat_by if rules.flat_by and spec.kind == "future" else None
+
+
+def session_rules(market: Market, rules: PropFirmRules) -> tuple[np.ndarray, np.ndarray]:
+    """Per bar: may a new entry be placed, and must an open position be closed at this bar's close
+    (jaxenv.sessions.flat_rules: from the calendar and the bar's own stamp, never the next bar's)."""
+    spec = market.contract
+    return flat_rules(market.timestamps, market.sessions, spec, prop_flat_by(spec, rules), rules.timezone,
+                      rules.no_entry_minutes_before_close)

@@ -89,7 +89,7 @@ def evaluate_policy(
 ) -> dict[str, float]:
     """Every jaxenv.metrics.METRICS figure of one account walking the split (net P&L after costs first)."""
     trace = walk_split(env, market, split, policy_fn, key, policy_state)
-    return walk_metrics(trace, market.timestamps, env.config.prop_firm)
+    return walk_metrics(trace, market.timestamps, env.config.prop_firm, market.sessions.day)
 
 
 

@@ -1,7 +1,8 @@
 """Causal features, computed once on the host with pandas and stored as float32 arrays.
 
 Every value at bar t uses bars <= t only: rolling windows and Wilder/EMA smoothing look back, session
-aggregates are cumulative within the session, and warm-up gaps are filled with 0, never back-filled.
+aggregates are cumulative within the session (the week, for daily bars), and warm-up gaps are filled with 0, never
+back-filled.
 `FEATURES` documents each one (docs/environment.md's feature table is `feature_table_markdown()`'s output).
 """
 
@@ -12,9 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from jaxenv.sessions import DAILY, SessionInfo
+
 ATR_WINDOW = 14
 WARMUP_BARS = 400  # longest look-back below (SMA300 slope over 20 bars, ADX70 smoothing) with margin
-SESSION_GAP_MINUTES = 30  # a larger gap between bars starts a new session
+OPENING_RANGE_MINUTES = 30  # the opening range: the session's first 30 minutes (at least its first bar)
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ FEATURES: list[Feature] = [
     Feature("bar", "vwap_dist", "(close − session VWAP) / ATR14 / 10, clipped to ±3", "session"),
     Feature("bar", "sma20_slope", "(SMA20 − SMA20 five bars ago) / ATR14", "25 bars"),
     Feature("bar", "sma50_slope", "(SMA50 − SMA50 ten bars ago) / ATR14", "60 bars"),
-    Feature("bar", "time_of_day", "minutes since the session's first bar / session length", "clock"),
+    Feature("bar", "time_of_day", "minutes since the session's open / its length (daily bars: weekday / 5)", "clock"),
     # 10 extended market context features (current bar only).
     Feature("context", "ret5_atr", "(close − close 5 bars ago) / ATR14", "5 bars"),
     Feature("context", "ret15_atr", "(close − close 15 bars ago) / ATR14", "15 bars"),
@@ -47,8 +50,8 @@ FEATURES: list[Feature] = [
     Feature("context", "session_high_dist", "(session high so far − close) / ATR14 / 10", "session"),
     Feature("context", "session_low_dist", "(close − session low so far) / ATR14 / 10", "session"),
     Feature("context", "session_range_atr", "(session high − session low so far) / ATR14 / 10", "session"),
-    Feature("context", "opening_range_pos", "(close − OR low) / (OR high − OR low) − 0.5, OR = first 30 bars", "session"),
-    Feature("context", "session_volume_ratio", "session volume so far / (mean volume of 390 bars × bars so far) − 1", "390 bars"),
+    Feature("context", "opening_range_pos", "(close − OR low) / (OR high − OR low) − 0.5, OR = first 30 minutes", "session"),
+    Feature("context", "session_volume_ratio", "session volume so far / (mean bar volume × bars so far) − 1", "1 session"),
     # 8 multi-timeframe features: the same indicators on 5× and 15× longer look-backs.
     Feature("mtf", "rsi70", "Wilder RSI(70) / 100 − 0.5 (RSI14 of 5-minute bars)", "70 bars"),
     Feature("mtf", "rsi210", "Wilder RSI(210) / 100 − 0.5 (RSI14 of 15-minute bars)", "210 bars"),
@@ -80,24 +83,6 @@ RISK_FEATURES: list[Feature] = [
 ]
 N_BAR_FEATURES = sum(f.group == "bar" for f in FEATURES)
 N_CONTEXT_FEATURES = len(FEATURES) - N_BAR_FEATURES
-
-
-@dataclass
-class SessionInfo:
-    session_id: np.ndarray  # int32, increasing
-    minute_of_day: np.ndarray  # int32, exchange time
-    minutes_into_session: np.ndarray  # int32
-
-
-def session_info(index: pd.DatetimeIndex) -> SessionInfo:
-    minutes = (index.hour * 60 + index.minute).to_numpy(dtype=np.int32)
-    ns = index.as_unit("ns").asi8  # pandas may store other resolutions
-    gap = np.diff(ns) > SESSION_GAP_MINUTES * 60 * 1_000_000_000
-    session_id = np.concatenate([[0], np.cumsum(gap)]).astype(np.int32)
-    first = np.concatenate([[True], gap])
-    start_stamp = pd.Series(np.where(first, ns, np.nan)).ffill().to_numpy()
-    into = ((ns - start_stamp) // 60_000_000_000).astype(np.int32)
-    return SessionInfo(session_id, minutes, into)
 
 
 def _wilder(x: pd.Series, n: int) -> pd.Series:
@@ -137,11 +122,12 @@ INDICATORS: dict[str, str] = {
 }
 
 
-def compute_features(frame: pd.DataFrame, sessions: SessionInfo, session_minutes: int):
+def compute_features(frame: pd.DataFrame, sessions: SessionInfo):
     """Returns (bar_features [n, 11], context_features [n, 28], atr [n], indicators {INDICATORS name: [n]}) as
-    float32 arrays. Features are scaled for the network; indicators are the raw values prompts show."""
+    float32 arrays. Features are scaled for the network; indicators are the raw values prompts show. Session
+    features aggregate over `sessions.period_id`: the trading session of intraday bars, the week of daily bars."""
     o, h, lo, c, v = (frame[k].astype(np.float64).reset_index(drop=True) for k in ("open", "high", "low", "close", "volume"))
-    sid = pd.Series(sessions.session_id)
+    sid = pd.Series(sessions.period_id)
     atr = _wilder(_true_range(h, lo, c), ATR_WINDOW)
     atr_safe = atr.where(atr > 0)
     logret = np.log(c).diff()
@@ -169,15 +155,18 @@ def compute_features(frame: pd.DataFrame, sessions: SessionInfo, session_minutes
             "vwap_dist": ((c - vwap) / atr_safe / 10.0).clip(-3, 3),
             "sma20_slope": slope(20, 5),
             "sma50_slope": slope(50, 10),
-            "time_of_day": pd.Series(sessions.minutes_into_session / float(session_minutes)),
+            "time_of_day": pd.Series(sessions.time_of_day),
         }
     )
 
     sess_high = h.groupby(sid).cummax()
     sess_low = lo.groupby(sid).cummin()
     bar_in_session = sid.groupby(sid).cumcount()
-    or_high = h.where(bar_in_session < 30).groupby(sid).cummax().groupby(sid).ffill()
-    or_low = lo.where(bar_in_session < 30).groupby(sid).cummin().groupby(sid).ffill()
+    early = sessions.minutes_into_session < OPENING_RANGE_MINUTES if sessions.interval_minutes != DAILY else False
+    opening = pd.Series(early | (bar_in_session.to_numpy() == 0))
+    or_high = h.where(opening).groupby(sid).cummax().groupby(sid).ffill()
+    or_low = lo.where(opening).groupby(sid).cummin().groupby(sid).ffill()
+    per_period = sessions.bars_per_period
     rv30, rv120 = logret.rolling(30).std(), logret.rolling(120).std()
     ema = lambda x, n: x.ewm(span=n, adjust=False).mean()  # noqa: E731
     macd = ema(c, 60) - ema(c, 130)
@@ -198,7 +187,8 @@ def compute_features(frame: pd.DataFrame, sessions: SessionInfo, session_minutes
             "session_low_dist": (c - sess_low) / atr_safe / 10.0,
             "session_range_atr": (sess_high - sess_low) / atr_safe / 10.0,
             "opening_range_pos": (c - or_low) / (or_high - or_low).replace(0.0, np.nan) - 0.5,
-            "session_volume_ratio": cum_v / (v.rolling(390, min_periods=30).mean() * (bar_in_session + 1)) - 1.0,
+            "session_volume_ratio": cum_v / (v.rolling(per_period, min_periods=min(30, per_period)).mean()
+                                             * (bar_in_session + 1)) - 1.0,
             "rsi70": _rsi(c, 70) / 100.0 - 0.5,
             "rsi210": _rsi(c, 210) / 100.0 - 0.5,
             "sma100_slope": slope(100, 20),

@@ -1,16 +1,20 @@
-"""A market: validated bars, their causal features, session facts and non-overlapping time splits."""
+"""A market: validated bars of one instrument, their sessions on its calendar, causal features and non-overlapping
+time splits."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from jaxenv.config import DataConfig
-from jaxenv.contracts import ContractSpec, get_contract
-from jaxenv.data import LoadedBars, read_bars, validate_bars
-from jaxenv.features import WARMUP_BARS, SessionInfo, compute_features, session_info
+from jaxenv.config import DataConfig, resolve_data_config
+from jaxenv.contracts import ContractSpec
+from jaxenv.data import DataValidationError, LoadedBars, read_bars_noted, row_list, to_exchange_time, validate_bars
+from jaxenv.features import WARMUP_BARS, compute_features
+from jaxenv.scale import Scale, check_scale
+from jaxenv.sessions import SessionInfo, detect_interval, outside_sessions, session_info
 from jaxenv.synthetic import generate_bars
 
 SPLITS = ("train", "val", "test")
@@ -31,16 +35,27 @@ class Market:
     context_features: np.ndarray  # float32 [n, 28]
     atr: np.ndarray  # float32 [n], ATR14 in price units
     indicators: dict[str, np.ndarray]  # jaxenv.features.INDICATORS: float32 [n] each, in a person's units
-    sessions: SessionInfo
+    sessions: SessionInfo  # from the instrument's calendar; sessions.interval_minutes is the bar interval
     session_minutes: int  # scheduled length of one session
     text_table: list[str]  # distinct headlines; the policy never sees them, prompts do
     text_index: np.ndarray  # int32 [n] into text_table; -1 where a bar has no text
     splits: dict[str, tuple[int, int]]  # name -> [start, end) bar indices
     dropped_rows: int = 0
+    stamps_note: str = ""  # how the file's stamps were read: their zone, or dates
+    scale: Scale | None = None  # the bars in the instrument's ticks
 
     @property
     def num_bars(self) -> int:
         return len(self.close)
+
+    @property
+    def interval_minutes(self) -> int:
+        return self.sessions.interval_minutes
+
+    @property
+    def episode_bars(self) -> int:
+        """The default episode length (env.max_steps_in_episode = 0): five sessions, or a year of daily bars."""
+        return self.sessions.episode_bars
 
     @property
     def first_decision_bar(self) -> int:
@@ -89,25 +104,44 @@ def time_splits(session_id: np.ndarray, train_frac: float, val_frac: float) -> d
     return {"train": (0, a), "val": (a, b), "test": (b, n)}
 
 
-def _scheduled_session_minutes(contract: ContractSpec, stamps: pd.DatetimeIndex) -> int:
-    def minutes(hhmm: str) -> int:
-        hh, mm = hhmm.split(":")
-        return int(hh) * 60 + int(mm)
-
-    rth_open, rth_close = minutes(contract.rth_open), minutes(contract.rth_close)
-    mod = stamps.hour * 60 + stamps.minute
-    if ((mod >= rth_open) & (mod < rth_close)).all():
-        return rth_close - rth_open
-    return 23 * 60  # electronic session: 18:00 to 17:00
-
-
-def market_from_frame(frame: pd.DataFrame, source: str, cfg: DataConfig, dropped_rows: int = 0) -> Market:
-    contract = get_contract(cfg.contract)
-    loaded = validate_bars(frame, source, min_bars=WARMUP_BARS + MAX_WINDOW + 2)
-    frame = loaded.frame
-    sessions = session_info(frame.index)
-    session_minutes = _scheduled_session_minutes(contract, frame.index)
-    bar_features, context_features, atr, indicators = compute_features(frame, sessions, session_minutes)
+def market_from_frame(
+    frame: pd.DataFrame, source: str, cfg: DataConfig, dropped_rows: int = 0, stamps_note: str | None = None
+) -> Market:
+    """A Market of `frame` (OHLCV columns, a DatetimeIndex) traded as `cfg.contract`: stamps in the exchange's zone,
+    the interval detected, sessions from the instrument's calendar, the price scale checked against its tick."""
+    try:
+        cfg = resolve_data_config(cfg)
+    except ValueError as error:
+        raise DataValidationError(f"{source}: {error}") from None
+    contract: ContractSpec = cfg.contract
+    index, note = to_exchange_time(pd.DatetimeIndex(frame.index), None, contract.timezone, cfg.source_timezone or None,
+                                   source)
+    frame = frame.set_axis(index, axis=0)
+    min_bars = WARMUP_BARS + MAX_WINDOW + 2
+    frame = validate_bars(frame, source, min_bars=min_bars).frame
+    bars = tuple(frame[c].to_numpy(np.float64) for c in ("open", "high", "low", "close"))
+    scale = check_scale(bars, contract, source, cfg.min_range_ticks)  # first: another instrument is the likeliest
+    interval = detect_interval(frame.index, source)
+    outside, schedule = outside_sessions(frame.index, contract, interval)
+    if outside.any():
+        rows = np.flatnonzero(outside)
+        if not cfg.drop_invalid_rows:
+            days = "" if contract.weekends else ", Monday to Friday"
+            raise DataValidationError(
+                f"{source}: {len(rows)} of {len(frame)} bars fall outside {contract.symbol}'s sessions "
+                f"({schedule.text()} {contract.timezone}{days}) at {row_list(rows)} (first {frame.index[rows[0]]}); "
+                f"the stamps are {stamps_note or note}. If the file's naive stamps are in another zone, name it: "
+                "--set data.source_timezone=UTC (or its zone); if the instrument trades other hours, declare them in "
+                "data.contract (session_open, session_close, weekends); --set data.drop_invalid_rows=true drops these "
+                "bars"
+            )
+        warnings.warn(f"{source}: dropped {len(rows)} bar(s) outside {contract.symbol}'s sessions as "
+                      "drop_invalid_rows asked", stacklevel=2)
+        frame = validate_bars(frame.loc[~outside], source, min_bars=min_bars).frame
+        bars = tuple(frame[c].to_numpy(np.float64) for c in ("open", "high", "low", "close"))
+        dropped_rows += len(rows)
+    sessions = session_info(frame.index, contract, interval)
+    bar_features, context_features, atr, indicators = compute_features(frame, sessions)
     if "headline" in frame:
         text_table, text_index = np.unique(frame["headline"].to_numpy(dtype=str), return_inverse=True)
         text_table, text_index = list(text_table), text_index.astype(np.int32)
@@ -117,33 +151,43 @@ def market_from_frame(frame: pd.DataFrame, source: str, cfg: DataConfig, dropped
         source=source,
         contract=contract,
         timestamps=frame.index,
-        open=frame["open"].to_numpy(np.float64),
-        high=frame["high"].to_numpy(np.float64),
-        low=frame["low"].to_numpy(np.float64),
-        close=frame["close"].to_numpy(np.float64),
+        open=bars[0],
+        high=bars[1],
+        low=bars[2],
+        close=bars[3],
         volume=frame["volume"].to_numpy(np.float64),
         bar_features=bar_features,
         context_features=context_features,
         atr=atr,
         indicators=indicators,
         sessions=sessions,
-        session_minutes=session_minutes,
+        session_minutes=sessions.session_minutes,
         text_table=text_table,
         text_index=text_index,
         splits=time_splits(sessions.session_id, cfg.train_frac, cfg.val_frac),
         dropped_rows=dropped_rows,
+        stamps_note=stamps_note or note,
+        scale=scale,
     )
 
 
 def load_market(cfg: DataConfig | None = None) -> Market:
     """Loads `cfg.source`: a CSV/Parquet path, or `synthetic:PRESET` generated from `cfg.synthetic_seed`."""
     cfg = cfg or DataConfig()
+    try:
+        cfg = resolve_data_config(cfg)
+    except ValueError as error:
+        raise DataValidationError(str(error)) from None
+    contract: ContractSpec = cfg.contract
     if cfg.source.startswith("synthetic:"):
         preset = cfg.source.split(":", 1)[1] or "default"
-        frame = generate_bars(preset, get_contract(cfg.contract), cfg.synthetic_days, cfg.synthetic_seed)
-        return market_from_frame(frame, cfg.source, cfg)
-    frame = read_bars(cfg.source, cfg.timezone, cfg.date_format, cfg.text_column)
+        frame = generate_bars(preset, contract, cfg.synthetic_days, cfg.synthetic_seed)
+        note = f"synthetic regular-hours minute bars in {contract.timezone}"
+        return market_from_frame(frame, cfg.source, cfg, stamps_note=note)
+    frame, note = read_bars_noted(cfg.source, contract.timezone, cfg.date_format, cfg.text_column,
+                                  cfg.source_timezone or None)
     loaded: LoadedBars = validate_bars(
         frame, cfg.source, min_bars=WARMUP_BARS + MAX_WINDOW + 2, drop_invalid_rows=cfg.drop_invalid_rows
     )
-    return market_from_frame(loaded.frame, cfg.source, cfg, dropped_rows=loaded.dropped_rows)
+    return market_from_frame(loaded.frame, cfg.source, cfg, dropped_rows=loaded.dropped_rows, stamps_note=note)
+

@@ -2,12 +2,12 @@
 
 Step i of a trace decides on the close of bar `t[i]` and its P&L is marked at the close of bar `t[i] + 1`, so
 every step is dated by bar `t[i] + 1` (no step is credited to a bar before its P&L exists). A trading day is a
-session (`jaxenv.features.session_info`: bars separated by a gap start a new one), labelled by the date of its
-last bar, so an overnight session belongs to the day it closes. Money is in dollars; the walk's P&L is
-mark-to-market after commissions and slippage.
+session of the instrument's calendar, labelled by the date it closes on (`market.sessions.day`), so an overnight
+session belongs to the day it closes; without those labels, a bar's own date. Money is in the instrument's currency
+(dollars by default); the walk's P&L is mark-to-market after commissions and slippage.
 
-    daily = daily_pnl(trace, market.timestamps)
-    metrics = walk_metrics(trace, market.timestamps, cfg.env.prop_firm)
+    daily = daily_pnl(trace, market.timestamps, market.sessions.day)
+    metrics = walk_metrics(trace, market.timestamps, cfg.env.prop_firm, market.sessions.day)
     trades = trades_table(trace, market.timestamps, contracts=1)  # one row per closed trade
 """
 
@@ -22,7 +22,6 @@ import pandas as pd
 from bridge.protocol import ACTIONS
 from jaxenv.config import PropFirmRules
 from jaxenv.env import EXIT_REASONS
-from jaxenv.features import session_info
 
 DAYS_PER_YEAR = 252  # trading days: daily Sharpe, Sortino and Calmar are annualised with it
 
@@ -52,16 +51,23 @@ METRICS: dict[str, str] = {
 }
 
 
-def step_days(trace: Trace, timestamps: pd.DatetimeIndex) -> pd.Series:
-    """Per step, the trading day (the date of its session's last bar) its P&L belongs to."""
-    session = session_info(timestamps).session_id
-    last_bar_dates = pd.Series(timestamps.date).groupby(session).last()
-    return pd.Series(last_bar_dates.loc[session[np.asarray(trace["t"]) + 1]].to_numpy(), name="day")
+Days = np.ndarray  # datetime64[D] per bar: the trading day of its session (jaxenv.sessions.SessionInfo.day)
 
 
-def daily_pnl(trace: Trace, timestamps: pd.DatetimeIndex) -> pd.Series:
+def step_days(trace: Trace, timestamps: pd.DatetimeIndex, days: Days | None = None) -> pd.Series:
+    """Per step, the trading day its P&L belongs to: `days` of the bar it is marked on (the date its session closes
+    on), or that bar's own date."""
+    marked = np.asarray(trace["t"]) + 1
+    if days is None:
+        labels = np.asarray(timestamps.date)[marked]
+    else:
+        labels = pd.DatetimeIndex(np.asarray(days)[marked]).date
+    return pd.Series(labels, name="day")
+
+
+def daily_pnl(trace: Trace, timestamps: pd.DatetimeIndex, days: Days | None = None) -> pd.Series:
     """P&L per trading day walked, days without trades included (as 0)."""
-    return pd.Series(np.asarray(trace["pnl"], np.float64)).groupby(step_days(trace, timestamps).to_numpy()).sum()
+    return pd.Series(np.asarray(trace["pnl"], np.float64)).groupby(step_days(trace, timestamps, days).to_numpy()).sum()
 
 
 def sharpe_daily(daily: pd.Series) -> float | None:
@@ -161,12 +167,12 @@ def trades_table(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int = 1)
     return frame
 
 
-def walk_metrics(trace: Trace, timestamps: pd.DatetimeIndex, rules: PropFirmRules) -> dict:
+def walk_metrics(trace: Trace, timestamps: pd.DatetimeIndex, rules: PropFirmRules, days: Days | None = None) -> dict:
     """Every metric of METRICS for one walk: the one scorer of a walk (training's validation, evaluate.py, the
-    benchmarks and experiments). None where a metric is undefined (e.g. profit factor without a losing trade), so
-    JSON stays valid."""
+    benchmarks and experiments), trading days from `days` (the market's `sessions.day`; else each bar's date). None
+    where a metric is undefined (e.g. profit factor without a losing trade), so JSON stays valid."""
     pnl = np.asarray(trace["pnl"], np.float64)
-    days = step_days(trace, timestamps)
+    days = step_days(trace, timestamps, days)
     daily = pd.Series(pnl).groupby(days.to_numpy()).sum()
     trades = trades_table(trace, timestamps)
     commissions = float(np.asarray(trace["commission"], np.float64).sum())

@@ -86,7 +86,8 @@ def _markov_regimes(rng: np.random.Generator, n: int, mean_bars: float, n_states
 
 
 def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> pd.DataFrame:
-    """Minute bars indexed by tz-aware America/New_York timestamps; a `headline` column for `headlines`."""
+    """Regular-hours minute bars (09:30-15:59) indexed by tz-aware timestamps in the contract's exchange zone, on its
+    tick grid; a `headline` column for `headlines`."""
     if preset not in PRESETS:
         raise ValueError(f"unknown synthetic preset {preset!r}; choose one of {', '.join(PRESETS)}")
     if days < 2:
@@ -98,7 +99,7 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
     session_days = pd.bdate_range("2024-01-02", periods=days)
     minute_offsets = pd.to_timedelta(np.arange(BARS_PER_SESSION) + 9 * 60 + 30, unit="min")
     stamps = (session_days.values[:, None] + minute_offsets.values[None, :]).reshape(-1)
-    index = pd.DatetimeIndex(stamps).tz_localize("America/New_York")
+    index = pd.DatetimeIndex(stamps).tz_localize(contract.timezone)
 
     bar_sigma = p.daily_vol / np.sqrt(BARS_PER_SESSION)  # as a fraction of price
     smile = np.tile(_intraday_vol_smile(BARS_PER_SESSION), days)

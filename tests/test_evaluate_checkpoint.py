@@ -70,6 +70,8 @@ def test_cli_writes_the_json_table_trades_and_plots(run_dir, tmp_path, capsys):
     assert numbers["baselines"]["flat"]["net_pnl"] == 0.0 and numbers["baselines"]["flat"]["trades"] == 0.0
     assert numbers["baselines"]["buy_and_hold"]["trades"] == 1.0
     assert numbers["setup"]["checkpoints"] == ["latest-2"]
+    assert numbers["setup"]["instrument"]["symbol"] == "NQ" and numbers["setup"]["instrument"]["point_value"] == 20.0
+    assert "NQ (E-mini Nasdaq-100, future)" in printed  # the instrument under the table's title
     # a greedy walk of the same bars is the same for every seed: walked once; random actions once per seed
     assert numbers["agent"]["n"] == numbers["baselines"]["flat"]["n"] == 1 and "ci95" not in numbers["agent"]
     assert numbers["baselines"]["random_valid"]["n"] == 2 and "net_pnl" in numbers["baselines"]["random_valid"]["ci95"]

@@ -52,10 +52,10 @@ def run_ablations(cfg) -> dict[str, dict]:
     return {**ABLATIONS, FROZEN_ABLATION: {**ABLATIONS["llm_only"], "adapter": starting_adapter(cfg)}}
 
 
-def advised_summary(trace: dict, timestamps, rules) -> dict:
+def advised_summary(trace: dict, timestamps, rules, days=None) -> dict:
     """A walk's figures (jaxenv.metrics.walk_metrics), how the advice was used (ADVICE_METRICS) and the advisor's
     counters (prompts, answers per status, latency)."""
-    out = walk_metrics(trace, timestamps, rules)
+    out = walk_metrics(trace, timestamps, rules, days)
     out.update(walk_advice_metrics(trace))
     out.update({k: float(v) for k, v in trace.get("llm", {}).items()})
     return out

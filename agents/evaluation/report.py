@@ -74,8 +74,11 @@ def rows(summary: dict[str, Any]) -> list[str]:
 def rich_table(summary: dict[str, Any]) -> Table:
     setup = summary["setup"]
     walks = f"{setup['episodes']} episodes" if setup["episodes"] else "whole split"
-    table = Table(title=f"{', '.join(setup['checkpoints'])} on {setup['data']} {setup['split']} "
-                        f"({walks}, {setup['seeds']} seed{'s' if setup['seeds'] > 1 else ''})")
+    title = (f"{', '.join(setup['checkpoints'])} on {setup['data']} {setup['split']} "
+             f"({walks}, {setup['seeds']} seed{'s' if setup['seeds'] > 1 else ''})")
+    if "instrument" in setup:  # evaluations written before instruments were recorded have none
+        title += f"\n{setup['instrument']['description']}"
+    table = Table(title=title)
     table.add_column("metric")
     for name in columns(summary):
         table.add_column(name, justify="right")
@@ -86,7 +89,9 @@ def rich_table(summary: dict[str, Any]) -> Table:
 
 def markdown_table(summary: dict[str, Any]) -> str:
     cols = columns(summary)
-    lines = ["| metric | " + " | ".join(cols) + " |", "|---" + "|---:" * len(cols) + "|"]
+    instrument = summary["setup"].get("instrument")
+    lines = [f"Instrument: {instrument['description']}", ""] if instrument else []
+    lines += ["| metric | " + " | ".join(cols) + " |", "|---" + "|---:" * len(cols) + "|"]
     lines += [f"| {LABELS[m]} | " + " | ".join(format_metric(m, s) for s in cols.values()) + " |" for m in rows(summary)]
     return "\n".join(lines) + "\n"
 

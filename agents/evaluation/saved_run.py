@@ -41,6 +41,7 @@ from agents.evaluation.policies import flat_policy, make_act, random_valid_polic
 from agents.rl.ppo import PPO, make_train
 from agents.runs.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
 from jaxenv import Market, TradingEnv, load_market, walk_split
+from jaxenv.contracts import describe
 from jaxenv.evaluate import buy_and_hold
 from jaxenv.metrics import METRICS, Trace, walk_metrics
 
@@ -196,6 +197,8 @@ class Evaluation:
             "runs": [str(r.saved.run_dir) for r in self.runs],
             "checkpoints": [r.saved.label for r in self.runs],
             "data": self.runs[0].cfg.data.source,
+            "instrument": {"description": describe(self.runs[0].market.contract),
+                           **dataclasses.asdict(self.runs[0].market.contract)},
             "split": self.options.split,
             "episodes": self.options.episodes,
             "seeds": self.options.seeds,
@@ -226,8 +229,8 @@ def evaluate(runs: list[LoadedRun], options: EvalOptions) -> Evaluation:
     check_comparable(runs)
     first = runs[0]
     bounds = walk_bounds(first.market, options.split)
-    timestamps, rules = first.market.timestamps, first.cfg.env.prop_firm
-    length = first.cfg.env.max_steps_in_episode
+    timestamps, rules, days = first.market.timestamps, first.cfg.env.prop_firm, first.market.sessions.day
+    length = first.env.episode_steps(first.market)
     result = Evaluation(runs, options, {g: {} for g in GROUPS}, bars=episode_bars(bounds, options.episodes, length, 0))
     with ExitStack() as cleanup, Progress(transient=True, disable=not options.progress) as progress:
         for run in runs:
@@ -245,7 +248,7 @@ def evaluate(runs: list[LoadedRun], options: EvalOptions) -> Evaluation:
             key = jax.random.PRNGKey(seed)
             for i, bars in enumerate(episode_bars(bounds, options.episodes, length, seed)):
                 trace = walk(bars, jax.random.fold_in(key, i))
-                metrics = walk_metrics(trace, timestamps, rules)
+                metrics = walk_metrics(trace, timestamps, rules, days)
                 if "advice_valid" in trace:
                     metrics.update(walk_advice_metrics(trace))
                 result.walks[group].setdefault(name, []).append(metrics)

@@ -83,7 +83,13 @@ def start(args: argparse.Namespace):
         overrides.append("hybrid.veto.enabled=false")
     cfg = load_config(args.config, overrides)
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-    return train(cfg, run_dir)
+    from agents.training.env_setup import make_env_setup
+    from jaxenv.load_report import load_report
+
+    setup = make_env_setup(cfg)  # the data is loaded, checked and reported before anything is written
+    if setup.market is not None:
+        print(load_report(setup.market, cfg.env), file=sys.stderr)
+    return train(cfg, run_dir, env_setup=setup)
 
 
 def main(argv: list[str] | None = None) -> int:

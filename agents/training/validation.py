@@ -41,7 +41,7 @@ class AgentEvaluator:
         if self.adapter_for is not None and "adapter" not in changes:
             changes["adapter"] = self.adapter_for(int(state.update))
         trace = self.walker.walk(state.params, state.obs_norm, split, key, **changes)
-        result = advised_summary(trace, self.setup.market.timestamps, self.rules)
+        result = advised_summary(trace, self.setup.market.timestamps, self.rules, self.setup.market.sessions.day)
         return {"score": result["net_pnl"], **result}
 
     def close(self) -> None:

@@ -1,0 +1,71 @@
+"""The one-screen report of a loaded market that `train.py` prints before training: what was read, at which
+interval, in which sessions and time zones, as which instrument, on which scale, and how it was split."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxenv.config import EnvConfig
+from jaxenv.contracts import describe
+from jaxenv.env import flattens_at_session_end, prop_flat_by, session_rules
+from jaxenv.market import SPLITS, Market
+from jaxenv.sessions import DAILY, interval_text
+
+
+def _stamp(market: Market, i: int) -> str:
+    stamp = market.timestamps[i]
+    return f"{stamp:%Y-%m-%d}" if market.interval_minutes == DAILY else f"{stamp:%Y-%m-%d %H:%M}"
+
+
+def load_report(market: Market, env: EnvConfig | None = None) -> str:
+    env = env or EnvConfig()
+    spec, sessions, rules = market.contract, market.sessions, env.prop_firm
+    schedule = sessions.schedule
+    daily = market.interval_minutes == DAILY
+    if env.max_steps_in_episode:
+        episode = f"episodes of {env.max_steps_in_episode:,} bars (env.max_steps_in_episode)"
+    else:
+        why = "a trading year" if daily else f"five sessions of {sessions.bars_per_period} bars"
+        episode = f"episodes of {market.episode_bars:,} bars by default ({why}; env.max_steps_in_episode sets another)"
+    days = "every day" if spec.weekends else "Monday to Friday"
+    if daily:
+        kind = f"one daily bar each, {days}"
+    else:
+        hours = "regular hours" if schedule.hours == "regular" else "full session" if spec.rth_open else "session"
+        kind = f"{hours} {schedule.text()} {spec.timezone}, {days}"
+    flat_by = prop_flat_by(spec, rules)
+    if not flattens_at_session_end(spec, rules):
+        holding = "positions may be held across sessions"
+    elif flat_by is not None:
+        holding = (f"positions are closed on the last bar ending by {flat_by} {rules.timezone} or the session's close "
+                   f"(prop firm {rules.version}, env.prop_firm.flat_by)")
+    else:
+        holding = "positions are closed on the session's last bar (the instrument's flat_at_close)"
+    if flattens_at_session_end(spec, rules):
+        _, flatten = session_rules(market, rules)
+        sid = sessions.session_id
+        short = len(np.setdiff1d(np.unique(sid), sid[flatten])) - (0 if flatten[-1] else 1)  # the last may run on
+        if short > 0:
+            ends = "sessions end" if short != 1 else "session ends"
+            holding += (f"; {short} {ends} before the bar that closes positions (a position still open there closes at "
+                        "the next session's open)")
+    scale = market.scale
+    on_grid = f"; {1 - scale.off_grid_share:.1%} of prices on the tick grid" if scale is not None else ""
+    ranges = f"median bar range {scale.median_range_ticks:,.1f} ticks{on_grid}" if scale is not None else ""
+    sid = sessions.session_id
+    split_text = []
+    for name in SPLITS:
+        start, end = market.splits[name]
+        n_sessions = len(np.unique(sid[start:end])) if end > start else 0
+        split_text.append(f"{name} {end - start:,} bars / {n_sessions:,} session{'s' if n_sessions != 1 else ''}")
+    lines = [
+        ("data", f"{market.source}: {market.num_bars:,} bars, {_stamp(market, 0)} to {_stamp(market, -1)}"),
+        ("interval", f"{interval_text(market.interval_minutes)} (detected); {episode}"),
+        ("instrument", describe(spec)),
+        ("scale", ranges),
+        ("time zones", f"stamps {market.stamps_note}; exchange time {spec.timezone}"),
+        ("sessions", f"{sessions.num_sessions:,} sessions ({kind}); {holding}"),
+        ("splits", f"{', '.join(split_text)}; the first {market.first_decision_bar} bars are feature warm-up"),
+        ("dropped", f"{market.dropped_rows:,} rows" + (" (data.drop_invalid_rows)" if market.dropped_rows else "")),
+    ]
+    return "\n".join(f"{label:<11} {text}" for label, text in lines)
