@@ -1,0 +1,2 @@
+"""A run folder as other code reads and writes it: its orbax checkpoints (latest and best) and restoring a saved
+policy with the config it was trained with. Training writes run folders; evaluation and transfer read them."""
