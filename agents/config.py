@@ -191,12 +191,20 @@ def freeze_updates(cfg: TrainConfig) -> int:
     return -(-cfg.transfer.freeze_steps // cfg.steps_per_update)
 
 
+def _is_local_path(llm: str) -> bool:
+    """`llm` names a folder rather than a hub id (NAME or ORG/NAME) or a built-in choice."""
+    if llm in ("none", "mock", "smollm2"):
+        return False
+    return llm.startswith(("/", "./", "../", "~")) or llm.count("/") > 1 or Path(llm).expanduser().exists()
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Cross-field checks that types alone cannot express."""
     p = cfg.ppo
+    for count, key in ((cfg.num_envs, "num_envs"), (p.num_steps, "ppo.num_steps")):  # the checks below divide by them
+        if count < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {count}")
     checks = [
-        (cfg.num_envs >= 1, "num_envs", "must be >= 1"),
-        (p.num_steps >= 1, "ppo.num_steps", "must be >= 1"),
         (p.update_epochs >= 1, "ppo.update_epochs", "must be >= 1"),
         (p.num_minibatches >= 1 and cfg.steps_per_update % p.num_minibatches == 0, "ppo.num_minibatches",
          f"must divide num_envs × ppo.num_steps = {cfg.steps_per_update}"),
@@ -211,6 +219,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1"),
         (cfg.checkpoint.eval_every_updates >= 0, "checkpoint.eval_every_updates", "must be >= 0"),
         (bool(cfg.llm.strip()), "llm", "must be none, mock, smollm2 or a model path / hub id"),
+        (not _is_local_path(cfg.llm) or Path(cfg.llm).expanduser().is_dir(), "llm",
+         f"no model folder at {cfg.llm} (a local model is a folder; a hub id is NAME or ORG/NAME)"),
         (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env; use --llm none (llm=none) with other envs"),
         (cfg.hybrid.fusion in FUSION_MODES, "hybrid.fusion", f"must be one of {', '.join(FUSION_MODES)}"),
         (cfg.hybrid.latency in LATENCY_MODES, "hybrid.latency", f"must be one of {', '.join(LATENCY_MODES)}"),

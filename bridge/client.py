@@ -19,7 +19,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from bridge import transport as tp
-from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_NAMES, STATUS_OK, STATUS_TIMEOUT
+from bridge.protocol import (
+    NUM_ACTIONS,
+    STATUS_BACKEND_ERROR,
+    STATUS_NAMES,
+    STATUS_OK,
+    STATUS_PARSE_ERROR,
+    STATUS_TIMEOUT,
+)  # fmt: skip
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
 _segment_counter = itertools.count()
@@ -125,6 +132,30 @@ class _Resources:
         self.request = self.response = self.request_signal = self.response_signal = None
 
 
+def answer_problems(status: np.ndarray, probs: np.ndarray, confidence: np.ndarray, action: np.ndarray,
+                    env_ids: np.ndarray, submitted: np.ndarray) -> np.ndarray:
+    """Why each row's answer cannot be used ('' where it can): shared memory is written by another process, so an
+    answer is checked before it reaches the advice table. A status outside the known ones, or an ok row whose
+    probabilities are not a finite distribution, whose confidence is not in [0, 1], whose action is out of range
+    or whose env id is not the one asked about."""
+    problems = np.full(len(status), "", dtype=object)
+    known = (status >= -1) & (status < len(STATUS_NAMES))
+    ok = status == STATUS_OK
+    with np.errstate(invalid="ignore"):
+        checks = (
+            (~known, "unknown status"),
+            (ok & ~np.isfinite(probs).all(axis=1), "non-finite probabilities"),
+            (ok & ((probs < 0) | (probs > 1)).any(axis=1), "probabilities outside [0, 1]"),
+            (ok & (np.abs(probs.sum(axis=1) - 1) > 1e-3), "probabilities do not sum to 1"),
+            (ok & ~(np.isfinite(confidence) & (confidence >= 0) & (confidence <= 1)), "confidence outside [0, 1]"),
+            (ok & ((action < 0) | (action >= NUM_ACTIONS)), "action out of range"),
+            (ok & (env_ids != submitted), "env id differs from the one asked about"),
+        )
+    for bad, why in reversed(checks):  # the first failed check names the row
+        problems[bad] = why
+    return problems
+
+
 class SidecarClient:
     """Submits rendered prompts to a sidecar process over shared memory and collects its answers.
 
@@ -158,7 +189,7 @@ class SidecarClient:
         self._outcome_batch = 0
         self._command_id = 0
         self.counters = {"submitted": 0, "truncated": 0, "restarts": 0, "outcomes_sent": 0, "outcomes_dropped": 0,
-                         **{name: 0 for name in STATUS_NAMES}}
+                         "invalid_answers": 0, **{name: 0 for name in STATUS_NAMES}}
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -241,11 +272,11 @@ class SidecarClient:
         deadline = time.monotonic() + timeout_s
         header = self._res.response["header"]
         while header[tp.RESP_STATE] != tp.PEER_READY:
+            if header[tp.RESP_STATE] == tp.PEER_FAILED:  # it said why on its stderr, then exited (or is exiting)
+                raise SidecarError(f"sidecar failed while starting: {self._command_line} (see its stderr above)")
             if self._res.process is None or self._res.process.poll() is not None:
                 code = None if self._res.process is None else self._res.process.returncode
                 raise SidecarError(f"sidecar exited with code {code} before it was ready: {self._command_line}")
-            if header[tp.RESP_STATE] == tp.PEER_FAILED:
-                raise SidecarError(f"sidecar failed while starting: {self._command_line} (see its stderr above)")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SidecarError(f"sidecar not ready after {timeout_s:.0f} s: {self._command_line}")
@@ -402,19 +433,31 @@ class SidecarClient:
         return answers
 
     def _read(self, sub: _Submission) -> Answers:
+        """The slot's answers, copied out; a row answered ok but holding values no answer can have (see
+        `answer_problems`) becomes a parse error, counted in `invalid_answers`."""
         resp = self._res.response
         s, n = sub.slot, sub.count
         done = resp[f"row_seq{s}"][:n] == sub.seq
         if sub.lost:
             done[:] = False
         status = np.where(done, resp[f"status{s}"][:n], -1).astype(np.int8)
-        ok = status == STATUS_OK
         reason_width = self.config.reason_bytes
         reasons = np.ascontiguousarray(resp[f"reasons{s}"][:n]).view(f"S{reason_width}").ravel().copy()
         reasons[~done] = b""
+        env_ids = resp[f"env_ids{s}"][:n].copy()
+        submitted = self._res.request[f"env_ids{s}"][:n]
+        problems = answer_problems(status, resp[f"probs{s}"][:n], resp[f"confidence{s}"][:n], resp[f"action{s}"][:n],
+                                   env_ids, submitted)
+        invalid = problems != ""
+        if invalid.any():
+            status[invalid] = STATUS_PARSE_ERROR
+            reasons[invalid] = [f"invalid answer: {why}".encode()[:reason_width] for why in problems[invalid]]
+            env_ids[invalid] = submitted[invalid]
+            self.counters["invalid_answers"] += int(invalid.sum())
+        ok = status == STATUS_OK
         return Answers(
             seq=sub.seq,
-            env_ids=resp[f"env_ids{s}"][:n].copy(),
+            env_ids=env_ids,
             probs=np.where(ok[:, None], resp[f"probs{s}"][:n], np.float32(1.0 / NUM_ACTIONS)).astype(np.float32),
             action=np.where(ok, resp[f"action{s}"][:n], -1).astype(np.int8),
             confidence=np.where(ok, resp[f"confidence{s}"][:n], 0).astype(np.float32),
@@ -506,5 +549,6 @@ class SidecarClient:
             "cache_misses": int(header[tp.RESP_CACHE_MISSES]),
             "sidecar_answered": int(header[tp.RESP_ANSWERED]),
             "sidecar_parse_errors": int(header[tp.RESP_PARSE_ERRORS]),
+            "sidecar_rejected": int(header[tp.RESP_REJECTED]),
             "prompt_tokens": int(header[tp.RESP_PROMPT_TOKENS]),
         }

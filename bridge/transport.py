@@ -63,6 +63,7 @@ RESP_PROMPT_TOKENS = 7  # tokens of prompts sent through the model (0 for backen
 RESP_OUTCOMES_TAKEN = 8  # id of the last outcome batch the peer copied out (the client may then overwrite it)
 RESP_REPLY_ID = 9  # id of the command the reply answers (-1 while being written)
 RESP_REPLY_LEN = 10
+RESP_REJECTED = 11  # submissions refused because their header does not fit the slot (count or prompt lengths)
 RESP_HEADER_WORDS = 16
 
 PEER_STARTING, PEER_READY, PEER_STOPPED, PEER_FAILED = 0, 1, 2, 3
@@ -297,7 +298,8 @@ class PeerEndpoint:
             if seq <= floor:
                 continue
             n = int(header[REQ_SLOT_COUNT + slot])
-            request = Request(
+            # Never trust a count or length read from shared memory to index the slot: check the copies.
+            request = None if not 0 <= n <= self.capacity else Request(
                 seq=seq,
                 slot=slot,
                 env_ids=self.request[f"env_ids{slot}"][:n].copy(),
@@ -308,8 +310,23 @@ class PeerEndpoint:
             if header[REQ_SLOT_SEQ + slot] != seq:  # rewritten while we copied: look again
                 return self._take_next()
             self.last_taken = seq
+            problem = self._header_problem(n, request)
+            if problem:
+                self.response["header"][RESP_REJECTED] += 1
+                print(f"[sidecar] rejected submission {seq}: {problem}", file=sys.stderr, flush=True)
+                continue
             return request
         return None
+
+    def _header_problem(self, n: int, request: Request | None) -> str:
+        """Why a submission's header does not fit its slot ('' if it does)."""
+        if request is None:
+            return f"count {n} is outside the slot's 0..{self.capacity}"
+        bad = np.flatnonzero((request.lengths < 0) | (request.lengths > self.prompt_bytes))
+        if len(bad):
+            return (f"prompt {bad[0]} has length {request.lengths[bad[0]]}, outside the slot's "
+                    f"0..{self.prompt_bytes} bytes")
+        return ""
 
     def write_answers(
         self,
@@ -346,12 +363,18 @@ class PeerEndpoint:
         if batch <= self.last_outcomes:  # nothing new, or -1: being written
             return None
         n = int(header[REQ_OUTCOME_COUNT])
-        rows = {name: self.request[f"outcome_{name}"][:n].copy() for name, _ in OUTCOME_FIELDS}
+        capacity = len(self.request["outcome_seq"])
+        rows = {name: self.request[f"outcome_{name}"][:max(0, n)].copy() for name, _ in OUTCOME_FIELDS}
         if header[REQ_OUTCOME_BATCH] != batch:  # rewritten while we copied
             return self.take_outcomes()
         self.last_outcomes = batch
         self.response["header"][RESP_OUTCOMES_TAKEN] = batch
         self.response_signal.post()
+        if not 0 <= n <= capacity:
+            self.response["header"][RESP_REJECTED] += 1
+            print(f"[sidecar] rejected outcome batch {batch}: count {n} is outside 0..{capacity}", file=sys.stderr,
+                  flush=True)
+            return None
         return rows
 
     def take_command(self) -> tuple[int, dict] | None:
@@ -360,10 +383,14 @@ class PeerEndpoint:
         command_id = int(header[REQ_COMMAND_ID])
         if command_id <= self.last_command:
             return None
-        text = bytes(self.request["command"][: int(header[REQ_COMMAND_LEN])])
+        length = int(header[REQ_COMMAND_LEN])
+        text = bytes(self.request["command"][: max(0, length)])
         if header[REQ_COMMAND_ID] != command_id:
             return self.take_command()
         self.last_command = command_id
+        if not 0 <= length <= COMMAND_BYTES:
+            self.response["header"][RESP_REJECTED] += 1
+            return command_id, {"op": "invalid", "error": f"command length {length} is outside 0..{COMMAND_BYTES}"}
         try:
             command = json.loads(text)
         except json.JSONDecodeError as error:

@@ -22,6 +22,7 @@ from bridge.transport import (
     RESP_CACHE_MISSES,
     RESP_PARSE_ERRORS,
     RESP_PROMPT_TOKENS,
+    RESP_STATE,
     PeerEndpoint,
     Request,
 )  # fmt: skip
@@ -169,10 +170,15 @@ def serve(args, make_backend) -> None:
         static = json.loads(endpoint.static_text() or b"{}")
         try:
             backend = make_backend(args, static.get("system", ""), static.get("answer_prefix", "Action:"))
-        except BaseException:
+        except BaseException as error:
             endpoint.set_state(PEER_FAILED)
             endpoint.response_signal.post()
-            raise
+            if args.verbose or not isinstance(error, Exception):
+                raise
+            # One line for the user (a wrong model path gives four chained tracebacks); --verbose shows them.
+            first_line = (str(error).splitlines() or [""])[0]
+            log(f"cannot start the {args.backend} backend: {type(error).__name__}: {first_line}")
+            raise SystemExit(1) from None
         cache = AnswerCache(args.cache_size)
         learner = make_learner(backend, static.get("learning"))
         reasoner = make_reasoner(backend, static.get("reasoning"))
@@ -205,7 +211,8 @@ def serve(args, make_backend) -> None:
                     version = learner.version
                     cache.entries.clear()
     finally:
-        endpoint.set_state(PEER_STOPPED)
+        if endpoint.response["header"][RESP_STATE] != PEER_FAILED:  # a failed start stays failed for the client
+            endpoint.set_state(PEER_STOPPED)
         endpoint.close()
 
 
@@ -235,6 +242,8 @@ def run_command(command: dict, backend, learner) -> dict:
     """The sidecar's side of SidecarClient.command: learn, stats, save, load. Errors become {"error": ...}."""
     op = command.get("op")
     try:
+        if op == "invalid":  # the transport could not read it
+            return {"error": command.get("error", "invalid command")}
         if op == "stats":
             return learner.stats() if learner else {"learning": False}
         if op == "learn":

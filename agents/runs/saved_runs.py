@@ -21,14 +21,13 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from agents.config import ConfigError, RUN_CONFIG_FILE, TrainConfig, load_config
+from agents.config import RUN_CONFIG_FILE, ConfigError, TrainConfig, load_config
 from agents.rl.normalization import RunningMeanStd
+from agents.runs.checkpoints import CheckpointMismatch, verify_step
+from agents.runs.integrity import MANIFEST_FILE, CheckpointDamaged, check_finite
+from agents.runs.storage import reason
 
 KINDS = ("best", "latest")  # the run's two checkpoint managers (agents.runs.checkpoints.RunCheckpoints)
-
-
-class CheckpointMismatch(ValueError):
-    """A checkpoint that does not fit the current code, config or data; the message says what differs."""
 
 
 @dataclass
@@ -88,9 +87,7 @@ def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | 
         if kind is None or step is None:
             listing = "; ".join(f"{k}: {', '.join(map(str, sorted(s))) or 'none'}" for k, s in steps.items())
             raise FileNotFoundError(f"{run_dir}: no finished checkpoint {which!r} (checkpoints: {listing})")
-        restored = managers[kind].restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), host=ocp.args.JsonRestore())
-        )
+        restored = _restore_checked(run_dir, managers[kind], kind, step, steps)
     finally:
         for m in managers.values():
             if m:
@@ -98,6 +95,40 @@ def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | 
     state = restored.state
     obs_norm = RunningMeanStd(**{k: jnp.asarray(v) for k, v in state["obs_norm"].items()})
     return SavedPolicy(run_dir, cfg, kind, step, state["params"], obs_norm)
+
+
+def _restore_checked(run_dir: Path, manager: ocp.CheckpointManager, kind: str, step: int,
+                     steps: dict[str, list[int]]) -> Any:
+    """Restores checkpoint kind/step after checking it against its manifest, and checks that its policy is finite;
+    a damaged one is a CheckpointDamaged error that lists the run's intact checkpoints."""
+    root = (run_dir / "checkpoints").absolute()
+    label = f"{kind}/{step} of {run_dir}"
+    try:
+        if not verify_step(root, kind, step):
+            print(f"note: checkpoint {label} has no {MANIFEST_FILE} (made before manifests); restored unverified",
+                  file=sys.stderr)
+        try:
+            restored = manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), host=ocp.args.JsonRestore()))
+        except Exception as error:  # orbax and tensorstore raise many kinds; none may pass as a result
+            raise CheckpointDamaged(f"checkpoint {label} is damaged: {reason(error)}") from None
+        check_finite({"params": restored.state["params"], "obs_norm": restored.state["obs_norm"]}, label)
+    except CheckpointDamaged as damaged:
+        raise CheckpointDamaged(f"{damaged}; intact checkpoints: {_intact(root, steps) or 'none'}") from None
+    return restored
+
+
+def _intact(root: Path, steps: dict[str, list[int]]) -> str:
+    """'latest 2, 3; best 4': the checkpoints whose files match their manifests (--checkpoint takes the number)."""
+    def ok(kind: str, step: int) -> bool:
+        try:
+            verify_step(root, kind, step)
+            return True
+        except CheckpointDamaged:
+            return False
+
+    found = {kind: [str(s) for s in sorted(found) if ok(kind, s)] for kind, found in steps.items()}
+    return "; ".join(f"{kind} {', '.join(s)}" for kind, s in found.items() if s)
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:

@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "e.g. a 261-feature policy from a 228-feature run (transfer.init_from; see transfer.* keys)")
     ap.add_argument("--resume", metavar="RUN_DIR",
                     help="continue RUN_DIR from its latest checkpoint with its saved config (other options unused)")
+    ap.add_argument("--from-intact", action="store_true", help="with --resume: if the latest checkpoint is damaged, "
+                    "continue from the newest intact one (damaged ones are moved to checkpoints/damaged/)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress=false)")
     return ap.parse_args(argv)
 
@@ -65,7 +67,9 @@ def start(args: argparse.Namespace):
         if given or args.overrides:
             flags = ", ".join("--" + g.replace("_", "-") for g in given) or "--set"
             raise ConfigError(f"--resume continues with the run's saved config; drop {flags}")
-        return train(None, args.resume, resume=True)
+        return train(None, args.resume, resume=True, from_intact=args.from_intact)
+    if args.from_intact:
+        raise ConfigError("--from-intact goes with --resume RUN_DIR")
     overrides = list(args.overrides)
     for flag, key in (("envs", "num_envs"), ("total_steps", "total_steps"), ("seed", "seed"),
                       ("data", "data.source"), ("llm", "llm"), ("llm_mode", "hybrid.llm_mode"),
@@ -83,27 +87,41 @@ def start(args: argparse.Namespace):
         overrides.append("hybrid.veto.enabled=false")
     cfg = load_config(args.config, overrides)
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    from agents.runs.lock import RunLock
     from agents.training.env_setup import make_env_setup
     from jaxenv.load_report import load_report
 
-    setup = make_env_setup(cfg)  # the data is loaded, checked and reported before anything is written
+    lock = RunLock.acquire(run_dir)  # one writer per run folder: taken before the data is loaded
+    try:
+        setup = make_env_setup(cfg)  # the data is loaded, checked and reported before anything is written
+    except BaseException:
+        lock.release(discard=True)  # bad data leaves no run folder behind
+        raise
     if setup.market is not None:
         print(load_report(setup.market, cfg.env), file=sys.stderr)
-    return train(cfg, run_dir, env_setup=setup)
+    return train(cfg, run_dir, env_setup=setup, lock=lock)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
+    from agents.runs.integrity import CheckpointDamaged
+    from agents.runs.lock import RunLocked
     from agents.runs.saved_runs import CheckpointMismatch
+    from agents.runs.storage import RunWriteError
     from agents.training.comparison import final_comparison
+    from bridge import SidecarError
     from jaxenv import DataValidationError
 
     try:
         result = start(args)
-    except (ConfigError, DataValidationError, FileNotFoundError, FileExistsError, CheckpointMismatch) as e:
+    except (ConfigError, DataValidationError, FileNotFoundError, FileExistsError, CheckpointMismatch,
+            CheckpointDamaged, RunLocked, SidecarError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RunWriteError as e:  # the run stopped; what was written before is whole and --resume continues it
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if result.interrupted:
         return 130
     cfg = load_config(result.run_dir / "config.yaml")

@@ -29,6 +29,8 @@ from agents.config import RUN_CONFIG_FILE, TrainConfig, load_config, save_config
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import RunnerState, make_train
 from agents.runs.checkpoints import RunCheckpoints
+from agents.runs.lock import RunLock
+from agents.runs.storage import RunWriteError
 from agents.training.env_setup import EnvSetup, make_env_setup
 from agents.training.metrics import HealthMonitor, MetricsLogger
 from agents.training.transfer import load_source, start_from
@@ -77,10 +79,30 @@ def train(
     resume: bool = False,
     stop_after: int | None = None,
     env_setup: EnvSetup | None = None,
+    lock: RunLock | None = None,
+    from_intact: bool = False,
 ) -> TrainResult:
     """Trains until cfg.num_updates (or `stop_after` more updates, or Ctrl-C). With `resume`, the config is read
-    from RUN_DIR and the run continues from its latest finished checkpoint."""
+    from RUN_DIR and the run continues from its latest finished checkpoint (with `from_intact`, from the newest
+    intact one when that is damaged).
+
+    The run folder is locked first (`lock`, if the caller took it already) and unlocked on any exit: a second
+    writer gets RunLocked. A new run that fails before its first update is logged (bad data, a model that does not
+    load) leaves no run folder behind."""
     run_dir = Path(run_dir)
+    lock = lock or RunLock.acquire(run_dir, create=not resume)
+    started = [False]  # set once the first update is logged: from then on a failure leaves a run to resume
+    try:
+        result = _train(cfg, run_dir, resume, stop_after, env_setup, from_intact, started)
+    except BaseException:
+        lock.release(discard=not resume and not started[0])
+        raise
+    lock.release()
+    return result
+
+
+def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int | None,
+           env_setup: EnvSetup | None, from_intact: bool, started: list[bool]) -> TrainResult:
     if resume:
         if not (run_dir / RUN_CONFIG_FILE).exists():
             raise FileNotFoundError(f"--resume: {run_dir / RUN_CONFIG_FILE} not found; is {run_dir} a run folder?")
@@ -88,8 +110,8 @@ def train(
     elif (run_dir / RUN_CONFIG_FILE).exists():
         raise FileExistsError(f"{run_dir} already holds a run; use --resume {run_dir} or another --run-dir")
     assert cfg is not None
-    setup = env_setup or make_env_setup(cfg)  # before the run folder exists: bad data leaves nothing behind
-    # --init-from: the source run is read and checked before the run folder exists too
+    setup = env_setup or make_env_setup(cfg)  # before config.yaml is written: bad data leaves no run behind
+    # --init-from: the source run is read and checked before config.yaml is written too
     source = load_source(cfg, setup.env, setup.params) if cfg.transfer.init_from and not resume else None
     if not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -100,8 +122,18 @@ def train(
 
     init_key = jax.random.PRNGKey(cfg.seed)
     best_score: float | None = None
-    if resume:
-        state, host = ckpt.restore(jax.eval_shape(ppo.init, init_key))
+    if resume and ckpt.latest_step() is None and not ckpt.root.joinpath("damaged").exists():
+        # It stopped before its first checkpoint (e.g. the disk was full): the run starts over, as it began.
+        print(f"note: {run_dir} has no checkpoint yet; starting it again from update 0", file=sys.stderr)
+        state = jax.jit(ppo.init)(init_key)
+        if cfg.transfer.init_from:
+            state = start_from(state, load_source(cfg, setup.env, setup.params), cfg)
+    elif resume:
+        try:
+            state, host = ckpt.restore(jax.eval_shape(ppo.init, init_key), from_intact=from_intact)
+        except BaseException:
+            ckpt.close()
+            raise
         best_score = host.get("best_score")
         print(f"resumed {run_dir} at update {int(state.update)} / {cfg.num_updates}", file=sys.stderr)
     else:
@@ -122,6 +154,8 @@ def train(
                 "best_score": best_score, "seed": cfg.seed}
 
     metrics: dict = {}
+    last_logged = start  # a checkpoint is only ever taken of an update whose metrics line is written
+    failed = write_failed = False
     interrupted = False
     stop = _StopFlag()
     stop.install()  # from here on Ctrl-C stops at the next update boundary, with a checkpoint
@@ -178,17 +212,28 @@ def train(
                 metrics["warnings"] = warnings
                 for w in warnings:
                     bar.write(f"WARNING (update {update}): {w}")
-            logger.log(metrics)
+            try:
+                logger.log(metrics)
+            except RunWriteError as error:
+                good = ckpt.latest_good()
+                raise RunWriteError(f"{error}; " + (f"the last good checkpoint is latest/{good}" if good is not None
+                                                    else "no checkpoint was saved yet")) from error
+            last_logged, started[0] = update, True
             bar.update(1)
             bar.set_postfix_str(_postfix(metrics, setup.score_name), refresh=False)
 
             if update % cfg.checkpoint.every_updates == 0 or update == cfg.num_updates:
                 save_checkpoint(update)
         interrupted = interrupted or (stop.set and int(state.update) < end)
+    except BaseException as error:
+        failed, write_failed = True, isinstance(error, RunWriteError)
+        raise
     finally:
-        # Also on an exception: the last finished update is saved, then everything is flushed and closed.
+        # Also on an exception: the last logged update is saved (not after a failed write, and not for a new run
+        # that never got going: its folder is discarded), then everything is flushed and closed.
         try:
-            save_checkpoint(int(state.update))
+            if int(state.update) == last_logged and not write_failed and (started[0] or resume or not failed):
+                save_checkpoint(int(state.update))
         except SidecarError as error:  # the checkpoint is saved; only its adapter is missing
             print(f"WARNING: the advisor's adapter for update {int(state.update)} was not saved: {error}",
                   file=sys.stderr)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 
 from agents.config import LogConfig
+from agents.runs.storage import RunWriteError, append_line, free_space, reason, replace_text
 
 
 def _clean(value):
@@ -17,20 +20,40 @@ def _clean(value):
     return value
 
 
+def kept_lines(path: Path, resume_update: int) -> list[str]:
+    """The lines of metrics.jsonl a run resumed at `resume_update` keeps: those up to that update. A line that is
+    not JSON (torn by a crash or a full disk mid-write) is dropped with a warning naming it."""
+    kept = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            print(f"WARNING: {path}:{number}: dropped a torn line (not JSON): {line[:60]!r}", file=sys.stderr)
+            continue
+        if record.get("update", 0) <= resume_update:
+            kept.append(line)
+    return kept
+
+
 class MetricsLogger:
     """Appends one JSON object per update to RUN_DIR/metrics.jsonl and mirrors numbers to TensorBoard.
 
     On resume from update U, lines written after the checkpoint (update > U) are dropped first, so a run that
-    crashed between checkpoints does not log those updates twice.
+    crashed between checkpoints does not log those updates twice. Each line is written whole or not at all: a
+    failed write is cut back off and stops the run (RunWriteError).
     """
 
     def __init__(self, run_dir: str | Path, tensorboard: bool, resume_update: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
-        if resume_update is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("update", 0) <= resume_update]
-            self.path.write_text("".join(line + "\n" for line in kept))
-        self._file = self.path.open("a")
+        try:
+            if resume_update is not None and self.path.exists():
+                replace_text(self.path, "".join(line + "\n" for line in kept_lines(self.path, resume_update)))
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            raise RunWriteError(f"{self.path} could not be written ({reason(error)}); "
+                                f"{free_space(self.path)}") from error
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -40,8 +63,11 @@ class MetricsLogger:
 
     def log(self, record: dict) -> None:
         record = {k: _clean(v) for k, v in record.items()}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            append_line(self._fd, json.dumps(record) + "\n")
+        except OSError as error:
+            raise RunWriteError(f"{self.path}: the line of update {record.get('update')} was not written "
+                                f"({reason(error)}); {free_space(self.path)}") from error
         if self._tb is not None:
             step = record["env_steps"]
             for k, v in record.items():
@@ -49,7 +75,9 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._tb is not None:
             self._tb.close()
 
