@@ -23,6 +23,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from agents.runs.storage import replace_text
+
 MANIFEST_FILE = "manifest.json"
 _CHUNK = 1 << 20
 
@@ -51,17 +53,7 @@ def write_manifest(step_dir: str | Path) -> Path:
     """Hashes a finished checkpoint and writes its manifest last: temporary file, fsync, rename, fsync the folder."""
     step_dir = Path(step_dir)
     path = step_dir / MANIFEST_FILE
-    staging = path.with_name(path.name + ".tmp")
-    data = json.dumps({"version": 1, "files": content_hashes(step_dir)}, indent=1).encode()
-    try:
-        with open(staging, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(staging, path)
-    except BaseException:
-        staging.unlink(missing_ok=True)
-        raise
+    replace_text(path, json.dumps({"version": 1, "files": content_hashes(step_dir)}, indent=1))
     fd = os.open(step_dir, os.O_RDONLY)
     try:
         os.fsync(fd)
