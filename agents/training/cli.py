@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from agents.config import LLM_CHOICES, ConfigError, load_config
+from agents.config import LLM_CHOICES, RUN_CONFIG_FILE, ConfigError, load_config
 from bridge.protocol import NUM_ACTIONS
 
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if result.interrupted:
         return 130
-    cfg = load_config(result.run_dir / "config.yaml")
+    cfg = load_config(result.run_dir / RUN_CONFIG_FILE)
     summary = final_comparison(cfg, result.run_dir, result.setup)
     for split in ("val", "test"):
         if split in summary:
