@@ -79,6 +79,9 @@ class QueryConfig:
     decay: float = 0.8  # confidence × decay per interval of age
     max_age_intervals: int = 6  # advice older than this many intervals has expired
     entries_only: bool = False  # ask only flat envs (entry decisions): for advisors with nothing to say in a trade
+    # a flat env whose question is in flight may not enter until the answer arrives (one query step): the policy
+    # cannot otherwise tell that advice is on its way, and entering first leaves the answer nothing to decide
+    wait_for_answer: bool = False
 
 
 @dataclass
@@ -88,7 +91,10 @@ class VetoConfig:
     enabled: bool = True
     consecutive_losses: int = 3  # fire at this many losses in a row; 0 turns the rule off
     min_drawdown_buffer: float = 0.20  # fire below this share of the trailing drawdown left; 0 turns it off
-    min_win_rate: float = 0.40  # fire below this win rate of the last 10 trades; 0 turns it off
+    # fire when the win rate of the last 10 trades is below the bracket's break-even win rate
+    # (stop / (stop + target) ATR multiples) minus this margin: a fixed 40% fired on a 1.5/3 bracket breaking even at 33%;
+    # a margin >= the break-even turns the rule off
+    win_rate_margin: float = 0.10
     min_trades_for_win_rate: int = 5
     cooldown_bars: int = 30
 
@@ -123,16 +129,23 @@ class HybridConfig:
     llm_adapter: str = ""  # a peft LoRA adapter directory applied to a transformers advisor (--llm-adapter)
     budget: str = "auto"  # B: most envs asked per query step, a number or `auto` (sized from the sidecar's rate)
     max_budget: int = 1024  # the most `auto` may choose, and the bridge's capacity
-    latency: str = "strict"  # strict: wait for the previous query step's answers; async: take what is ready
+    # strict: wait for the previous query step's answers (bit-reproducible); async: take what is ready (the trainer
+    # never waits); auto: strict for the mock advisor, async for a model, which on a CPU would stall the trainer
+    latency: str = "auto"
     strict_timeout_s: float = 120.0  # strict mode gives up on an answer after this long (counted as timeouts)
     llm_weight: float = 0.3  # rules fusion: the weight of the LLM's confidence
     gate_lr_scale: float = 10.0  # learned fusion: the trust gate's learning rate is ppo.lr times this
     sidecar_threads: int = 1  # torch threads in the sidecar: the trainer needs the other cores
+    # advisor processes, each with its own torch device and shared memory: a number, or auto (one per GPU, 1 on CPU)
+    sidecar_workers: str = "auto"
+    sidecar_nice: int = 19  # OS niceness of the advisor processes: on shared cores they use what the trainer leaves idle
     sidecar_batch_size: int = 64
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
     mock_latency_s: float = 0.0  # mock advisor: injected latency per batch (for tests)
-    mock_answers: str = "rules"  # mock advisor: rules (indicators and headline) | news (the headline alone) | random
+    # mock advisor: rules (indicators and headline) | news (the headline alone) | random | shuffled (news answers
+    # of other envs and bars: the news advice's statistics without its information)
+    mock_answers: str = "rules"
     eval_with_advice: bool = True  # validation walks query the advisor and act fused (else: the RL policy alone)
     query: QueryConfig = field(default_factory=QueryConfig)
     veto: VetoConfig = field(default_factory=VetoConfig)
@@ -158,6 +171,9 @@ class TrainConfig:
     total_steps: int = 50_000_000  # env steps (all envs together); rounded down to whole updates
     seed: int = 0
     llm: str = "smollm2"  # the embedded advisor | none (RL only, the fastest path) | mock | a model path or hub id
+    # Local devices each process shards its envs over: all, or a count (agents/parallel.py; docs/scale.md). A
+    # checkpoint does not depend on it, so a run may resume with another (train.py --resume RUN --devices N).
+    devices: str = "all"
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -182,7 +198,7 @@ class TrainConfig:
 
 LLM_CHOICES = ("none", "mock", "smollm2", "PATH_OR_HUB_ID")
 FUSION_MODES = ("none", "rules", "learned")
-LATENCY_MODES = ("strict", "async")
+LATENCY_MODES = ("strict", "async", "auto")
 ACTIVATIONS = ("tanh", "relu")
 
 
@@ -222,6 +238,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (not _is_local_path(cfg.llm) or Path(cfg.llm).expanduser().is_dir(), "llm",
          f"no model folder at {cfg.llm} (a local model is a folder; a hub id is NAME or ORG/NAME)"),
         (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env; use --llm none (llm=none) with other envs"),
+        (cfg.devices == "all" or (cfg.devices.isdigit() and int(cfg.devices) > 0), "devices",
+         "must be all or a positive number of local devices"),
         (cfg.hybrid.fusion in FUSION_MODES, "hybrid.fusion", f"must be one of {', '.join(FUSION_MODES)}"),
         (cfg.hybrid.latency in LATENCY_MODES, "hybrid.latency", f"must be one of {', '.join(LATENCY_MODES)}"),
         (cfg.hybrid.gate_lr_scale > 0, "hybrid.gate_lr_scale", "must be > 0"),
@@ -229,6 +247,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "a LoRA adapter needs a transformers advisor (--llm smollm2 or a model path / hub id)"),
         (cfg.hybrid.budget == "auto" or (cfg.hybrid.budget.isdigit() and int(cfg.hybrid.budget) > 0),
          "hybrid.budget", "must be a positive number or auto"),
+        (cfg.hybrid.sidecar_workers == "auto" or (cfg.hybrid.sidecar_workers.isdigit()
+                                                   and int(cfg.hybrid.sidecar_workers) > 0),
+         "hybrid.sidecar_workers", "must be a positive number or auto"),
+        (not cfg.hybrid.learning.enabled or cfg.hybrid.sidecar_workers in ("auto", "1"), "hybrid.sidecar_workers",
+         "LoRA learning (hybrid.learning.enabled) trains one advisor: use 1 worker (or auto)"),
+        (0 <= cfg.hybrid.sidecar_nice <= 19, "hybrid.sidecar_nice", "must be between 0 and 19"),
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
@@ -241,7 +265,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "hybrid.learning.move_bars", f"the move objective measures moves inside one rollout: must be <= ppo.num_steps "
          f"= {p.num_steps}"),
         (cfg.hybrid.reasoning.per_episode >= 0, "hybrid.reasoning.per_episode", "must be >= 0"),
-        (cfg.hybrid.mock_answers in ("rules", "news", "random"), "hybrid.mock_answers", "must be rules, news or random"),
+        (cfg.hybrid.mock_answers in ("rules", "news", "random", "shuffled"), "hybrid.mock_answers",
+         "must be rules, news, random or shuffled"),
         (cfg.transfer.checkpoint in ("best", "latest") or cfg.transfer.checkpoint.isdigit(), "transfer.checkpoint",
          "must be best, latest or an update number"),
         (cfg.transfer.freeze_steps >= 0, "transfer.freeze_steps", "must be >= 0"),

@@ -40,6 +40,7 @@ SUITES = {  # suite name -> module exposing run(opts) -> list[dict]; `all` runs 
     "sb3": "benchmarks.sb3",
     "bridge": "benchmarks.bridge",
     "llm": "benchmarks.llm",
+    "scale": "benchmarks.scale",
 }
 INSTALL_HINTS = {  # a suite's missing module -> what installs it
     "sb3_contrib": 'pip install -e ".[sb3]"',
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     opts = BenchOptions(envs=envs, quick=args.quick, reps=args.reps or (2 if args.quick else 5))
     names = list(SUITES) if "all" in args.suites else list(dict.fromkeys(args.suites))
 
+    from agents.parallel import print_banner
+
+    print_banner()  # the JAX backend and devices every figure below was measured on
     started = time.perf_counter()
     report = {
         "machine": machine_facts(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -50,6 +51,9 @@ class BridgeConfig:
     start_timeout_s: float = 600.0  # model loading included
     stop_timeout_s: float = 5.0  # grace period on close() before SIGTERM, then SIGKILL
     name_prefix: str = "jxf"  # shared-memory names: {prefix}{pid}_{counter}_{random}{q|a}
+    # the sidecar's stderr is appended here (a training run's folder: its lines never break the progress bar);
+    # empty: it shares the trainer's stderr, which it still has to say why it stopped if the trainer is killed
+    log_file: str = ""
 
     def __post_init__(self):
         for name in ("capacity", "max_prompt_bytes", "reason_bytes", "static_bytes", "outcome_capacity"):
@@ -255,16 +259,34 @@ class SidecarClient:
         fds = (res.request_signal.fd, res.response_signal.fd)
         for fd in fds:
             os.set_inheritable(fd, True)
-        try:
-            res.process = subprocess.Popen(self._command + transport_args + self._options, pass_fds=fds, env=env)
-        finally:
-            for fd in fds:
-                os.set_inheritable(fd, False)
+        # the child keeps its own copy of the log file
+        with open(self.config.log_file, "ab") if self.config.log_file else contextlib.nullcontext() as log:
+            try:
+                res.process = subprocess.Popen(self._command + transport_args + self._options, pass_fds=fds,
+                                               env=env, stderr=log)
+            finally:
+                for fd in fds:
+                    os.set_inheritable(fd, False)
         res.pidfd = os.pidfd_open(res.process.pid)
 
     @property
     def _command_line(self) -> str:
         return " ".join(self._command[1:] + self._options)
+
+    def _said(self) -> str:
+        """Where the sidecar said why it failed: its log's last lines, or its stderr above."""
+        if not self.config.log_file:
+            return "see its stderr above"
+        try:  # it says why, then exits: its last line is written once it has exited
+            if self._res.process is not None:
+                self._res.process.wait(self.config.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            tail = Path(self.config.log_file).read_text(errors="replace").splitlines()[-5:]
+        except OSError:
+            tail = []
+        return f"{self.config.log_file} ends: " + " | ".join(tail) if tail else f"see {self.config.log_file}"
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Blocks until the sidecar reports ready; raises SidecarError if it exits or times out first."""
@@ -273,10 +295,11 @@ class SidecarClient:
         header = self._res.response["header"]
         while header[tp.RESP_STATE] != tp.PEER_READY:
             if header[tp.RESP_STATE] == tp.PEER_FAILED:  # it said why on its stderr, then exited (or is exiting)
-                raise SidecarError(f"sidecar failed while starting: {self._command_line} (see its stderr above)")
+                raise SidecarError(f"sidecar failed while starting: {self._command_line} ({self._said()})")
             if self._res.process is None or self._res.process.poll() is not None:
                 code = None if self._res.process is None else self._res.process.returncode
-                raise SidecarError(f"sidecar exited with code {code} before it was ready: {self._command_line}")
+                raise SidecarError(f"sidecar exited with code {code} before it was ready: {self._command_line} "
+                                   f"({self._said()})")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SidecarError(f"sidecar not ready after {timeout_s:.0f} s: {self._command_line}")
@@ -338,6 +361,14 @@ class SidecarClient:
     def pending(self) -> int:
         """Submissions awaiting collect()."""
         return len(self._pending)
+
+    @property
+    def oldest_done(self) -> bool:
+        """collect() would not wait: the oldest pending submission is all answered, or the sidecar is down."""
+        sub = self._pending[0]
+        if sub.lost or (self._res.response[f"row_seq{sub.slot}"][: sub.count] == sub.seq).all():
+            return True
+        return self._down_reason() != ""
 
     def submit(self, env_ids: np.ndarray | Sequence[int], prompts: np.ndarray | Sequence[bytes | str],
                think: np.ndarray | Sequence[bool] | None = None) -> int:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     serve_parser = commands.add_parser("serve", help="answer a SidecarClient over shared memory")
     add_transport_arguments(serve_parser)
     add_backend_arguments(serve_parser)
+    serve_parser.add_argument("--nice", type=int, default=0,
+                              help="raise the process's OS niceness by this much (19: only idle CPU time)")
     ask_parser = commands.add_parser("ask", help="advise on random example prompts and print the answers")
     add_backend_arguments(ask_parser)
     ask_parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS_PATH), help="prompt templates (YAML)")
@@ -132,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "serve":
         from llm_sidecar.server import serve
 
+        os.nice(args.nice)  # before torch starts its threads: they inherit it
         serve(args, make_backend)
     elif args.command == "ask":
         ask(args)

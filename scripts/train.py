@@ -6,6 +6,10 @@
     python scripts/train.py --resume runs/20250101-120000
 """
 
+from agents.distributed import join_from_argv
+
+join_from_argv()  # several processes (--coordinator ...): before any import initialises a JAX backend
+
 from agents.training.cli import main
 
 if __name__ == "__main__":

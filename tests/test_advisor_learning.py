@@ -353,7 +353,8 @@ def tiny_learning_run(model: str) -> list[str]:
             "env.max_steps_in_episode=400", "checkpoint.every_updates=1", "checkpoint.eval_every_updates=2",
             "hybrid.budget=8", "hybrid.query.cooldown=0", "hybrid.learning.enabled=true",
             "hybrid.learning.every_updates=1", "hybrid.learning.min_examples=8", "hybrid.learning.batch_size=8",
-            "hybrid.learning.lr=1e-2", "total_steps=960"]
+            "hybrid.learning.lr=1e-2", "total_steps=960",
+            "hybrid.latency=strict"]  # every update's answers arrive in it, so a round starts at update 1
 
 
 def test_a_run_whose_advisor_learns_saves_adapters_with_checkpoints_and_evaluation_restores_them(tiny_model, tmp_path):

@@ -33,7 +33,7 @@ def shm_segments() -> set[str]:
 
 
 def deterministic(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if k not in TIMING and not k.startswith("llm_latency")
+    return {k: v for k, v in metrics.items() if k not in TIMING and not k.startswith(("llm_latency", "llm_rate"))
             and k != "llm_wait_s_per_query"}
 
 

@@ -2,12 +2,12 @@
 
 1. on device, pick at most B envs to ask and gather their prompt scalars;
 2. on the host, render their prompts and submit them to the sidecar (never blocking);
-3. collect the answers to the previous query step (strict: wait for them; async: take what is ready) and
-   write them into the on-device advice table. Prompts sent at query step q are answered into the table
-   at q+1: one query step of latency.
+3. collect the answers to the previous query step (strict: wait for them; async: take them once all are ready)
+   and write them into the on-device advice table. Prompts sent at query step q are answered into the table
+   at q+1: one query step of latency (async: at least one).
 
-`AdvisorLink` owns the sidecar client for training and evaluation walks alike, restarts a dead sidecar, sizes
-budget `auto`, and counts everything.
+`AdvisorLink` owns the advisor workers (an `AdvisorPool` of sidecar processes) for training and evaluation walks
+alike, restarts a dead one, sizes budget `auto`, and counts everything.
 """
 
 from __future__ import annotations
@@ -22,28 +22,40 @@ import numpy as np
 
 from agents.advice.table import select_queries
 from agents.advisor.prompt_fields import PromptFieldBuilder, gather_state
-from agents.advisor.sidecar import learning_options, sidecar_options
+from agents.advisor.sidecar import learning_options, worker_count, worker_options
+from agents.advisor.workers import AdvisorPool
 from agents.config import HybridConfig
 from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
-from bridge.protocol import NUM_ACTIONS
+from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
 
 AUTO_START = 16  # budget `auto`: B of the first query step ...
 AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
 
 
+def latency_mode(cfg) -> str:
+    """`hybrid.latency`, auto resolved: strict for the mock advisor (it answers in milliseconds, and tests need
+    bit-reproducible runs), async for a model (on a CPU, waiting for it would cost most of the throughput)."""
+    if cfg.hybrid.latency != "auto":
+        return cfg.hybrid.latency
+    return "strict" if cfg.llm == "mock" else "async"
+
+
 class AdvisorLink:
     """Query steps for any carry with `.env_state` and `.hybrid` (a RunnerState in training, a one-account walk
     in evaluation): select envs on device, render and submit their prompts, collect the previous query step's
-    answers into the advice table. Owns the sidecar client, restarts a dead sidecar, and counts everything."""
+    answers into the advice table. Owns the advisor workers, restarts a dead one, and counts everything."""
 
     def __init__(self, cfg, market, n_envs: int, run_dir: Path | None = None, client: SidecarClient | None = None,
-                 latency: str | None = None, learn: bool = False, adapter: str | None = None):
+                 latency: str | None = None, learn: bool = False, adapter: str | None = None,
+                 log_stem: Path | None = None):
         """`learn`: the sidecar learns from outcomes (training's link; never a validation walk's). `adapter`: the
-        LoRA adapter to start from instead of the run's (a resumed run's learned one)."""
+        LoRA adapter to start from instead of the run's (a resumed run's learned one). `client`: one started
+        sidecar to use instead of starting the run's workers. `log_stem`: worker i logs to {log_stem}_w{i}.log
+        (default RUN_DIR/advisor)."""
         self.cfg = cfg
         self.h: HybridConfig = cfg.hybrid
-        self.latency = latency or self.h.latency
+        self.latency = latency or latency_mode(cfg)
         self.cap = min(self.h.max_budget, n_envs)
         self.auto = self.h.budget == "auto"
         self.budget = min(AUTO_START, self.cap) if self.auto else min(int(self.h.budget), self.cap)
@@ -56,11 +68,10 @@ class AdvisorLink:
         self.think_used = np.zeros(n_envs, np.int32)  # reasoned answers this episode, per env
         self.episode_time = np.zeros(n_envs, np.int64)  # the env's episode step when last asked
         self.n_thoughts = 0
-        self.client = client or self._start_client(adapter)
+        self.client = AdvisorPool([client]) if client else self._start_workers(adapter, log_stem or (run_dir and run_dir / "advisor"))
         self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, env ids) written, ok only
-        self.pending: list[tuple] = []  # (query step, submit time, prompts) of submissions not yet collected
+        self.pending: list[list] = []  # [query step, submit time, prompts, late] of submissions not yet collected
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
-        self.last_restart = -float("inf")
         self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.log_llm) else None
         self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
         self.reset_counters()
@@ -84,15 +95,10 @@ class AdvisorLink:
         self._select = jax.jit(select)
         self._write = jax.jit(write)
 
-    def _start_client(self, adapter: str | None) -> SidecarClient:
-        backend, options = sidecar_options(self.cfg, adapter)
-        client = SidecarClient(BridgeConfig(capacity=self.cap))
-        try:
-            client.start(backend=backend, prompts=self.renderer, learning=self.learning, **options)
-        except Exception:
-            client.close()
-            raise
-        return client
+    def _start_workers(self, adapter: str | None, log_stem: Path | None) -> AdvisorPool:
+        options = worker_options(self.cfg, worker_count(self.cfg, self.cap), adapter)
+        return AdvisorPool.start(options, BridgeConfig(capacity=self.cap), log_stem, prompts=self.renderer,
+                                 learning=self.learning)
 
     def close(self) -> None:
         if self.llm_log:
@@ -107,6 +113,8 @@ class AdvisorLink:
         self.latencies: list[float] = []
         self.logged = 0
         self.n_thoughts = 0
+        self.counting_since = time.perf_counter()
+        self.client.reset_counters()
 
     def query_step(self, carry, chunk_s: float | None = None):
         """`chunk_s`: how long the chunk since the previous query step ran (sizes budget `auto`)."""
@@ -116,19 +124,20 @@ class AdvisorLink:
         step = self.query_steps_total
         self.query_steps_total += 1
         self.n_query_steps += 1
-        if not self.client.alive:
-            # Training goes on without advice while a new sidecar starts; pending rows come back as backend_error.
-            if time.monotonic() - self.last_restart > self.client.config.start_timeout_s:
-                self.client.restart(wait=False)
-                self.last_restart = time.monotonic()
-        elif len(take) and self.client.pending < 2:
+        # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
+        self.client.restart_dead()
+        if len(take) and self.client.alive and self.client.pending < 2:
             rows = {k: v[take] for k, v in scalars.items()}
             prompts = self.renderer.render(self.fields.build(rows), self.texts)
             self.client.submit(env_ids[take], prompts, self._think(env_ids[take], rows))
-            self.pending.append((step, time.perf_counter(), prompts))
+            self.pending.append([step, time.perf_counter(), prompts, False])
             self.n_prompts += len(take)
-        # The answers to earlier query steps' prompts: one step of latency.
+        # The answers to earlier query steps' prompts: one step of latency. Async takes a submission once all its
+        # answers are ready (never waiting): a slow advisor's answers arrive some query steps late, not never.
         while self.pending and self.pending[0][0] < step:
+            if self.latency == "async" and not self.client.oldest_done:
+                self.pending[0][3] = True  # late: the advisor was busy with it for at least a whole chunk
+                break
             carry = self._collect(carry, wait=self.latency == "strict", chunk_s=chunk_s)
         return carry
 
@@ -163,7 +172,7 @@ class AdvisorLink:
         answers = self.client.collect(timeout_s=self.h.strict_timeout_s if wait else 0.0)
         waited = time.perf_counter() - t0
         self.wait_s += waited
-        _, submitted_at, prompts = self.pending.pop(0)
+        _, submitted_at, prompts, late = self.pending.pop(0)
         if not len(answers):
             return carry
         for name, count in answers.counts().items():
@@ -171,7 +180,7 @@ class AdvisorLink:
         latency = time.perf_counter() - submitted_at
         self.latencies.append(latency)
         if self.auto and chunk_s:
-            self._resize(len(answers), latency, waited, chunk_s)
+            self._resize(answers, latency, late or waited > 0.05 * chunk_s, chunk_s)
         self._log_llm(prompts, answers)
         if self.on_answers is not None:
             self.on_answers(answers)
@@ -205,11 +214,14 @@ class AdvisorLink:
             self.logged += 1
         self.llm_log.flush()
 
-    def _resize(self, answered: int, latency: float, waited: float, chunk_s: float) -> None:
+    def _resize(self, answers, latency: float, busy: bool, chunk_s: float) -> None:
         """Budget `auto`: B such that answering one query step's prompts hides behind one chunk. Answers that
-        kept the loop waiting were the sidecar's whole work since they were submitted, so their rate sizes B to
-        90% of the chunk; answers that were ready let B grow by a quarter."""
-        if waited > 0.05 * chunk_s:
+        kept the advisor `busy` until collected (strict: the loop waited for them; async: they were not ready a
+        query step later) or were not all answered were its whole work since they were submitted, so their rate
+        sizes B to 90% of the chunk; answers that were all ready let B grow by a quarter. A niced advisor's rate
+        is what the trainer left idle: B uses only that."""
+        answered = int(((answers.status != STATUS_TIMEOUT) & (answers.status != STATUS_BACKEND_ERROR)).sum())
+        if busy or answered < len(answers):
             target = answered / max(latency, 1e-6) * chunk_s * 0.9
         else:
             target = max(self.budget * 1.25, self.budget + 1)
@@ -222,12 +234,14 @@ class AdvisorLink:
         lat = np.array(self.latencies) if self.latencies else np.array([0.0])
         out = {
             "llm_prompts": self.n_prompts,
+            "llm_rate": self.n_answers.get("ok", 0) / max(time.perf_counter() - self.counting_since, 1e-9),
             "llm_budget": self.budget,
             "llm_wait_s_per_query": self.wait_s / max(self.n_query_steps, 1),
             "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
             "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
             "llm_cache_hit_rate": hits / max(hits + misses, 1),
         }
+        out.update(self.client.metrics())
         if self.reasoning:
             out["llm_reasoned"] = self.n_thoughts
         for name in STATUS_NAMES:

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from tqdm import tqdm
 
 from agents.advice.usage import advice_metrics
 from agents.advisor.adapters import adapter_dir
 from agents.advisor.link import AdvisorLink
 from agents.advisor.outcomes import outcome_rows
+from agents.advisor.workers import AdvisorPool
 from bridge import SidecarClient
 
 FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: SmolLM2 on a 2-core CPU takes ~8 s per step
@@ -45,7 +47,7 @@ class QueryLoop:
         self.rounds_seen = 0
 
     @property
-    def client(self) -> SidecarClient:
+    def client(self) -> AdvisorPool:
         return self.link.client
 
     def close(self) -> None:
@@ -99,7 +101,8 @@ class QueryLoop:
         with the final checkpoint has learned from it); that round's metrics."""
         if not self.learning or not self.client.command("stats")["busy"]:
             return {}
-        print("finishing the advisor's LoRA round before the final checkpoint ...", file=sys.stderr, flush=True)
+        # through the progress bar's writer, so the bar is not broken
+        tqdm.write("finishing the advisor's LoRA round before the final checkpoint ...", file=sys.stderr)
         self.client.command("finish", timeout_s=FINISH_ROUND_TIMEOUT_S)
         return self._round_metrics()
 

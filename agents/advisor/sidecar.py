@@ -1,8 +1,12 @@
-"""What a run asks of its sidecar process: the backend and its flags (`python -m llm_sidecar serve`), and the
-LoRA learner's options when the advisor learns from outcomes."""
+"""What a run asks of its sidecar processes: how many advisor workers, the backend and its flags (`python -m
+llm_sidecar serve`) for each, and the LoRA learner's options when the advisor learns from outcomes."""
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 from agents.advisor.adapters import starting_adapter
@@ -35,3 +39,41 @@ def sidecar_options(cfg, adapter: str | None = None) -> tuple[str, dict]:
         "threads": h.sidecar_threads,
         "batch_size": h.sidecar_batch_size,
     }
+
+
+@functools.cache
+def visible_gpus() -> int:
+    """GPUs the sidecars' torch may use, counted without importing torch in the trainer (slow to import, and heavy):
+    CUDA_VISIBLE_DEVICES when set, else the GPUs `nvidia-smi -L` lists, else none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")])
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def worker_count(cfg, most: int) -> int:
+    """Advisor workers for a link that asks at most `most` prompts per query step: `hybrid.sidecar_workers`, where
+    auto = one per GPU (1 on CPU, for the mock advisor, and when the advisor learns: one learner)."""
+    workers = cfg.hybrid.sidecar_workers
+    if workers == "auto":
+        n = 1 if cfg.llm == "mock" or cfg.hybrid.learning.enabled else max(visible_gpus(), 1)
+    else:
+        n = int(workers)
+    return max(1, min(n, most))
+
+
+def worker_options(cfg, n: int, adapter: str | None = None) -> list[tuple[str, dict]]:
+    """The backend and flags of each of `n` workers: the run's sidecar options, worker i on GPU i (round robin)
+    when there are GPUs, at the run's OS niceness."""
+    backend, options = sidecar_options(cfg, adapter)
+    gpus = visible_gpus() if backend == "transformers" else 0
+    nice = cfg.hybrid.sidecar_nice or None
+    return [(backend, {**options, "nice": nice, **({"device": f"cuda:{i % gpus}"} if gpus else {})})
+            for i in range(n)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -71,8 +72,11 @@ class WalkCarry:
 class AdvisedWalker:
     """Walks splits with a hybrid run's network and the run's advisor (one sidecar, started on first use)."""
 
-    def __init__(self, cfg, ppo, env, market, client=None):
+    def __init__(self, cfg, ppo, env, market, client=None, log_dir: Path | None = None):
+        """`log_dir`: the sidecar's log lines go to log_dir/advisor_eval_w0.log (a run folder during training: they
+        would break the progress bar) instead of stderr."""
         self.cfg, self.ppo, self.env, self.market = cfg, ppo, env, market
+        self.log_dir = log_dir
         self.acting = dataclasses.replace(make_acting(cfg, env), greedy=cfg.checkpoint.eval_deterministic)
         self._client = client
         self._link: AdvisorLink | None = None
@@ -91,7 +95,8 @@ class AdvisedWalker:
     @property
     def link(self) -> AdvisorLink:
         if self._link is None:  # strict: a walk must be reproducible, whatever the run's training latency
-            self._link = AdvisorLink(self.cfg, self.market, 1, client=self._client, latency="strict")
+            self._link = AdvisorLink(self.cfg, self.market, 1, client=self._client, latency="strict",
+                                     log_stem=self.log_dir and self.log_dir / "advisor_eval")
         return self._link
 
     def close(self) -> None:

@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         write_trades,
     )
     from agents.evaluation.saved_run import EvalOptions, evaluate, load_run
+    from agents.parallel import print_banner
     from agents.runs.saved_runs import CheckpointMismatch
     from jaxenv import DataValidationError
 
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     options = EvalOptions(split=split, episodes=args.episodes, seeds=args.seeds, progress=not args.no_progress)
     try:
         runs = [load_run(run_dir, args.checkpoint, args.data, args.sample) for run_dir in args.run_dir]
+        print_banner(None, runs[0].cfg)  # walks are one env each: they run on the first device
         result = evaluate(runs, options)
     except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -24,6 +24,7 @@ from agents.config import TrainConfig
 from agents.rl.freeze import freeze_stage
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, make_network, masked_logits
 from agents.rl.normalization import RunningMeanStd
+from agents.rl.sharding import constrain, constrain_steps
 
 
 @struct.dataclass
@@ -140,9 +141,10 @@ def gate_mask(params: Any) -> Any:
                                             params)
 
 
-def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
+def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO:
     """`acting` (an agents.advice.acting.HybridActing) routes acting through risk veto and fusion with LLM advice;
-    None samples from the policy alone."""
+    None samples from the policy alone. `mesh` (agents.rl.sharding.env_mesh) splits the envs over its devices:
+    every function keeps the RunnerState laid out as agents.rl.sharding.state_shardings says; None: one device."""
     p = cfg.ppo
     n_envs = cfg.num_envs
     num_actions = env.num_actions
@@ -179,12 +181,15 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
         logits = masked_logits(network.apply(params, normalize(obs_norm, obs), method=ActorCritic.logits), mask)
         return jnp.argmax(logits, -1) if deterministic else jax.random.categorical(key, logits)
 
+    def shard(rs: RunnerState) -> RunnerState:
+        return constrain(rs, mesh, n_envs)
+
     def init(key: jax.Array) -> RunnerState:
         key, k_net, k_env = jax.random.split(key, 3)
         obs, env_state = v_reset(jax.random.split(k_env, n_envs), env_params)
         obs = flat(obs)
         params = network.init(k_net, jnp.zeros((1, obs_dim)))
-        return RunnerState(
+        return shard(RunnerState(
             params=params,
             opt_state=tx.init(params),
             obs_norm=RunningMeanStd.create((obs_dim,)),
@@ -198,7 +203,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
             key=key,
             update=jnp.zeros((), jnp.int32),
             hybrid=acting.init_carry(n_envs) if acting else None,
-        )
+        ))
 
     def _step(rs: RunnerState, _) -> tuple[RunnerState, Transition]:
         key, k_act, k_env = jax.random.split(rs.key, 3)
@@ -252,10 +257,11 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
             key=key,
             hybrid=hybrid,
         )
-        return rs, transition
+        return shard(rs), transition
 
     def rollout_chunk(rs: RunnerState, k: int) -> tuple[RunnerState, Transition]:
-        return jax.lax.scan(_step, rs, None, length=k)
+        rs, traj = jax.lax.scan(_step, shard(rs), None, length=k)
+        return shard(rs), constrain_steps(traj, mesh, n_envs)
 
     def _gae(rs: RunnerState, traj: Transition) -> tuple[jax.Array, jax.Array]:
         last_value = value_fn(rs.params, rs.obs_norm)(rs.obs)
@@ -342,7 +348,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None) -> PPO:
             key=key,
             update=rs.update + 1,
         )
-        return rs, metrics
+        return shard(rs), metrics
 
     def update(rs: RunnerState) -> tuple[RunnerState, dict]:
         rs, traj = rollout_chunk(rs, p.num_steps)

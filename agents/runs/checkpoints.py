@@ -6,7 +6,8 @@
                                            never finished (set aside by any resume)
 
 Each checkpoint holds the whole `RunnerState` (params, optimiser state, normaliser, env states, RNG key, update
-counter), a small JSON of host-side counters and, written last, `manifest.json` (agents.runs.integrity). orbax
+counter) as whole arrays, whatever devices the run shards it over (so a run saved on 2 devices resumes on 1, and
+the reverse), a small JSON of host-side counters and, written last, `manifest.json` (agents.runs.integrity). orbax
 writes into a temporary directory and renames it only once everything is on disk, and the manifest comes after
 that, so a crash mid-save leaves no checkpoint a resume would pick: a checkpoint without its manifest (in a run
 whose older ones have theirs) is an unfinished save.
@@ -93,8 +94,16 @@ def _quiet_orbax_after_failure() -> None:
 
 
 def _manager(root: Path, kind: str, keep: int, create: bool = True) -> ocp.CheckpointManager:
+    # With several processes each one's manager works alone: process 0 saves whole (gathered) arrays and every
+    # process reads them back, so orbax must not wait for the others (agents/parallel.py; docs/scale.md).
+    alone = {}
+    if jax.process_count() > 1:
+        if create:
+            (root / kind).mkdir(parents=True, exist_ok=True)  # orbax does not create it for a single active process
+        alone = {"create": False, "multiprocessing_options": ocp.options.MultiprocessingOptions(
+            primary_host=jax.process_index(), active_processes={jax.process_index()})}
     return ocp.CheckpointManager(
-        root / kind, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create),
+        root / kind, options=ocp.CheckpointManagerOptions(**{"max_to_keep": keep, "create": create, **alone}),
         item_names=("state", "host"),
         item_handlers={"state": ocp.StandardCheckpointHandler(), "host": ocp.JsonCheckpointHandler()},
     )
@@ -295,6 +304,9 @@ class RunCheckpoints:
             raise CheckpointDamaged(f"checkpoint {label} is damaged: its metadata cannot be read "
                                     f"({reason(error)})") from None
         check_shapes(stored, abstract_state, label)
+        # Onto this process's first device, whatever devices saved it; the caller lays it out for its own.
+        local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=local), abstract_state)
         try:
             out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                                                 host=ocp.args.JsonRestore()))

@@ -40,8 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "trust gate (default), the seeds' priority rules, or none (queries for statistics only)")
     ap.add_argument("--query-interval", type=int, help="env steps between LLM query steps, k (hybrid.query.interval)")
     ap.add_argument("--llm-budget", help="most envs asked per query step: a number or auto (hybrid.budget)")
-    ap.add_argument("--latency", choices=["strict", "async"], help="strict: wait for the previous query step's "
-                    "answers (reproducible); async: never wait (hybrid.latency)")
+    ap.add_argument("--latency", choices=["strict", "async", "auto"], help="strict: wait for the previous query "
+                    "step's answers (reproducible); async: never wait; auto (default): strict for the mock advisor, "
+                    "async for a model (hybrid.latency)")
+    ap.add_argument("--advisor-workers", help="advisor processes: a number or auto = one per GPU, 1 on CPU "
+                    "(hybrid.sidecar_workers)")
     ap.add_argument("--no-veto", action="store_true", help="turn the risk veto off (hybrid.veto.enabled=false)")
     ap.add_argument("--log-llm", type=int, metavar="N", help="write N prompts and answers per update to "
                     "llm_log.jsonl (hybrid.log_llm)")
@@ -54,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--from-intact", action="store_true", help="with --resume: if the latest checkpoint is damaged, "
                     "continue from the newest intact one (damaged ones are moved to checkpoints/damaged/)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress=false)")
+    from agents.parallel import add_device_flags
+
+    add_device_flags(ap, processes=True)
     return ap.parse_args(argv)
 
 
@@ -67,7 +73,7 @@ def start(args: argparse.Namespace):
         if given or args.overrides:
             flags = ", ".join("--" + g.replace("_", "-") for g in given) or "--set"
             raise ConfigError(f"--resume continues with the run's saved config; drop {flags}")
-        return train(None, args.resume, resume=True, from_intact=args.from_intact)
+        return train(None, args.resume, resume=True, from_intact=args.from_intact, devices=args.devices)
     if args.from_intact:
         raise ConfigError("--from-intact goes with --resume RUN_DIR")
     overrides = list(args.overrides)
@@ -75,8 +81,9 @@ def start(args: argparse.Namespace):
                       ("data", "data.source"), ("llm", "llm"), ("llm_mode", "hybrid.llm_mode"),
                       ("quantization", "hybrid.quantization"), ("fusion", "hybrid.fusion"),
                       ("query_interval", "hybrid.query.interval"), ("llm_budget", "hybrid.budget"),
-                      ("latency", "hybrid.latency"), ("log_llm", "hybrid.log_llm"), ("date_format", "data.date_format"),
-                      ("init_from", "transfer.init_from")):
+                      ("latency", "hybrid.latency"), ("advisor_workers", "hybrid.sidecar_workers"),
+                      ("log_llm", "hybrid.log_llm"), ("date_format", "data.date_format"),
+                      ("init_from", "transfer.init_from"), ("devices", "devices")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     if args.llm_adapter is not None:  # absolute, so the run's config finds it from anywhere
@@ -86,18 +93,25 @@ def start(args: argparse.Namespace):
     if args.no_veto:
         overrides.append("hybrid.veto.enabled=false")
     cfg = load_config(args.config, overrides)
+    import jax
+
+    if jax.process_count() > 1 and not args.run_dir:
+        raise ConfigError("--run-dir: several processes must name the one run folder they share")
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    from agents.parallel import is_writer, make_mesh
     from agents.runs.lock import RunLock
     from agents.training.env_setup import make_env_setup
     from jaxenv.load_report import load_report
 
-    lock = RunLock.acquire(run_dir)  # one writer per run folder: taken before the data is loaded
+    make_mesh(cfg)  # num_envs splits over the devices, or exit 2 before anything is written
+    lock = RunLock.acquire(run_dir) if is_writer() else None  # one writer per run folder: before the data is loaded
     try:
         setup = make_env_setup(cfg)  # the data is loaded, checked and reported before anything is written
     except BaseException:
-        lock.release(discard=True)  # bad data leaves no run folder behind
+        if lock is not None:
+            lock.release(discard=True)  # bad data leaves no run folder behind
         raise
-    if setup.market is not None:
+    if setup.market is not None and is_writer():
         print(load_report(setup.market, cfg.env), file=sys.stderr)
     return train(cfg, run_dir, env_setup=setup, lock=lock)
 
@@ -105,6 +119,7 @@ def start(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
+    from agents.parallel import is_writer
     from agents.runs.integrity import CheckpointDamaged
     from agents.runs.lock import RunLocked
     from agents.runs.saved_runs import CheckpointMismatch
@@ -124,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if result.interrupted:
         return 130
+    if not is_writer():  # process 0 compares and writes summary.json
+        return 0
     cfg = load_config(result.run_dir / RUN_CONFIG_FILE)
     summary = final_comparison(cfg, result.run_dir, result.setup)
     for split in ("val", "test"):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import jax
+from tqdm import tqdm
 
 from agents.advice.acting import make_acting
 from agents.advisor.adapters import checkpoint_adapter
@@ -36,16 +37,32 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
 
     key = jax.random.PRNGKey(cfg.seed + 10_000)
     summary: dict = {"score": setup.score_label, **{f"{k}_update": host["update"] for k, (_, host) in agents.items()}}
-    evaluator = AgentEvaluator(cfg, ppo, setup, lambda update: checkpoint_adapter(cfg, run_dir, update))
+    evaluator = AgentEvaluator(cfg, ppo, setup, lambda update: checkpoint_adapter(cfg, run_dir, update),
+                               log_dir=run_dir)
+    splits = evaluator.splits()
+    ablations = evaluator.ablations if evaluator.walker is not None else []
+    walks = len(splits) * (len(agents) + len(ablations) + len(setup.baselines))
+    # A hybrid run's walks take minutes on a CPU: a bar shows they progress.
+    bar = tqdm(total=walks, desc="end-of-run comparison", unit="walk", disable=not cfg.log.progress,
+               dynamic_ncols=True)
+
+    def walked(name: str, score):
+        bar.set_postfix_str(name, refresh=False)
+        bar.update(1)
+        return score
+
     try:
-        for split, evaluate in evaluator.splits().items():
-            scores = {f"agent_{k}": evaluator(state, split, key) for k, (state, _) in agents.items()}
-            if evaluator.walker is not None:
-                state = agents.get("best", agents["latest"])[0]
-                scores.update({f"ablation_{name}": evaluator(state, split, key, name) for name in evaluator.ablations})
-            scores.update({name: evaluate(baseline, (), key) for name, baseline in setup.baselines.items()})
+        for split, evaluate in splits.items():
+            scores = {f"agent_{k}": walked(f"{split} {k}", evaluator(state, split, key))
+                      for k, (state, _) in agents.items()}
+            state = agents.get("best", agents["latest"])[0]
+            scores.update({f"ablation_{name}": walked(f"{split} {name}", evaluator(state, split, key, name))
+                           for name in ablations})
+            scores.update({name: walked(f"{split} {name}", evaluate(baseline, (), key))
+                           for name, baseline in setup.baselines.items()})
             summary[split] = scores
     finally:
+        bar.close()
         evaluator.close()
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -25,9 +25,11 @@ from tqdm import tqdm
 from agents.advice.acting import make_acting
 from agents.advisor.adapters import checkpoint_adapter, prune_adapters
 from agents.advisor.query_loop import QueryLoop
-from agents.config import RUN_CONFIG_FILE, TrainConfig, load_config, save_config
+from agents.config import RUN_CONFIG_FILE, ConfigError, TrainConfig, load_config, save_config
+from agents.parallel import barrier, from_host, is_writer, make_mesh, print_banner, to_host
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import RunnerState, make_train
+from agents.rl.sharding import state_shardings
 from agents.runs.checkpoints import RunCheckpoints
 from agents.runs.lock import RunLock
 from agents.runs.storage import RunWriteError
@@ -60,7 +62,7 @@ class _StopFlag:
         def handler(signum, frame):
             self.set = True
             signal.signal(signal.SIGINT, self._previous)
-            print("\nCtrl-C: finishing this update and saving a checkpoint (press again to abort)", file=sys.stderr)
+            tqdm.write("Ctrl-C: finishing this update and saving a checkpoint (press again to abort)", file=sys.stderr)
 
         try:
             self._previous = signal.signal(signal.SIGINT, handler)
@@ -81,73 +83,95 @@ def train(
     env_setup: EnvSetup | None = None,
     lock: RunLock | None = None,
     from_intact: bool = False,
+    devices: str | None = None,
 ) -> TrainResult:
     """Trains until cfg.num_updates (or `stop_after` more updates, or Ctrl-C). With `resume`, the config is read
     from RUN_DIR and the run continues from its latest finished checkpoint (with `from_intact`, from the newest
-    intact one when that is damaged).
+    intact one when that is damaged). `devices` replaces a resumed run's `devices` (checkpoints fit any count).
 
     The run folder is locked first (`lock`, if the caller took it already) and unlocked on any exit: a second
     writer gets RunLocked. A new run that fails before its first update is logged (bad data, a model that does not
-    load) leaves no run folder behind."""
+    load) leaves no run folder behind. With several processes (agents/parallel.py) only process 0 locks and writes."""
     run_dir = Path(run_dir)
-    lock = lock or RunLock.acquire(run_dir, create=not resume)
+    lock = lock or (RunLock.acquire(run_dir, create=not resume) if is_writer() else None)
     started = [False]  # set once the first update is logged: from then on a failure leaves a run to resume
     try:
-        result = _train(cfg, run_dir, resume, stop_after, env_setup, from_intact, started)
+        result = _train(cfg, run_dir, resume, stop_after, env_setup, from_intact, started, devices)
     except BaseException:
-        lock.release(discard=not resume and not started[0])
+        if lock is not None:
+            lock.release(discard=not resume and not started[0])
         raise
-    lock.release()
+    if lock is not None:
+        lock.release()
     return result
 
 
 def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int | None,
-           env_setup: EnvSetup | None, from_intact: bool, started: list[bool]) -> TrainResult:
+           env_setup: EnvSetup | None, from_intact: bool, started: list[bool], devices: str | None) -> TrainResult:
     if resume:
         if not (run_dir / RUN_CONFIG_FILE).exists():
             raise FileNotFoundError(f"--resume: {run_dir / RUN_CONFIG_FILE} not found; is {run_dir} a run folder?")
-        cfg = load_config(run_dir / RUN_CONFIG_FILE)
+        cfg = load_config(run_dir / RUN_CONFIG_FILE, [f"devices={devices}"] if devices else None)
     elif (run_dir / RUN_CONFIG_FILE).exists():
         raise FileExistsError(f"{run_dir} already holds a run; use --resume {run_dir} or another --run-dir")
     assert cfg is not None
+    mesh = make_mesh(cfg)  # num_envs must split over the devices: checked before anything is written
+    if jax.process_count() > 1 and cfg.llm != "none":
+        raise ConfigError("llm: the LLM advisor runs in one process for now; use --llm none with several processes "
+                          "(--num-processes), or one process on all its local devices")
+    barrier("jaxfutures-run-checked")  # every process has looked at the folder before process 0 writes to it
+    print_banner(mesh, cfg)
     setup = env_setup or make_env_setup(cfg)  # before config.yaml is written: bad data leaves no run behind
     # --init-from: the source run is read and checked before config.yaml is written too
     source = load_source(cfg, setup.env, setup.params) if cfg.transfer.init_from and not resume else None
-    if not resume:
+    writer = is_writer()
+    if not resume and writer:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / RUN_CONFIG_FILE)
     acting = make_acting(cfg, setup.env) if cfg.llm != "none" else None
-    ppo = make_train(cfg, setup.env, setup.params, acting)
+    ppo = make_train(cfg, setup.env, setup.params, acting, mesh)
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
 
     init_key = jax.random.PRNGKey(cfg.seed)
+    shardings = state_shardings(jax.eval_shape(ppo.init, init_key), mesh, cfg.num_envs)
+    init = jax.jit(ppo.init, out_shardings=shardings)  # each process computes only its own envs' shards
+
+    def transferred(state: RunnerState, source) -> RunnerState:  # on whole arrays, then over the mesh again
+        return from_host(start_from(jax.tree.map(jax.numpy.asarray, to_host(state)), source, cfg), shardings)
+
     best_score: float | None = None
     if resume and ckpt.latest_step() is None and not ckpt.root.joinpath("damaged").exists():
         # It stopped before its first checkpoint (e.g. the disk was full): the run starts over, as it began.
         print(f"note: {run_dir} has no checkpoint yet; starting it again from update 0", file=sys.stderr)
-        state = jax.jit(ppo.init)(init_key)
+        state = init(init_key)
         if cfg.transfer.init_from:
-            state = start_from(state, load_source(cfg, setup.env, setup.params), cfg)
+            state = transferred(state, load_source(cfg, setup.env, setup.params))
     elif resume:
         try:
-            state, host = ckpt.restore(jax.eval_shape(ppo.init, init_key), from_intact=from_intact)
+            # Process 0 first (it sets damaged or unfinished checkpoints aside), then the others read what is left.
+            for turn in (True, False):
+                if writer == turn:
+                    state, host = ckpt.restore(jax.eval_shape(ppo.init, init_key), from_intact=from_intact)
+                barrier(f"jaxfutures-restored-{turn}")
         except BaseException:
             ckpt.close()
             raise
+        state = from_host(state, shardings)  # checkpoints hold whole arrays: laid out for this run's devices
         best_score = host.get("best_score")
         print(f"resumed {run_dir} at update {int(state.update)} / {cfg.num_updates}", file=sys.stderr)
     else:
-        state = jax.jit(ppo.init)(init_key)
+        state = init(init_key)
         if source is not None:
-            state = start_from(state, source, cfg)
+            state = transferred(state, source)
     start = int(state.update)
 
     flops = update_flops_per_step(cfg.network, ppo.obs_dim, ppo.num_actions, cfg.ppo.update_epochs)
     limit = getattr(setup.params, "max_steps_in_episode", None)
     health = HealthMonitor(cfg.log, ppo.num_actions, int(limit) if limit is not None else None)
-    logger = MetricsLogger(run_dir, cfg.log.tensorboard, resume_update=start if resume else None)
+    logger = MetricsLogger(run_dir, cfg.log.tensorboard, resume_update=start if resume else None) if writer else None
     end = cfg.num_updates if stop_after is None else min(cfg.num_updates, start + stop_after)
-    bar = tqdm(total=cfg.num_updates, initial=start, unit="upd", disable=not cfg.log.progress, dynamic_ncols=True)
+    bar = tqdm(total=cfg.num_updates, initial=start, unit="upd", disable=not (cfg.log.progress and writer),
+               dynamic_ncols=True)
 
     def host_state() -> dict:
         return {"update": int(state.update), "env_steps": int(state.update) * cfg.steps_per_update,
@@ -165,13 +189,17 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
         return query_loop.save_adapter(run_dir, update)
 
     def save_checkpoint(update: int, best: bool = False) -> None:
-        """A checkpoint, and beside it the learning advisor's adapter (adapters of dropped checkpoints go)."""
-        (ckpt.save_best if best else ckpt.save_latest)(update, state, host_state())
+        """A checkpoint, and beside it the learning advisor's adapter (adapters of dropped checkpoints go). Whole
+        arrays are saved (gathered from every process), so a run resumes on any number of devices."""
+        whole = to_host(state)
+        if writer:
+            (ckpt.save_best if best else ckpt.save_latest)(update, whole, host_state())
+        barrier(f"jaxfutures-saved-{'best' if best else 'latest'}-{update}")
         if query_loop is not None and query_loop.learning:
             query_loop.save_adapter(run_dir, update)
             prune_adapters(run_dir, set(ckpt.latest.all_steps()) | set(ckpt.best.all_steps()) | {update})
 
-    evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now)
+    evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now, log_dir=run_dir)
     try:
         if acting is not None:  # chunks with LLM query steps between them; compiled on first use
             # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
@@ -180,7 +208,7 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             update_fn, compile_s = query_loop.update, math.nan
         elif start < end:  # a finished run resumed has nothing to compile
             t0 = time.perf_counter()
-            update_fn = jax.jit(ppo.update).lower(state).compile()
+            update_fn = jax.jit(ppo.update, out_shardings=(shardings, None)).lower(state).compile()
             compile_s = time.perf_counter() - t0
         for _ in range(start, end):
             if stop.set:
@@ -201,7 +229,9 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             if cfg.checkpoint.eval_every_updates and (
                 update % cfg.checkpoint.eval_every_updates == 0 or update == cfg.num_updates
             ) and setup.evaluate is not None:
-                result = evaluator(state, "val", jax.random.PRNGKey(cfg.seed + update))
+                # on this process's first device, from host copies of the (replicated) networks
+                policy = state.replace(params=jax.device_get(state.params), obs_norm=jax.device_get(state.obs_norm))
+                result = evaluator(policy, "val", jax.random.PRNGKey(cfg.seed + update))
                 metrics.update({setup.score_name if k == "score" else f"eval_{k}": v for k, v in result.items()})
                 if best_score is None or result["score"] > best_score:
                     best_score = float(result["score"])
@@ -210,10 +240,11 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             warnings = health.check(metrics)
             if warnings:
                 metrics["warnings"] = warnings
-                for w in warnings:
+                for w in warnings if writer else ():
                     bar.write(f"WARNING (update {update}): {w}")
             try:
-                logger.log(metrics)
+                if logger is not None:
+                    logger.log(metrics)
             except RunWriteError as error:
                 good = ckpt.latest_good()
                 raise RunWriteError(f"{error}; " + (f"the last good checkpoint is latest/{good}" if good is not None
@@ -235,15 +266,16 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             if int(state.update) == last_logged and not write_failed and (started[0] or resume or not failed):
                 save_checkpoint(int(state.update))
         except SidecarError as error:  # the checkpoint is saved; only its adapter is missing
-            print(f"WARNING: the advisor's adapter for update {int(state.update)} was not saved: {error}",
-                  file=sys.stderr)
+            tqdm.write(f"WARNING: the advisor's adapter for update {int(state.update)} was not saved: {error}",
+                       file=sys.stderr)
         finally:
             if query_loop is not None:
                 query_loop.close()  # stops the sidecar and unlinks the shared memory
             evaluator.close()
         ckpt.wait()
         ckpt.close()
-        logger.close()
+        if logger is not None:
+            logger.close()
         bar.close()
         stop.restore()
 
@@ -281,6 +313,8 @@ def _postfix(m: dict, score_name: str) -> str:
         v = m.get(key)
         if v is not None and not (isinstance(v, float) and math.isnan(v)):
             parts.append(f"{label} {v:.3g}")
+    if "llm_rate" in m:  # a hybrid run: the share of decisions advised, and the advisor's answers per second
+        parts.append(f"advised {m['advice_coverage']:.1%} at {m['llm_rate']:.1f}/s")
     return " ".join(parts)
 
 

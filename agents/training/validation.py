@@ -4,6 +4,7 @@ best checkpoint) and at its end (training.comparison): the policy alone, or for 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -20,8 +21,10 @@ class AgentEvaluator:
     for hybrid runs, with advice through an `AdvisedWalker` (its own sidecar, so training's pending queries are
     untouched). `ablation` (a key of agents.evaluation.advised_walk.run_ablations(cfg)) scores one part of a hybrid agent."""
 
-    def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None):
-        """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns."""
+    def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None,
+                 log_dir: Path | None = None):
+        """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns.
+        `log_dir`: where the walks' advisor logs (the run folder), instead of stderr under the progress bar."""
         self.setup = setup
         self.rules = cfg.env.prop_firm
         self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
@@ -29,7 +32,7 @@ class AgentEvaluator:
         self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
         self.ablations = run_ablations(cfg) if cfg.llm != "none" else {}
         if cfg.llm != "none" and cfg.hybrid.eval_with_advice and setup.market is not None:
-            self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market)
+            self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market, log_dir=log_dir)
 
     def splits(self) -> dict[str, Evaluator]:
         return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
