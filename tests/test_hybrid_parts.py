@@ -153,3 +153,48 @@ def test_rules_fusion_priorities():
     assert int(rules_action(jnp.array([BUY]), pi(BUY, 0.55), advice_for(SELL, 0.95), no_sell)[0]) == BUY  # invalid → RL
     invalid = view(AdviceTable.create(1), QueryConfig(), jnp.zeros(1, jnp.int32))
     assert run(ENABLE_TRAIL, pi(BUY, 0.3), invalid) == ENABLE_TRAIL  # no advice: the policy's sample
+
+
+@pytest.mark.nojit
+def test_win_rate_rule_fires_below_the_brackets_break_even_less_the_margin():
+    """A 1.5-ATR stop / 3-ATR target bracket breaks even at 1.5 / 4.5 = 33% wins: 3 wins in 10 (which the old fixed
+    40% rule vetoed) is no verdict, 2 in 10 is below 33% − 10%; a margin as large as the break-even turns it off."""
+    from agents.advice.risk_veto import break_even_win_rate
+
+    state, params = env_states(trades=10, recent_wins=0b0000000111, recent_count=10)
+    assert float(break_even_win_rate(params)) == pytest.approx(1 / 3)
+    cfg = VetoConfig(consecutive_losses=0, min_drawdown_buffer=0.0)
+    assert not bool(apply_veto(cfg, VetoState.create(1), state, params, ALL)[2].any())
+    worse = state.replace(recent_wins=jnp.full_like(state.recent_wins, 0b0000000011))
+    assert apply_veto(cfg, VetoState.create(1), worse, params, ALL)[2][0].tolist() == [False, False, True]
+    off = VetoConfig(consecutive_losses=0, min_drawdown_buffer=0.0, win_rate_margin=1.0)
+    assert not bool(apply_veto(off, VetoState.create(1), worse.replace(recent_wins=jnp.zeros_like(state.recent_wins)),
+                               params, ALL)[2].any())
+
+
+@pytest.mark.nojit
+def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
+    """query.wait_for_answer: between its question and the answer a flat env may not enter (HOLD and the rest stay);
+    once answered, or in a position, or for the policy alone (rl_only ablation), nothing is held back."""
+    from agents.advice.acting import HybridActing
+    from agents.advice.table import pending
+
+    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True)
+    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    carry = acting.init_carry(3)
+    side = jnp.array([0, 0, 1])
+    advice = carry.advice.mark_queried(jnp.array([0, 2]), jnp.ones(2, bool), side)  # env 1 was not asked
+    for _ in range(3):
+        advice = advice.tick()
+    carry = carry.replace(advice=advice)
+    assert pending(advice, cfg).tolist() == [True, False, True]
+    assert acting.waiting(carry, side).tolist() == [True, False, False]  # env 2 is long: no entry to hold back
+    import dataclasses
+
+    assert not bool(dataclasses.replace(acting, fusion="none").waiting(carry, side).any())
+    answered = advice.write(jnp.array([0, 2]), jnp.full((2, 6), 1 / 6), jnp.full(2, 0.8), jnp.zeros(2, jnp.int32),
+                            jnp.ones(2, bool))
+    assert not bool(pending(answered, cfg).any())
+    for _ in range(10):  # an answer that never comes stops holding the env after two intervals
+        advice = advice.tick()
+    assert not bool(pending(advice, cfg).any())

@@ -18,10 +18,10 @@ from flax import struct
 
 from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
 from agents.advice.risk_veto import RULES, VetoState, apply_veto
-from agents.advice.table import AdviceTable, AdviceView, view
+from agents.advice.table import AdviceTable, AdviceView, pending, view
 from agents.config import QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
-from bridge.protocol import NUM_ACTIONS
+from bridge.protocol import BUY, NUM_ACTIONS, SELL
 from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
 
 N_FUSION_CONTEXT = 6  # regime (ADX), volatility (ATR %), win rate, consecutive losses, time of day, position
@@ -84,9 +84,19 @@ class HybridActing:
             cols += [jnp.zeros_like(obs[..., 0])] * 2
         return jnp.stack(cols, axis=-1)
 
+    def waiting(self, carry: HybridCarry, side: jax.Array) -> jax.Array:
+        """[N] bool: flat envs whose question is in flight, held out of the market until its answer arrives
+        (`query.wait_for_answer`; only for an agent that acts on advice)."""
+        if not self.query.wait_for_answer or self.fusion not in ("learned", "rules"):
+            return jnp.zeros(side.shape, bool)
+        return pending(carry.advice, self.query) & (side == 0)
+
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
-        mask, veto, fired, _ = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
+        veto_mask, veto, fired, _ = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
+        waiting = self.waiting(carry, env_state.side)
+        entries = jnp.zeros(env_mask.shape[-1], bool).at[jnp.array((BUY, SELL))].set(True)
+        mask = veto_mask & ~(waiting[:, None] & entries[None, :])
         logits = masked_logits(logits, mask)
         logp_rl = jax.nn.log_softmax(logits)
         pi_rl = jnp.exp(logp_rl)
@@ -127,7 +137,8 @@ class HybridActing:
             "agreement": (valid * (advice_action == jnp.argmax(pi_rl, -1))).sum(),
             "overrides": changed_by_advice.sum().astype(jnp.float32),
             "trust": gate.sum(),
-            "vetoed": (env_mask & ~mask).any(-1).sum().astype(jnp.float32),  # blocked an otherwise valid action
+            "vetoed": (env_mask & ~veto_mask).any(-1).sum().astype(jnp.float32),  # blocked an otherwise valid action
+            "waited": (waiting & (env_mask & entries[None, :]).any(-1)).sum().astype(jnp.float32),
             **{f"veto_fired_{r}": fired[:, i].sum().astype(jnp.float32) for i, r in enumerate(RULES)},
         }
         extras = StepExtras(advice=advice, context=context, pg_weight=pg_weight, stats=stats)

@@ -1,7 +1,8 @@
 """The risk veto: a mask over actions, vectorised over envs, applied before sampling.
 
 Rules (each can be turned off): 3+ consecutive losses; drawdown buffer below 20% of the trailing drawdown;
-win rate of the last 10 trades below 40% once at least 5 trades exist. A firing rule blocks BUY, SELL and
+win rate of the last 10 trades below the bracket's break-even win rate minus a margin (`win_rate_threshold`) once
+at least 5 trades exist. A firing rule blocks BUY, SELL and
 ENABLE_TRAIL; HOLD is never vetoed. A veto lasts `cooldown_bars` bars or until a new session, whichever
 comes first. A rule fires again only after another trade has closed, so when its condition outlives the
 veto the agent is let back in rather than locked out for good.
@@ -35,6 +36,17 @@ class VetoState:
         )
 
 
+def break_even_win_rate(params: EnvParams) -> jax.Array:
+    """The win rate at which a stop/target bracket breaks even before costs: a win earns target, a loss costs stop."""
+    return params.stop_atr_mult / (params.stop_atr_mult + params.target_atr_mult)
+
+
+def win_rate_threshold(cfg: VetoConfig, params: EnvParams) -> jax.Array:
+    """The win-rate rule fires below this: the break-even win rate less `win_rate_margin` (10 trades are a noisy
+    estimate; a fixed 40% fired on a 1.5/3-ATR bracket that breaks even at 33% and blocked profitable entries)."""
+    return break_even_win_rate(params) - cfg.win_rate_margin
+
+
 def rule_conditions(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.Array:
     """[N, 3] bool: which rules' conditions hold in each env's state."""
     buffer = (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
@@ -43,7 +55,7 @@ def rule_conditions(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.
         [
             (cfg.consecutive_losses > 0) & (state.consecutive_losses >= cfg.consecutive_losses),
             (cfg.min_drawdown_buffer > 0) & (buffer < cfg.min_drawdown_buffer),
-            (cfg.min_win_rate > 0) & (state.trades >= cfg.min_trades_for_win_rate) & (win_rate < cfg.min_win_rate),
+            (state.trades >= cfg.min_trades_for_win_rate) & (win_rate < win_rate_threshold(cfg, params)),
         ],
         axis=-1,
     )

@@ -92,6 +92,12 @@ def view(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> AdviceView:
     )
 
 
+def pending(table: AdviceTable, cfg: QueryConfig) -> jax.Array:
+    """[N] bool: the env was asked and its answer has not arrived yet. Answers come one query step (`interval`
+    steps) after their prompts, later under async latency; one that has not come in two intervals is given up on."""
+    return (table.since_query < table.age) & (table.since_query < 2 * cfg.interval)
+
+
 def select_queries(
     table: AdviceTable, cfg: QueryConfig, budget: int, pi_rl: jax.Array, side: jax.Array, changed: jax.Array
 ):

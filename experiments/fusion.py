@@ -1,0 +1,412 @@
+r"""Does the advice help, and does the help last? Trains every arm (a set of config overrides) for every seed, scores
+each run's latest and best checkpoints, and writes per arm the mean and a bootstrap 95% interval over seeds of test
+P&L, Sharpe, max drawdown, breaches, trust and coverage, the same runs' advice alone (`llm_only`), the veto on
+against off, and the paired difference against `rl_only` (same seeds).
+
+    python scripts/experiment.py --config configs/headlines.yaml --arms rl_only,news,random,shuffled --seeds 0-4 \
+        --json docs/results/experiment-fusion/experiment.json --runs results/experiment-fusion/runs
+    python scripts/experiment.py --quick --json /tmp/q/experiment.json    # 2 seeds, tiny runs: a few minutes
+
+Writes the JSON, `table.md` and `plot.png` beside it; runs go to `--runs` (default: beside the JSON, in runs/),
+one folder per arm and seed (`news-s0`). A second invocation resumes: a run with its evaluation saved
+(`experiment_eval.json`) is read back, a run without it is resumed from its latest checkpoint (train's --resume),
+and only missing runs start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.config import ConfigError, load_config
+
+# arm -> config overrides (`--set` syntax); every arm but rl_only trains with the learned trust gate on the mock advisor
+ARMS: dict[str, list[str]] = {
+    "rl_only": ["llm=none"],  # the policy alone: the baseline of every paired difference
+    "news": ["llm=mock", "hybrid.mock_answers=news"],  # the headline's direction: informed advice
+    "random": ["llm=mock", "hybrid.mock_answers=random"],  # coin flips: no information, other statistics
+    "shuffled": ["llm=mock", "hybrid.mock_answers=shuffled"],  # news answers of other envs and bars: no information
+    "news_veto": ["llm=mock", "hybrid.mock_answers=news", "hybrid.veto.enabled=true"],  # trained with the veto on
+}
+BASELINE = "rl_only"
+CHECKPOINTS = ("latest", "best")
+EVAL_FILE = "experiment_eval.json"  # a run's scored checkpoints: its presence means the run is finished
+RESAMPLES = 10_000
+LOCKED_WAIT_S = 30.0  # a run locked by another experiment process is looked at again this often
+# --quick: small envs and data, two updates with a checkpoint and a validation walk after each
+QUICK_SEEDS = [0, 1]
+QUICK_UPDATES = 2
+QUICK_OVERRIDES = ["num_envs=64", "data.synthetic_days=20", "checkpoint.every_updates=1",
+                   "checkpoint.eval_every_updates=1", "log.warmup_updates=0", "hybrid.budget=64"]
+# figures per checkpoint: name -> (walk, metric); walks are on test unless named val_
+FIGURES: dict[str, tuple[str, str]] = {
+    "test_pnl": ("agent", "net_pnl"),
+    "val_pnl": ("val_agent", "net_pnl"),
+    "test_sharpe": ("agent", "sharpe_daily"),
+    "test_max_drawdown": ("agent", "max_drawdown"),
+    "test_breaches": ("agent", "breaches"),
+    "test_trades": ("agent", "trades"),
+    "trust": ("agent", "mean_trust"),
+    "coverage": ("agent", "advice_coverage"),
+    "wait_rate": ("agent", "wait_rate"),
+    "llm_only_test_pnl": ("llm_only", "net_pnl"),
+    "veto_off_test_pnl": ("fused_no_veto", "net_pnl"),
+    "veto_on_test_pnl": ("fused_veto", "net_pnl"),
+    "veto_off_test_breaches": ("fused_no_veto", "breaches"),
+    "veto_on_test_breaches": ("fused_veto", "breaches"),
+    "veto_off_test_max_drawdown": ("fused_no_veto", "max_drawdown"),
+    "veto_on_test_max_drawdown": ("fused_veto", "max_drawdown"),
+}
+# paired differences within an arm's runs: name -> (figure, figure subtracted)
+PAIRED_WITHIN = {
+    "paired_test_pnl_vs_llm_only": ("test_pnl", "llm_only_test_pnl"),
+    "paired_veto_test_pnl": ("veto_on_test_pnl", "veto_off_test_pnl"),
+    "paired_veto_test_breaches": ("veto_on_test_breaches", "veto_off_test_breaches"),
+    "paired_veto_test_max_drawdown": ("veto_on_test_max_drawdown", "veto_off_test_max_drawdown"),
+}
+
+
+@dataclass
+class Plan:
+    config: str
+    arms: list[str]
+    seeds: list[int]
+    json_path: Path
+    runs_dir: Path
+    overrides: list[str]  # applied after the arm's
+    updates: int | None  # PPO updates per run; None: the config's total_steps
+    partial: bool = False  # report the seeds every arm has finished; train and score nothing
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`0-4` or `0,2,3` (or a mix: `0-2,5`) → sorted distinct seeds."""
+    seeds: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"--seeds {text!r}: use a range such as 0-4 or a list such as 0,1,2")
+        seeds.update(range(int(lo), int(hi if sep else lo) + 1))
+    if not seeds:
+        raise ValueError(f"--seeds {text!r}: no seeds")
+    return sorted(seeds)
+
+
+def parse_arms(text: str) -> list[str]:
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        raise ValueError(f"--arms: unknown arm {', '.join(unknown) or repr(text)}; choose from {', '.join(ARMS)}")
+    if BASELINE not in arms:
+        arms.insert(0, BASELINE)  # every paired difference needs it
+    return list(dict.fromkeys(arms))
+
+
+def run_config(plan: Plan, arm: str, seed: int):
+    overrides = [*ARMS[arm], f"seed={seed}", *plan.overrides]
+    cfg = load_config(plan.config, overrides)
+    if plan.updates is not None:
+        cfg = load_config(plan.config, [*overrides, f"total_steps={plan.updates * cfg.steps_per_update}"])
+    return cfg
+
+
+def train_run(plan: Plan, arm: str, seed: int) -> Path:
+    """Trains the run to its end: from scratch, or resumed from its latest checkpoint when its folder holds one."""
+    from agents.training.loop import train
+
+    run_dir = plan.runs_dir / f"{arm}-s{seed}"
+    resume = (run_dir / "config.yaml").exists()
+    result = train(None if resume else run_config(plan, arm, seed), run_dir, resume=resume)
+    if result.interrupted:
+        raise KeyboardInterrupt(f"{run_dir}: training was interrupted; run the same command again to resume")
+    return run_dir
+
+
+def validation_pnl(run_dir: Path, update: int) -> float | None:
+    """The validation P&L training measured at `update` (metrics.jsonl), None where it did not evaluate."""
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if m.get("update") == update and "val_net_pnl" in m:
+            return m["val_net_pnl"]
+    return None
+
+
+def score_run(run_dir: Path) -> dict[str, Any]:
+    """Both checkpoints, greedy, on the whole test split: the agent and, for an advised run, the advice alone; at the
+    latest checkpoint also the fused agent with the veto switched (the agent is the fused agent with the veto as it
+    trained). Validation P&L is training's own walk of the same checkpoint."""
+    import jax
+
+    from agents.advice.usage import walk_advice_metrics
+    from agents.evaluation.saved_run import ablation_walks, agent_walk, load_run, walk_bounds
+    from agents.runs.saved_runs import restore_policy
+    from jaxenv.metrics import walk_metrics
+
+    out: dict[str, Any] = {}
+    latest = load_run(run_dir, "latest")  # its walker (compiled walks, advisor sidecar) serves both checkpoints
+    try:
+        for kind in CHECKPOINTS:
+            run = latest if kind == "latest" else dataclasses.replace(
+                latest, saved=restore_policy(run_dir, kind, latest.cfg))
+
+            def score(walk, run=run) -> dict:
+                market = run.market
+                trace = walk(walk_bounds(market, "test"), jax.random.PRNGKey(0))
+                m = walk_metrics(trace, market.timestamps, run.cfg.env.prop_firm, market.sessions.day)
+                if "advice_valid" in trace:
+                    m.update(walk_advice_metrics(trace))
+                return m
+
+            walks = {"agent": score(agent_walk(run))}
+            if run.walker is not None:
+                ablations = ablation_walks(run)
+                walks["llm_only"] = score(ablations["llm_only"].walk)
+                trained, switched = (("fused_veto", "fused_no_veto") if run.cfg.hybrid.veto.enabled
+                                     else ("fused_no_veto", "fused_veto"))
+                walks[trained] = walks["agent"]
+                if kind == "latest":
+                    walks[switched] = score(ablations[switched].walk)
+            walks["val_agent"] = {"net_pnl": validation_pnl(run_dir, run.saved.step)}
+            out[kind] = {"update": run.saved.step, "walks": walks}
+    finally:
+        latest.close()
+    return out
+
+
+def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
+    """The run's scores: read back when saved, else trained (or resumed) and scored, then saved."""
+    path = plan.runs_dir / f"{arm}-s{seed}" / EVAL_FILE
+    if path.exists():
+        return json.loads(path.read_text())
+    run_dir = train_run(plan, arm, seed)
+    scores = score_run(run_dir)
+    path.write_text(json.dumps(scores, indent=1))
+    return scores
+
+
+def bootstrap(values: list[float | None], seed: int = 0) -> dict[str, Any]:
+    """Mean over seeds and the percentile-bootstrap 95% interval of that mean (RESAMPLES resamples of the seeds,
+    seeded). Seeds where the figure is undefined are left out; none defined gives nulls."""
+    v = np.asarray([x for x in values if x is not None], np.float64)
+    if not len(v):
+        return {"mean": None, "ci95": None, "n": 0}
+    means = v[np.random.default_rng(seed).integers(0, len(v), (RESAMPLES, len(v)))].mean(1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(v.mean()), "ci95": [float(min(lo, v.mean())), float(max(hi, v.mean()))], "n": len(v)}
+
+
+def per_seed_figures(scores: dict[str, Any], kind: str) -> dict[str, float | None]:
+    walks = scores[kind]["walks"]
+    return {name: walks.get(walk, {}).get(metric) for name, (walk, metric) in FIGURES.items()}
+
+
+def summarize(results: dict[str, dict[int, dict]], seeds: list[int]) -> dict[str, Any]:
+    """{arm: {"latest": {figure: {mean, ci95, n}}, "best": {...}, "runs": {seed: {...}}}}."""
+    arms: dict[str, Any] = {}
+    for arm, by_seed in results.items():
+        arms[arm] = {"runs": {}}
+        for kind in CHECKPOINTS:
+            rows = {s: per_seed_figures(by_seed[s], kind) for s in seeds}
+            base = {s: per_seed_figures(results[BASELINE][s], kind) for s in seeds}
+            for s in seeds:
+                rows[s]["paired_test_pnl_vs_rl_only"] = rows[s]["test_pnl"] - base[s]["test_pnl"]
+                for name, (a, b) in PAIRED_WITHIN.items():
+                    x, y = rows[s][a], rows[s][b]
+                    rows[s][name] = None if x is None or y is None else x - y
+            figures = {name: bootstrap([rows[s][name] for s in seeds]) for name in rows[seeds[0]]}
+            off, on = figures["veto_off_test_pnl"]["mean"], figures["veto_on_test_pnl"]["mean"]
+            figures["veto_pnl_cost"] = None if off is None or on is None else (off - on) / abs(off)
+            figures["updates"] = [by_seed[s][kind]["update"] for s in seeds]
+            arms[arm][kind] = figures
+            for s in seeds:
+                arms[arm]["runs"].setdefault(str(s), {})[kind] = rows[s]
+    return arms
+
+
+def _cell(f: dict[str, Any], money: bool = True) -> str:
+    if f["mean"] is None:
+        return "–"
+    fmt = (lambda x: f"{x:,.0f}") if money else (lambda x: f"{x:.3f}")
+    return f"{fmt(f['mean'])} [{fmt(f['ci95'][0])}, {fmt(f['ci95'][1])}]"
+
+
+def table(summary: dict[str, Any], command: str) -> str:
+    """Markdown: one row per arm and checkpoint, each cell the mean over seeds [bootstrap 95% interval]; the veto's
+    trade-off at the latest checkpoint."""
+    head = ["arm", "checkpoint", "test P&L", "paired vs rl_only", "advice alone (llm_only)", "fused − advice alone",
+            "val P&L", "Sharpe", "max drawdown", "breaches", "trades", "trust g", "coverage", "entries waited"]
+    n = summary["arms"][BASELINE]["latest"]["test_pnl"]["n"]
+    lines = [f"`{command}`", "",
+             f"Mean over {n} seeds {summary['seeds']}"
+             + (" (partial: the seeds every arm has finished so far)" if summary.get("partial") else "")
+             + " [bootstrap 95% interval of the mean]; test split, greedy, whole split walked.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, a in summary["arms"].items():
+        for kind in CHECKPOINTS:
+            f = a[kind]
+            cells = [arm, kind, _cell(f["test_pnl"]), _cell(f["paired_test_pnl_vs_rl_only"]),
+                     _cell(f["llm_only_test_pnl"]), _cell(f["paired_test_pnl_vs_llm_only"]), _cell(f["val_pnl"]),
+                     _cell(f["test_sharpe"], False), _cell(f["test_max_drawdown"]), _cell(f["test_breaches"], False),
+                     _cell(f["test_trades"]), _cell(f["trust"], False), _cell(f["coverage"], False),
+                     _cell(f["wait_rate"], False)]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "The risk veto: the fused agent with it off and on (same checkpoints, test; the latest is scored both ways):",
+              "",
+              ("| arm | checkpoint | P&L off | P&L on | on − off | P&L cost | breaches off | breaches on | "
+               "max drawdown off | max drawdown on |"), "|" + "---|" * 10]
+    for arm, a in summary["arms"].items():
+        for kind in CHECKPOINTS:
+            f = a[kind]
+            if f["veto_off_test_pnl"]["mean"] is None or f["veto_on_test_pnl"]["mean"] is None:
+                continue
+            lines.append("| " + " | ".join([
+                arm, kind, _cell(f["veto_off_test_pnl"]), _cell(f["veto_on_test_pnl"]), _cell(f["paired_veto_test_pnl"]),
+                f"{f['veto_pnl_cost']:.0%}", _cell(f["veto_off_test_breaches"], False),
+                _cell(f["veto_on_test_breaches"], False), _cell(f["veto_off_test_max_drawdown"]),
+                _cell(f["veto_on_test_max_drawdown"])]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    """Test P&L per arm at both checkpoints (fused agent and advice alone), means with their 95% intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(summary["arms"])
+    fig, axes = plt.subplots(1, len(CHECKPOINTS), figsize=(5 + 1.4 * len(arms), 4), sharey=True)
+    for ax, kind in zip(axes, CHECKPOINTS):
+        for offset, (figure, label) in zip((-0.2, 0.2), (("test_pnl", "agent"), ("llm_only_test_pnl", "advice alone"))):
+            xs, means, errs = [], [], [[], []]
+            for i, arm in enumerate(arms):
+                f = summary["arms"][arm][kind][figure]
+                if f["mean"] is None:
+                    continue
+                xs.append(i + offset)
+                means.append(f["mean"])
+                errs[0].append(f["mean"] - f["ci95"][0])
+                errs[1].append(f["ci95"][1] - f["mean"])
+            ax.bar(xs, means, width=0.38, yerr=errs, capsize=3, label=label)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xticks(range(len(arms)), arms, rotation=20)
+        ax.set_title(f"{kind} checkpoint")
+    axes[0].set_ylabel("test net P&L, $ (mean over seeds, 95% CI)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
+    """Every arm × seed (seed-major: a stopped experiment leaves whole seeds), then the JSON, table and plot. A run
+    another experiment process is training (its folder is locked) is taken up again after the others."""
+    from tqdm import tqdm
+
+    from agents.runs.lock import RunLocked
+
+    if plan.partial:
+        return report(plan, command, saved_results(plan))
+    results: dict[str, dict[int, dict]] = {arm: {} for arm in plan.arms}
+    jobs = deque((arm, seed) for seed in plan.seeds for arm in plan.arms)
+    locked_in_a_row = 0
+    with tqdm(total=len(jobs), desc="runs", disable=not progress, file=sys.stderr) as bar:
+        while jobs:
+            arm, seed = jobs.popleft()
+            bar.set_postfix_str(f"{arm}-s{seed}")
+            try:
+                results[arm][seed] = finished_run(plan, arm, seed)
+            except RunLocked:
+                jobs.append((arm, seed))
+                locked_in_a_row += 1
+                if locked_in_a_row >= len(jobs):  # every job left is someone else's for now
+                    time.sleep(LOCKED_WAIT_S)
+                continue
+            locked_in_a_row = 0
+            bar.update()
+    return report(plan, command, results)
+
+
+def saved_results(plan: Plan) -> dict[str, dict[int, dict]]:
+    """The saved scores of the seeds that every arm has finished (a pairing needs them all)."""
+    paths = {(arm, seed): plan.runs_dir / f"{arm}-s{seed}" / EVAL_FILE for arm in plan.arms for seed in plan.seeds}
+    seeds = [s for s in plan.seeds if all(paths[arm, s].exists() for arm in plan.arms)]
+    if not seeds:
+        raise ValueError(f"--partial: no seed of {plan.seeds} has finished every arm in {plan.runs_dir}")
+    plan.seeds = seeds
+    return {arm: {s: json.loads(paths[arm, s].read_text()) for s in seeds} for arm in plan.arms}
+
+
+def report(plan: Plan, command: str, results: dict[str, dict[int, dict]]) -> dict[str, Any]:
+    """Writes the JSON, table.md and plot.png of the runs' scores."""
+    summary = {"command": command, "config": plan.config, "seeds": plan.seeds, "partial": plan.partial,
+               "overrides": plan.overrides, "arm_overrides": {arm: ARMS[arm] for arm in plan.arms}, "resamples": RESAMPLES,
+               "arms": summarize(results, plan.seeds)}
+    plan.json_path.parent.mkdir(parents=True, exist_ok=True)
+    plan.json_path.write_text(json.dumps(summary, indent=1))
+    (plan.json_path.parent / "table.md").write_text(table(summary, command))
+    plot(summary, plan.json_path.parent / "plot.png")
+    return summary
+
+
+def plan_from_args(args) -> Plan:
+    """Checks the command line; a ValueError or ConfigError names the flag or key that is wrong."""
+    if "experiment" not in Path(args.json).name:
+        raise ValueError(f"--json {args.json}: the file name must contain 'experiment'")
+    if not Path(args.config).is_file():
+        raise ValueError(f"--config {args.config}: file not found")
+    seeds = parse_seeds(args.seeds) if args.seeds else (QUICK_SEEDS if args.quick else parse_seeds("0-4"))
+    json_path = Path(args.json)
+    plan = Plan(args.config, parse_arms(args.arms), seeds, json_path,
+                Path(args.runs) if args.runs else json_path.parent / "runs",
+                [*(QUICK_OVERRIDES if args.quick else []), *args.overrides],
+                QUICK_UPDATES if args.quick else args.updates, args.partial)
+    for arm in plan.arms:  # every run's config is checked before the first one trains
+        run_config(plan, arm, plan.seeds[0])
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/headlines.yaml", help="the runs' config (default: %(default)s)")
+    ap.add_argument("--arms", default="rl_only,news,random,shuffled",
+                    help=f"comma-separated arms from {', '.join(ARMS)}; rl_only is always added (default: %(default)s)")
+    ap.add_argument("--seeds", help="training seeds: a range 0-4 or a list 0,1,2 (default: 0-4; --quick: 0-1)")
+    ap.add_argument("--json", default="results/experiment-fusion/experiment.json",
+                    help="the results' JSON; table.md and plot.png go beside it (default: %(default)s)")
+    ap.add_argument("--runs", help="folder of the run folders (default: runs/ beside the JSON)")
+    ap.add_argument("--updates", type=int, help="PPO updates per run instead of the config's total_steps")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"tiny runs: {QUICK_UPDATES} updates of 64 envs on 20 days of data, seeds 0-1 by default")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config key of every run (after the arm's), as in train.py; repeatable")
+    ap.add_argument("--partial", action="store_true",
+                    help="report the seeds every arm has finished so far (e.g. while the experiment runs); trains nothing")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    try:
+        if args.updates is not None and args.updates < 1:
+            raise ValueError("--updates: must be at least 1")
+        plan = plan_from_args(args)
+    except (ValueError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    command = "python scripts/experiment.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    try:
+        summary = run(plan, command, progress=not args.no_progress)
+    except ValueError as e:  # --partial with nothing finished
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print((plan.json_path.parent / "table.md").read_text())
+    print(f"wrote {plan.json_path}, table.md and plot.png beside it; runs in {plan.runs_dir}")
+    return 0 if summary else 1

@@ -1,0 +1,159 @@
+"""scripts/experiment.py: arms × seeds, bootstrap intervals, paired differences, resuming, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import fusion
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _check_schema(summary: dict, arms: list[str]) -> None:
+    for arm in arms:
+        for kind in fusion.CHECKPOINTS:
+            figures = summary["arms"][arm][kind]
+            for name in ("test_pnl", "llm_only_test_pnl", "paired_test_pnl_vs_rl_only"):
+                f = figures[name]
+                assert set(f) >= {"mean", "ci95"}
+                if f["mean"] is not None:
+                    lo, hi = f["ci95"]
+                    assert lo <= f["mean"] <= hi
+    for kind in fusion.CHECKPOINTS:  # the baseline against itself
+        assert summary["arms"]["rl_only"][kind]["paired_test_pnl_vs_rl_only"] == {"mean": 0.0, "ci95": [0.0, 0.0],
+                                                                                   "n": len(summary["seeds"])}
+
+
+def test_seeds_and_arms_parse():
+    assert fusion.parse_seeds("0-4") == [0, 1, 2, 3, 4]
+    assert fusion.parse_seeds("3,1,1-2") == [1, 2, 3]
+    assert fusion.parse_arms("news,random") == ["rl_only", "news", "random"]  # the baseline is always there
+    for bad in ("a-b", "4-", ""):
+        with pytest.raises(ValueError, match="--seeds"):
+            fusion.parse_seeds(bad)
+    with pytest.raises(ValueError, match="--arms: unknown arm nope"):
+        fusion.parse_arms("news,nope")
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_seeds():
+    rng = np.random.default_rng(0)
+    few, many = fusion.bootstrap(list(rng.normal(10, 5, 3))), fusion.bootstrap(list(rng.normal(10, 5, 200)))
+    for f in (few, many):
+        assert f["ci95"][0] <= f["mean"] <= f["ci95"][1]
+    assert many["ci95"][1] - many["ci95"][0] < few["ci95"][1] - few["ci95"][0]
+    assert 8 < many["ci95"][0] < 10 < many["ci95"][1] < 12
+    assert fusion.bootstrap([None, None]) == {"mean": None, "ci95": None, "n": 0}
+
+
+def _fake_scores(pnl: float, advised: bool) -> dict:
+    walk = {"net_pnl": pnl, "sharpe_daily": 1.0, "max_drawdown": 500.0, "breaches": 0, "trades": 10}
+    if advised:
+        walk.update(mean_trust=0.5, advice_coverage=0.1, wait_rate=0.01)
+        walks = {"val_agent": walk, "agent": walk, "fused_no_veto": walk, "llm_only": {**walk, "net_pnl": pnl / 2},
+                 "fused_veto": {**walk, "net_pnl": pnl - 100, "breaches": 0, "max_drawdown": 400.0}}
+    else:
+        walks = {"val_agent": walk, "agent": walk}
+    return {kind: {"update": 3, "walks": walks} for kind in fusion.CHECKPOINTS}
+
+
+def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
+    """A second invocation reads every finished run's saved scores: nothing trains; the paired differences are
+    taken seed by seed."""
+    seeds, arms = [0, 1, 2], ["rl_only", "news"]
+    runs = tmp_path / "runs"
+    for seed in seeds:
+        for arm in arms:
+            folder = runs / f"{arm}-s{seed}"
+            folder.mkdir(parents=True)
+            pnl = 1000.0 * (seed + 1) + (300.0 if arm == "news" else 0.0)
+            (folder / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(pnl, arm != "rl_only")))
+    monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("a finished run was trained again"))
+    plan = fusion.Plan("configs/headlines.yaml", arms, seeds, tmp_path / "experiment.json", runs, [], None)
+    summary = fusion.run(plan, "python scripts/experiment.py ...", progress=False)
+    _check_schema(summary, arms)
+    news = summary["arms"]["news"]["latest"]
+    assert news["paired_test_pnl_vs_rl_only"] == {"mean": 300.0, "ci95": [300.0, 300.0], "n": 3}
+    assert news["test_pnl"]["mean"] == pytest.approx(2300.0)
+    assert news["llm_only_test_pnl"]["mean"] == pytest.approx(1150.0)
+    assert news["veto_pnl_cost"] == pytest.approx(100 / 2300)
+    assert summary["arms"]["rl_only"]["latest"]["llm_only_test_pnl"]["mean"] is None
+    assert json.loads((tmp_path / "experiment.json").read_text())["arms"]["news"]["best"]["test_pnl"]["n"] == 3
+    text = (tmp_path / "table.md").read_text()
+    assert "| news | latest | 2,300 [" in text and "python scripts/experiment.py" in text
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--arms", "news,bogus"], "--arms"),
+    (["--seeds", "x"], "--seeds"),
+    (["--config", "configs/nope.yaml"], "--config"),
+    (["--json", "out/results.json"], "--json"),
+    (["--set", "ppo.lr=oops"], "ppo.lr"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, flag, capsys):
+    argv = ["--json", str(tmp_path / "experiment.json"), *args]
+    assert fusion.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err
+
+
+@pytest.mark.slow
+def test_quick_experiment_trains_scores_and_resumes(tmp_path):
+    """The real thing at its smallest: `--quick` (2 seeds, tiny runs) for rl_only and news, then again: the second
+    invocation trains nothing."""
+    out = tmp_path / "experiment.json"
+    cmd = [sys.executable, "scripts/experiment.py", "--quick", "--arms", "rl_only,news", "--json", str(out),
+           "--no-progress"]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=2400, check=False)
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    _check_schema(summary, ["rl_only", "news"])
+    assert summary["seeds"] == [0, 1]
+    assert summary["arms"]["news"]["latest"]["llm_only_test_pnl"]["n"] == 2
+    stamps = {p: p.stat().st_mtime for p in (tmp_path / "runs").glob("*/metrics.jsonl")}
+    assert len(stamps) == 4
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert {p: p.stat().st_mtime for p in stamps} == stamps  # nothing trained again
+    assert json.loads(out.read_text())["arms"] == summary["arms"]
+
+
+def test_shuffled_advice_keeps_the_news_statistics_and_loses_the_headline():
+    """The `shuffled` control answers flat prompts with earlier news answers (other envs and bars): about as many
+    BUYs and SELLs as the news advisor, no longer following the prompt's own headline; positions keep HOLD."""
+    from bridge.protocol import BUY, HOLD, SELL
+    from llm_sidecar.backends import SHUFFLE_LAG, MockBackend
+
+    rng = np.random.default_rng(0)
+    bullish = rng.random(3000) < 0.5
+    prompts = [f"10:{i % 60:02d} NQ {18000 + i} flat News: {'stocks rally' if b else 'stocks plunge'}"
+               for i, b in enumerate(bullish)]
+    news, shuffled = MockBackend(answers="news"), MockBackend(answers="shuffled")
+    a_news = news.advise(prompts).probs.argmax(1)
+    a_shuf = np.concatenate([shuffled.advise(prompts[i:i + 64]).probs.argmax(1) for i in range(0, 3000, 64)])
+    late = slice(SHUFFLE_LAG * 2, None)
+    assert (a_news[late] == np.where(bullish[late], BUY, SELL)).all()
+    assert abs((a_shuf[late] == BUY).mean() - (a_news[late] == BUY).mean()) < 0.05
+    follows = (a_shuf[late] == np.where(bullish[late], BUY, SELL)).mean()
+    assert 0.45 < follows < 0.55  # a coin's agreement with the headline
+    assert MockBackend(answers="shuffled").advise(["10:00 NQ 18000 long 2 pnl+50 News: rally"]).probs.argmax(1)[0] == HOLD
+
+
+def test_partial_reports_the_seeds_every_arm_finished(tmp_path):
+    runs = tmp_path / "runs"
+    for arm, seed in (("rl_only", 0), ("news", 0), ("rl_only", 1)):  # news-s1 is still training
+        (runs / f"{arm}-s{seed}").mkdir(parents=True)
+        (runs / f"{arm}-s{seed}" / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(100.0 + seed, arm == "news")))
+    argv = ["--arms", "news", "--seeds", "0-1", "--partial", "--json", str(tmp_path / "experiment.json"),
+            "--runs", str(runs), "--no-progress"]
+    assert fusion.main(argv) == 0
+    summary = json.loads((tmp_path / "experiment.json").read_text())
+    assert summary["seeds"] == [0] and summary["partial"]
+    assert "partial" in (tmp_path / "table.md").read_text()
+    assert fusion.main([*argv[:-2], str(tmp_path / "empty"), "--no-progress"]) == 2  # nothing finished there
