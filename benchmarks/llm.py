@@ -1,6 +1,9 @@
-"""LLM benchmark: prompts/s of the sidecar backends (mock, a tiny random Phi-3, the embedded SmolLM2) in score
-and generate modes at several micro-batch sizes, with token counts. Backends run in this process (no answer
-cache, no transport) so the figure is the model's: every prompt in a batch is distinct (random example fields),
+"""LLM benchmark: prompts/s of the sidecar backends (mock, a tiny random Phi-3, the embedded SmolLM2) in score,
+generate and reasoned modes at several micro-batch sizes, with token counts. Generate (free text) and reasoned (the
+prompt file's four-step thought on its token budget) both end in the labels scored after the text, so every mode
+answers ok; `text parse` is the share of texts that also read as an answer (generate: the `ACTION | confidence`
+line; reasoned: the thought's decision step). Backends run in this process (no answer cache, no transport, no
+reasoning time budget) so the figure is the model's: every prompt in a batch is distinct (random example fields),
 no answer cache is involved, and the only thing reused between prompts is the shared system prompt's key/value
 cache, as in production. Run as `python scripts/benchmark.py llm --json PATH`."""
 
@@ -19,17 +22,17 @@ TARGET_SCORE_OVER_GENERATE = 6.0
 
 
 def _plan(quick: bool, batch_sizes: list[int] | None) -> list[tuple[str, str, int]]:
-    """(model, mode, batch size) to measure. Full: everything at 16/64/256; SmolLM2 generate at 256 takes
-    minutes on a 2-core CPU and is left to `--envs 256`."""
+    """(model, mode, batch size) to measure. Full: everything at 16/64/256 but SmolLM2's generate at 256 and
+    reasoned beyond 16 (minutes a batch on a 2-core CPU), which `--envs` sizes ask for."""
     if quick:
-        return [("mock", "text", 64), ("tiny-phi3", "score", 16), ("tiny-phi3", "generate", 16),
-                ("smollm2", "score", 16), ("smollm2", "generate", 16)]  # fmt: skip
+        return [("mock", "text", 64), ("mock", "reasoned", 64)] + [
+            (model, mode, 16) for model in ("tiny-phi3", "smollm2") for mode in ("score", "generate", "reasoned")]
     sizes = batch_sizes or [16, 64, 256]
-    plan = [("mock", "text", b) for b in sizes]
+    plan = [("mock", mode, b) for mode in ("text", "reasoned") for b in sizes]
     for model in ("tiny-phi3", "smollm2"):
-        for mode in ("score", "generate"):
-            plan += [(model, mode, b) for b in sizes if batch_sizes or not (model == "smollm2" and mode ==
-                                                                              "generate" and b == 256)]
+        for mode in ("score", "generate", "reasoned"):
+            slow = {"generate": lambda b: b == 256, "reasoned": lambda b: b > 16}.get(mode, lambda b: False)
+            plan += [(model, mode, b) for b in sizes if batch_sizes or model != "smollm2" or not slow(b)]
     return plan
 
 
@@ -38,6 +41,7 @@ def run(opts: BenchOptions) -> list[dict]:
 
     from llm_sidecar.backends import MockBackend, TransformersBackend, TransformersOptions
     from llm_sidecar.models import build_tiny_phi3
+    from llm_sidecar.reasoning import Reasoner
 
     # On a CPU shared with other work (the JAX trainer, other jobs) fewer torch threads can be much faster:
     # a thread that loses its core stalls every parallel op (measured here with one busy core: 2 threads 1.4-2.2
@@ -50,6 +54,7 @@ def run(opts: BenchOptions) -> list[dict]:
         torch.set_num_threads(int(threads_env))
 
     renderer = PromptRenderer.from_yaml()
+    reasoning = {**renderer.reasoning, "max_time_s": float("inf")}  # the prompt file's token budget, no time limit
     plan = _plan(opts.quick, opts.envs)
     fields, texts = example_fields(max(b for _, _, b in plan), seed=1)
     contexts = [p.decode() for p in renderer.render(fields, texts)]
@@ -62,21 +67,28 @@ def run(opts: BenchOptions) -> list[dict]:
             if key not in backends:
                 t0 = time.perf_counter()
                 if model == "mock":
-                    backends[key] = MockBackend()
+                    backend = MockBackend()
                 else:
-                    options = TransformersOptions(model=tiny_dir if model == "tiny-phi3" else model, mode=mode,
+                    options = TransformersOptions(model=tiny_dir if model == "tiny-phi3" else model,
+                                                  mode="score" if mode == "reasoned" else mode,
                                                   action_labels=renderer.action_labels)
-                    backends[key] = TransformersBackend(options, renderer.system, renderer.answer_prefix)
-                load_s = time.perf_counter() - t0
-                backends[key].advise(contexts[:2])  # warm-up: first-call allocations
-            advisor = backends[key]
+                    backend = TransformersBackend(options, renderer.system, renderer.answer_prefix)
+                advise, prefix_tokens = backend.advise, len(getattr(backend, "prefix_ids", []))
+                if mode == "reasoned":  # the thought's own system prompt: the prompt file's `reasoning` section
+                    reasoner = Reasoner(backend, reasoning)
+                    advise = reasoner.think
+                    if model != "mock":
+                        prefix_tokens = len(backend.prefix_token_ids(reasoner.prefix_text))
+                backends[key] = advise, time.perf_counter() - t0, prefix_tokens
+                advise(contexts[:2])  # warm-up: first-call allocations
+            advise, load_s, prefix_tokens = backends[key]
             batch_contexts = contexts[:batch]
             if len(set(batch_contexts)) != batch:
                 raise RuntimeError("the benchmark must time distinct prompts")
             last = {}
 
             def call():
-                last["answers"] = advisor.advise(batch_contexts)
+                last["answers"] = advise(batch_contexts)
 
             timing = timed_repeats(call, reps, warmup=0)
             answers = last["answers"]
@@ -85,12 +97,14 @@ def run(opts: BenchOptions) -> list[dict]:
                 "prompts_per_s": batch / timing["median_s"],
                 "tokens_per_prompt": answers.prompt_tokens / batch, "distinct_prompts": batch,
                 "ok_fraction": float((answers.status == 0).mean()), "load_s": load_s,
+                "text_parse_rate": None if answers.text_ok is None else float(answers.text_ok.mean()),
+                "generated_tokens_per_prompt": answers.generated_tokens / batch,
                 "peak_host_mb": peak_host_memory_mb(), "cpu": cpu_model(), "torch_threads": torch.get_num_threads(),
                 "threads_rule": threads_env,
                 "load_avg_1min": os.getloadavg()[0], **timing,
             }  # fmt: skip
             if model != "mock":
-                result["system_prefix_tokens"] = len(advisor.prefix_ids)
+                result["system_prefix_tokens"] = prefix_tokens
             results.append(result)
     by_key = {(r["model"], r["mode"], r["batch_size"]): r for r in results}
     for (model, mode, batch), result in by_key.items():
@@ -119,8 +133,10 @@ def markdown(rows: list[dict]) -> str:
         ("prompts/s", lambda r: r["prompts_per_s"]),
         ("s per batch [min–max]", lambda r: f"{r['median_s']:.3g} [{r['min_s']:.3g}–{r['max_s']:.3g}]"),
         ("tokens per prompt", lambda r: r["tokens_per_prompt"]),
+        ("generated per prompt", lambda r: r.get("generated_tokens_per_prompt")),
         ("shared system tokens", lambda r: r.get("system_prefix_tokens")),
         ("score ÷ generate", lambda r: r.get("speedup_vs_generate")),
-        ("ok", lambda r: r["ok_fraction"]), ("reps", lambda r: r["reps"]),
+        ("ok", lambda r: r["ok_fraction"]), ("text parse", lambda r: r.get("text_parse_rate")),
+        ("reps", lambda r: r["reps"]),
     ]  # fmt: skip
     return intro + "\n\n" + table(rows, columns)

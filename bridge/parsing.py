@@ -3,6 +3,9 @@
 Language models wrap the protocol in markdown, JSON, prose and percentages. The parser accepts those, but
 an answer naming no action, or two different ones, is a parse error: never a silent HOLD. Chain-of-thought
 answers (numbered steps ending in that line) are split into their steps by `parse_reasoning`.
+
+The sidecar's transformers advisor decides by scoring the action labels (after any generated text), so there
+these parsers only say whether the text also read as an answer (a counter) and give the reason its steps.
 """
 
 from __future__ import annotations

@@ -33,10 +33,12 @@ _TEMPLATE_KEYS = {
 # protocol's own, which bridge.parse_answer also reads in generate mode; `action_labels` in the YAML changes them.
 DEFAULT_ACTION_LABELS = ACTIONS  # score mode labels each action with its own name unless the YAML says otherwise
 # Chain-of-thought answers (the optional `reasoning` mapping): the step headings the model writes, the last one
-# holding the `ACTION | confidence | reason` line, and how many tokens it may generate for them.
+# holding the `ACTION | confidence | reason` line, how many tokens it may generate for them, and how long one query
+# step's batch of thoughts may take (the labels are then scored after whatever was written).
 DEFAULT_REASONING_STEPS = ("market analysis", "options", "risks", "decision")
 DEFAULT_REASONING_TOKENS = 160
-_REASONING_KEYS = {"system", "steps", "max_new_tokens"}
+DEFAULT_REASONING_TIME_S = 30.0  # well inside hybrid.strict_timeout_s (120 s), which would drop the answers
+_REASONING_KEYS = {"system", "steps", "max_new_tokens", "max_time_s"}
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,11 @@ def check_reasoning(reasoning: object, source: str) -> dict:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"{source}: reasoning.max_new_tokens must be an integer >= 1 (the tokens a thought may "
                          f"generate), got {max_new_tokens!r}")
-    return {"system": system, "steps": steps, "max_new_tokens": max_new_tokens}
+    max_time_s = reasoning.get("max_time_s", DEFAULT_REASONING_TIME_S)
+    if isinstance(max_time_s, bool) or not isinstance(max_time_s, (int, float)) or not max_time_s > 0:
+        raise ValueError(f"{source}: reasoning.max_time_s must be a number > 0 (seconds one query step's thoughts may "
+                         f"take), got {max_time_s!r}")
+    return {"system": system, "steps": steps, "max_new_tokens": max_new_tokens, "max_time_s": float(max_time_s)}
 
 
 class PromptRenderer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import hashlib
@@ -26,6 +27,24 @@ class BackendAnswers:
     status: np.ndarray  # int8 [n]
     reasons: list[bytes]
     prompt_tokens: int = 0  # tokens run through the model for these prompts
+    # Generate and reasoned answers: whether each one's text read as an answer (generate: the `ACTION | confidence`
+    # line; reasoned: the thought's decision step). A counter only: the decision is the scored distribution.
+    text_ok: np.ndarray | None = None  # bool [n]
+    generated_tokens: int = 0  # tokens generated for these answers (the mock: words)
+
+
+REASON_BYTES = 480  # the UTF-8 reason kept per generated or reasoned answer (the bridge keeps 512)
+
+
+def reason_bytes(text: str) -> bytes:
+    """At most REASON_BYTES of UTF-8, cut at a character boundary (the model may write non-ASCII text)."""
+    return text.encode()[:REASON_BYTES].decode("utf-8", "ignore").encode()
+
+
+def scored_reason(probs: np.ndarray, text: str) -> bytes:
+    """The reason of a scored answer after generated text: the decision, then the text on one line."""
+    action = int(np.argmax(probs))
+    return reason_bytes(f"{ACTIONS[action]} {probs[action]:.2f}; " + " ".join(text.split()))
 
 
 def answers_from_text(texts: list[str], prompt_tokens: int = 0) -> BackendAnswers:
@@ -70,7 +89,9 @@ def _side_and_sentiment(context: str) -> tuple[str, int]:
     return side, len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
 
 
-MOCK_ANSWERS = ("rules", "news", "random")
+MOCK_ANSWERS = ("rules", "news", "random", "shuffled")
+SHUFFLE_BUFFER = 4096  # `shuffled`: flat answers kept to draw from ...
+SHUFFLE_LAG = 256  # ... skipping the newest: a recent answer still knows the news regime (it lasts ~60 bars)
 
 
 class MockBackend:
@@ -85,6 +106,10 @@ class MockBackend:
     With `answers="random"` it ignores the prompt and names a random action with a random confidence (seeded by
     the prompt's hash, so runs stay reproducible): an advisor with no information, for checking that the
     learned trust learns to ignore it.
+    With `answers="shuffled"` a flat prompt gets the news answer of another env and bar: one drawn (by the
+    prompt's hash) from the flat news answers given before, at least SHUFFLE_LAG answers ago; until there are
+    that many, a bullish or bearish news answer by the hash. The answers keep the news advice's statistics and
+    lose its information: the control for "does the advice help because of what it knows?".
     Fault injection for tests: `latency_s` per prompt, a `garbage_rate` of unparseable answers (chosen by
     prompt hash, so deterministic) and `crash_after` prompts (the process exits with code 70).
     """
@@ -100,6 +125,7 @@ class MockBackend:
         self.crash_after = crash_after
         self.answers = answers
         self.answered = 0
+        self.past_flat: collections.deque[str] = collections.deque(maxlen=SHUFFLE_BUFFER)  # `shuffled`'s pool
 
     @staticmethod
     def random_text(digest: bytes) -> str:
@@ -108,12 +134,28 @@ class MockBackend:
 
     @staticmethod
     def news_text(context: str) -> str:
-        side, sentiment = _side_and_sentiment(context)
+        return MockBackend.news_answer(*_side_and_sentiment(context))
+
+    @staticmethod
+    def news_answer(side: str, sentiment: int) -> str:
         if side != "flat":
             return "HOLD | 0.60 | let the bracket work"
         if sentiment:
             return f"{'BUY' if sentiment > 0 else 'SELL'} | 0.80 | {'bullish' if sentiment > 0 else 'bearish'} news"
         return "HOLD | 0.60 | no news"
+
+    def shuffled_text(self, context: str, digest: bytes) -> str:
+        answer = self.news_text(context)
+        if _side_and_sentiment(context)[0] != "flat":
+            return answer
+        rng = np.random.default_rng(int.from_bytes(digest, "little"))
+        eligible = len(self.past_flat) - SHUFFLE_LAG
+        if eligible > 0:
+            shuffled = self.past_flat[int(rng.integers(eligible))]
+        else:
+            shuffled = self.news_answer("flat", 1 if rng.integers(2) else -1)
+        self.past_flat.append(answer)
+        return shuffled
 
     def advise_text(self, context: str) -> str:
         rsi = _read(r"\bRSI\s*" + _NUMBER, context, 50.0)
@@ -143,25 +185,67 @@ class MockBackend:
             return f"{'BUY' if sentiment > 0 else 'SELL'} | 0.55 | headline sentiment"
         return "HOLD | 0.60 | no clear edge"
 
+    def _one_line(self, context: str) -> tuple[str, str]:
+        """(the answer as the mock writes it, the answer without injected garbage) for one prompt."""
+        if self.crash_after is not None and self.answered >= self.crash_after:
+            log(f"mock: injected crash after {self.answered} prompts")
+            os._exit(70)
+        self.answered += 1
+        digest = hashlib.blake2b(context.encode(), digest_size=8).digest()
+        if self.answers == "random":
+            clean = self.random_text(digest[::-1])  # reversed: independent of the garbage draw
+        elif self.answers == "news":
+            clean = self.news_text(context)
+        elif self.answers == "shuffled":
+            clean = self.shuffled_text(context, digest[::-1])
+        else:
+            clean = self.advise_text(context)
+        garbage = int.from_bytes(digest, "little") / 2**64 < self.garbage_rate
+        return ("lorem ipsum dolor sit amet" if garbage else clean), clean
+
     def advise(self, contexts: list[str]) -> BackendAnswers:
-        texts = []
-        for context in contexts:
-            if self.crash_after is not None and self.answered >= self.crash_after:
-                log(f"mock: injected crash after {self.answered} prompts")
-                os._exit(70)
-            digest = hashlib.blake2b(context.encode(), digest_size=8).digest()
-            if int.from_bytes(digest, "little") / 2**64 < self.garbage_rate:
-                texts.append("lorem ipsum dolor sit amet")
-            elif self.answers == "random":
-                texts.append(self.random_text(digest[::-1]))  # reversed: independent of the garbage draw
-            elif self.answers == "news":
-                texts.append(self.news_text(context))
-            else:
-                texts.append(self.advise_text(context))
-            self.answered += 1
+        texts = [self._one_line(context)[0] for context in contexts]
         if self.latency_s:
             time.sleep(self.latency_s * len(contexts))
         return answers_from_text(texts)
+
+    def reason(self, contexts: list[str], steps: tuple[str, ...]) -> tuple[list[str], BackendAnswers]:
+        """The mock's reason-then-score: a thought per prompt in `steps`, its last step the one-line answer (left
+        unreadable where garbage is injected), and a decision that never fails: the distribution of the answer
+        without garbage (the mock's stand-in for scoring the labels after the thought). Its answer mode, crashes
+        and latency apply; a thought waits twice the latency (thinking costs more than answering)."""
+        thoughts, decisions = [], []
+        for context in contexts:
+            text, clean = self._one_line(context)
+            thoughts.append(_mock_thought(context, text if text == clean else "undecided", steps))
+            decisions.append(clean)
+        if self.latency_s:
+            time.sleep(2 * self.latency_s * len(contexts))
+        answers = answers_from_text(decisions)
+        answers.generated_tokens = sum(len(thought.split()) for thought in thoughts)
+        return thoughts, answers
+
+
+# What the mock's thoughts quote from the rendered context (configs/prompts.yaml's compact form).
+_INDICATOR = re.compile(r"\b(ADX|RSI|VWAP|mom)\s*([-+]?\d+(?:\.\d+)?%?)")
+_POSITION = re.compile(r"\b(long \d+|short \d+|flat)\b")
+_PNL = re.compile(r"\b(?:pnl|P&L)\s*([-+]?\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
+def _mock_thought(context: str, decision: str, steps: tuple[str, ...]) -> str:
+    """A thought in `steps` that quotes the context's indicators, position and P&L and ends in `decision`."""
+    market = context.partition("News:")[0]  # the position and P&L are read before any headline
+    indicators = ", ".join(f"{name} {value}" for name, value in _INDICATOR.findall(market))
+    position, pnl = _POSITION.search(market), _PNL.search(market)
+    notes = [
+        f"read {indicators or 'no indicators'}.",
+        "BUY, SELL or HOLD when flat; MOVE_TO_BE, ENABLE_TRAIL or DISABLE_TRAIL with a position.",
+        f"position {position[1] if position else 'unknown'}, P&L {pnl[1] if pnl else 'unknown'}.",
+    ]
+    notes += ["nothing to add."] * (len(steps) - 1 - len(notes))  # steps beyond the three the mock knows
+    lines = [f"{n}. {step.capitalize()}: {note}" for n, (step, note) in enumerate(zip(steps[:-1], notes), 1)]
+    lines.append(f"{len(steps)}. {steps[-1].capitalize()}: {decision}")
+    return "\n".join(lines)
 
 
 # ---- transformers -------------------------------------------------------------------------------------
@@ -172,14 +256,17 @@ _SENTINEL = "\x1f@@CONTEXT@@\x1f"
 @dataclass
 class TransformersOptions:
     model: str = "smollm2"  # 'smollm2' (embedded), a local directory or a hub id
-    mode: str = "score"  # 'score' (one forward, action log-likelihoods) or 'generate' (text + parser)
+    # 'score': one forward pass, the action labels' scores after the answer prefix. 'generate': free text (up to
+    # max_new_tokens), then the labels scored after it and the answer prefix (reason_then_score): the text is the
+    # answer's reason, the decision never depends on a small model following a text format.
+    mode: str = "score"
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (auto: bfloat16 on CUDA, float32 on CPU)
     quantize: str = "none"  # none | int8 | int4 (bitsandbytes)
     lora: str | None = None  # a peft adapter directory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     temperature: float = 1.0  # score mode: softmax temperature over the action scores
-    max_new_tokens: int = 24  # generate mode
-    sample: bool = False  # generate mode: sample instead of greedy decoding
+    max_new_tokens: int = 24  # generate mode: the free text's token budget
+    sample: bool = False  # generate mode and thoughts: sample instead of greedy decoding
     prefix_cache: bool = True  # score mode: compute the shared system prefix once
     # Score mode: how each action's label (`action_labels`, bridge.ACTIONS order) is scored after the answer prefix.
     #   'first': one forward pass; each action's score is the next-token logit of its label's first token, and
@@ -209,7 +296,8 @@ def quantization_config(quantize: str, compute_dtype):
 
 
 class TransformersBackend:
-    """A causal LM advising through score mode (default) or generate mode."""
+    """A causal LM advising through score mode (default) or generate mode; both answer with the action labels'
+    scores, generate mode after free text (reason_then_score, which llm_sidecar.reasoning's thoughts use too)."""
 
     name = "transformers"
 
@@ -258,12 +346,20 @@ class TransformersBackend:
         #        + context + suffix (end of the user turn, start of the assistant's) [+ answer prefix].
         self.prefix_text, self.suffix_text = self._split_chat_template(system)
         self.answer_prefix = answer_prefix
-        bos = self.tokenizer.bos_token
-        add_special = not (bos and self.prefix_text.startswith(bos))
-        self.prefix_ids = self.tokenizer(self.prefix_text, add_special_tokens=add_special).input_ids
+        self.prefix_ids = self.prefix_token_ids(self.prefix_text)
         self._setup_action_labels(system)
+        # Generated text ends at the model's end-of-sequence token(s); the labels are then scored after the cue.
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.stop_token_ids = sorted({*eos, self.tokenizer.eos_token_id} - {None})
+        self.answer_cue_ids = self.tokenizer("\n" + answer_prefix, add_special_tokens=False).input_ids
         self._prefix_cache = None
         self.refresh_prefix_cache()
+
+    def prefix_token_ids(self, prefix_text: str) -> list[int]:
+        """A chat prefix's token ids, with the tokenizer's BOS unless the chat template wrote it already."""
+        bos = self.tokenizer.bos_token
+        return self.tokenizer(prefix_text, add_special_tokens=not (bos and prefix_text.startswith(bos))).input_ids
 
     def _setup_action_labels(self, system: str) -> None:
         """Token ids of each action's label as it follows the answer prefix (" " + label)."""
@@ -276,11 +372,9 @@ class TransformersBackend:
             raise ValueError(f"score_tokens must be first or full, got {options.score_tokens!r}")
         self.action_labels = labels
         self.action_ids = [self.tokenizer(" " + a, add_special_tokens=False).input_ids for a in labels]
-        if options.mode != "score":
-            return
         missing = [a for a in labels if not re.search(rf"(?<![\w]){re.escape(a)}(?![\w])", system)]
         if missing:  # the model can only pick a label it was told about
-            raise ValueError(f"score mode: action label(s) {missing} do not appear in the system prompt; list them "
+            raise ValueError(f"action label(s) {missing} do not appear in the system prompt; list them "
                              f"there or set action_labels (--action-labels) to the names the prompt uses")
         if options.score_tokens == "first":
             firsts = [ids[0] for ids in self.action_ids]
@@ -321,8 +415,8 @@ class TransformersBackend:
         """[n, 6] score-mode action scores over temperature (log-softmax them for log-probabilities): the
         computation `advise` answers with, in one micro-batch, under the caller's autograd mode and with the
         system prefix recomputed for the weights (and adapter) active now. For LoRA learning."""
-        if self.options.mode != "score" or self.options.score_tokens != "first":
-            raise ValueError("LoRA learning needs the transformers backend in score mode with score_tokens='first'")
+        if self.options.score_tokens != "first":
+            raise ValueError("LoRA learning needs the transformers backend with score_tokens='first'")
         texts = [c + self.suffix_text + self.answer_prefix for c in contexts]
         if self._prefix_cache is None:
             texts = [self.prefix_text + t for t in texts]
@@ -418,8 +512,16 @@ class TransformersBackend:
         # Padding sits between the shared prefix and each context; positions skip it.
         full_mask = torch.cat([torch.ones((batch, prefix_len), dtype=mask.dtype, device=self.device), mask], dim=1)
         positions = (prefix_len + mask.cumsum(dim=1) - 1).clamp(min=0)
+        return self._label_scores(ids, full_mask, positions, cache)
+
+    def _label_scores(self, ids, attention_mask, positions, cache):
+        """[batch, 6] action scores (TransformersOptions.score_tokens) at the end of `ids`, which follow `cache`
+        (None: nothing) and end in the answer prefix. `attention_mask` covers the cache and `ids`. The one label
+        scoring of score mode, generate mode and reasoned answers."""
+        torch = self.torch
+        batch = ids.shape[0]
         full = self.options.score_tokens == "full" and not self.single_token_labels
-        out = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
+        out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=positions, past_key_values=cache,
                          use_cache=full or cache is not None, logits_to_keep=1)
         logits = out.logits[:, -1].float()
         if not full:  # one softmax over the 6 first-token logits: the log-normaliser cancels
@@ -433,7 +535,8 @@ class TransformersBackend:
             if len(tokens) > 1:  # feed the action's tokens but its last, score its tokens after the first
                 rest = torch.tensor(tokens, device=self.device)
                 steps = len(tokens) - 1
-                step_mask = torch.cat([full_mask, torch.ones((batch, steps), dtype=mask.dtype, device=self.device)], 1)
+                step_mask = torch.cat([attention_mask, torch.ones((batch, steps), dtype=attention_mask.dtype,
+                                                                  device=self.device)], 1)
                 step_positions = last_position + 1 + torch.arange(steps, device=self.device)
                 step = self.model(input_ids=rest[:-1].expand(batch, steps), attention_mask=step_mask,
                                   position_ids=step_positions, past_key_values=cache, use_cache=True,
@@ -444,19 +547,60 @@ class TransformersBackend:
             scores[:, a] = total / len(tokens)
         return scores
 
-    def _generate(self, contexts: list[str]) -> BackendAnswers:
-        """Generates an answer line per prompt and parses it."""
-        texts = [self.prefix_text + c + self.suffix_text for c in contexts]
-        tokens = self.tokenizer(texts, add_special_tokens=False).input_ids
-        ids, mask = self._left_padded(tokens)
-        out = self.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=self.options.max_new_tokens,
-            do_sample=self.options.sample,
-            pad_token_id=self.tokenizer.pad_token_id,
-            **({} if self.options.sample else {"temperature": None, "top_p": None, "top_k": None}),
-        )
-        answers = self.tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
-        return answers_from_text(answers, prompt_tokens=int(mask.sum()))
+    def reason_then_score(self, prefix_text: str, suffix_text: str, contexts: list[str], max_new_tokens: int,
+                          max_time_s: float | None = None) -> tuple[BackendAnswers, list[str], np.ndarray]:
+        """Generates text after each prompt (prefix + context + suffix) in one batched generation, then scores the
+        action labels after the text and the answer cue ("\\n" + answer prefix) in one forward pass that reuses
+        the generation's key/value cache. The prefix (the system prompt, shared by every row) runs once, for the
+        weights active now, and the batch's rows start from broadcast views of its cache, as in score mode.
+        Returns the answers (status ok, reasons unset, `text_ok` unset), the texts, each up to its first
+        end-of-sequence token, and which texts ended there (bool [n]; the others a budget cut).
 
+        Budgets: `max_new_tokens` per prompt and `max_time_s` for the whole batch (transformers' MaxTimeCriteria);
+        a text cut by either is scored on what it has. Rows that ended early hold padding after their end; it is
+        masked out of the scoring pass, whose positions continue each row's own text, so each row's scores equal
+        scoring prompt + text + cue from scratch."""
+        torch = self.torch
+        batch = len(contexts)
+        prefix = torch.tensor([self.prefix_token_ids(prefix_text)], device=self.device)
+        prefix_cache = self._shared_prefix_cache(batch, self.model(input_ids=prefix, use_cache=True).past_key_values)
+        tokens = self.tokenizer([c + suffix_text for c in contexts], add_special_tokens=False).input_ids
+        ids, mask = self._left_padded(tokens)  # padding sits between the prefix and each context, masked
+        ids = torch.cat([prefix.expand(batch, -1), ids], dim=1)
+        mask = torch.cat([torch.ones((batch, prefix.shape[1]), dtype=mask.dtype, device=self.device), mask], dim=1)
+        sample = self.options.sample
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, past_key_values=prefix_cache, max_new_tokens=max_new_tokens,
+            max_time=max_time_s,
+            do_sample=sample, pad_token_id=self.tokenizer.pad_token_id, return_dict_in_generate=True,
+            # Greedy: unset the model's sampling defaults, which generate() would otherwise warn about.
+            **({} if sample else {"temperature": None, "top_p": None, "top_k": None}),
+        )  # fmt: skip
+        new = out.sequences[:, ids.shape[1] :]
+        ended = torch.isin(new, torch.tensor(self.stop_token_ids, device=new.device))
+        text_mask = (ended.long().cumsum(dim=1) == 0).long()  # the text: every token before its row's first end
+        cue = torch.tensor(self.answer_cue_ids, device=self.device).expand(len(contexts), -1)
+        # The cache holds all but the last generated token: feed it (masked where the row had ended) and the cue.
+        full_mask = torch.cat([mask, text_mask, torch.ones_like(cue)], dim=1)
+        step_ids = torch.cat([new[:, -1:], cue], dim=1)
+        positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
+        scores = self._label_scores(step_ids, full_mask, positions, out.past_key_values)
+        texts = self.tokenizer.batch_decode(new * text_mask + self.tokenizer.pad_token_id * (1 - text_mask),
+                                            skip_special_tokens=True)
+        probs = torch.softmax(scores.float() / self.options.temperature, dim=-1).cpu().numpy().astype(np.float32)
+        answers = BackendAnswers(
+            probs=probs, action=probs.argmax(axis=1).astype(np.int8), confidence=probs.max(axis=1),
+            status=np.full(batch, STATUS_OK, dtype=np.int8), reasons=[b""] * batch,
+            prompt_tokens=int(mask[:, prefix.shape[1] :].sum()),  # as score mode counts: the shared prefix aside
+            generated_tokens=int(text_mask.sum()),
+        )  # fmt: skip
+        return answers, texts, ended.any(dim=1).cpu().numpy()
+
+    def _generate(self, contexts: list[str]) -> BackendAnswers:
+        """Generate mode: free text per prompt, then the labels scored after it (reason_then_score). The text is the
+        answer's reason; whether it also read as an `ACTION | confidence | reason` line is `text_ok`."""
+        answers, texts, _ = self.reason_then_score(self.prefix_text, self.suffix_text, contexts,
+                                                self.options.max_new_tokens)
+        answers.reasons = [scored_reason(p, text) for p, text in zip(answers.probs, texts)]
+        answers.text_ok = np.array([parse_answer(text).status == STATUS_OK for text in texts])
+        return answers

@@ -31,6 +31,12 @@ after each epoch the held-out loss decides whether to go on, and the best epoch'
 into "default" at the round's end.
 
 A round runs as a generator, one minibatch per `step()`, so the server answers prompts between steps.
+
+Reasoned answers (llm_sidecar.reasoning: a thought, then the labels scored after it) join outcomes like any other:
+their decision is always a distribution, even when the thought's steps are unreadable, and the experience holds
+the prompt alone. The learner trains the score head on the prompt, the one that answers every unreasoned query;
+the thought is context for its own answer only (it is sampled text the next query would not reproduce), and the
+adapter the round adopts also scores the labels after every later thought.
 """
 
 from __future__ import annotations

@@ -1,37 +1,41 @@
-"""Chain-of-thought ("thinking") answers: the advisor reasons in numbered steps before its one-line answer.
+"""Chain-of-thought ("thinking") answers: reason, then score. The advisor writes a thought in numbered steps
+(market analysis, options, risks, decision), then the six action labels are scored after it exactly as score mode
+scores them, in the same forward state (TransformersBackend.reason_then_score reuses the thought's key/value
+cache). The decision is that distribution, so a thought never loses the answer: a 135M-parameter model that does
+not follow the step format (SmolLM2 parses ~0% of the time) still answers; the thought is kept as the answer's
+reason (llm_log.jsonl, trades.csv), and whether its decision step could be read is a counter.
 
-Why a separate path: a thought generates up to `reasoning.max_new_tokens` tokens per prompt (160 by default,
-against one forward pass per batch in score mode), so the trainer asks for one only on a reasoning budget (rows
-where its policy is uncertain, at most N per episode) and the sidecar answers every other row in score mode.
-The steps are read back with bridge.parsing.parse_reasoning: a thought without a readable decision is a parse
-error, never a silent HOLD, and the answer's reason is a one-line summary of the steps for the trade log.
+Why a separate path: a thought generates up to `reasoning.max_new_tokens` tokens per prompt (against one forward
+pass per batch in score mode), so the trainer asks for one only on a reasoning budget (rows where its policy is
+uncertain, at most N per episode) and the sidecar answers every other row in its usual mode. A query step's
+thoughts run as one batched generation bounded by the token budget per prompt and `reasoning.max_time_s` for the
+batch; a thought cut by either is scored on what it has.
 """
 
 from __future__ import annotations
 
-import re
-import time
-
 import numpy as np
 
-from bridge.parsing import ReasonedAnswer, answer_probabilities, parse_reasoning
+from bridge.parsing import parse_reasoning
 from bridge.prompts import check_reasoning
-from bridge.protocol import ACTIONS, NUM_ACTIONS, STATUS_OK, STATUS_PARSE_ERROR
-from llm_sidecar.backends import BackendAnswers, MockBackend, TransformersBackend
+from bridge.protocol import ACTIONS, STATUS_OK
+from llm_sidecar.backends import (
+    REASON_BYTES,
+    BackendAnswers,
+    MockBackend,
+    TransformersBackend,
+    answers_from_text,
+    reason_bytes,
+)
 
-REASON_BYTES = 480  # the UTF-8 summary kept as each answer's reason
-
-# What the mock's thoughts quote from the rendered context (configs/prompts.yaml's compact form).
-_INDICATOR = re.compile(r"\b(ADX|RSI|VWAP|mom)\s*([-+]?\d+(?:\.\d+)?%?)")
-_POSITION = re.compile(r"\b(long \d+|short \d+|flat)\b")
-_PNL = re.compile(r"\b(?:pnl|P&L)\s*([-+]?\d+(?:\.\d+)?)", re.IGNORECASE)
+DECISION_BYTES = 24  # "SELL 0.41; " and the like, before the thought's summary
 
 
 class Reasoner:
-    """Answers context prompts with chain-of-thought text from a MockBackend or a TransformersBackend.
+    """Answers context prompts by reason-then-score from a MockBackend or a TransformersBackend.
 
     `reasoning` is the prompt file's `reasoning` mapping (see bridge.prompts.check_reasoning): its own system
-    prompt, the step names the answer is split into, and the generated-token budget per thought.
+    prompt, the step names the thought is asked for, and its budgets (tokens per thought, seconds per batch).
     """
 
     def __init__(self, backend: MockBackend | TransformersBackend, reasoning: dict):
@@ -40,99 +44,40 @@ class Reasoner:
         self.backend = backend
         self.reasoning = check_reasoning(reasoning, "Reasoner(reasoning=...)")
         self.steps = tuple(self.reasoning["steps"])
-        self.counters = {"thoughts": 0, "parse_errors": 0, "tokens": 0}  # tokens: generated (the mock: words)
+        # thoughts: answered; parse_errors: thoughts whose decision step could not be read (their answer is the
+        # scored one all the same); cut: thoughts the token or time budget ended; tokens: generated (mock: words).
+        self.counters = {"thoughts": 0, "parse_errors": 0, "cut": 0, "tokens": 0}
         if isinstance(backend, TransformersBackend):
             self.prefix_text, self.suffix_text = backend._split_chat_template(self.reasoning["system"])
 
     def think(self, contexts: list[str]) -> BackendAnswers:
-        """One chain-of-thought answer per context; `reasons` hold each thought's summary."""
+        """One reasoned answer per context: the scored distribution (always status ok), the thought's summary as
+        the reason, and `text_ok` marking the thoughts whose decision step was readable."""
         if not contexts:
-            return _answers([], prompt_tokens=0)
+            return answers_from_text([])
         if isinstance(self.backend, MockBackend):
-            thoughts, prompt_tokens, generated = self._mock_thoughts(contexts)
+            thoughts, answers = self.backend.reason(contexts, self.steps)
+            cut = 0
         else:
-            thoughts, prompt_tokens, generated = self._generated_thoughts(contexts)
+            thoughts, answers, cut = self._generated(contexts)
         reasoned = [parse_reasoning(thought, self.steps) for thought in thoughts]
-        answers = _answers(reasoned, prompt_tokens)
+        answers.text_ok = np.array([r.answer.status == STATUS_OK for r in reasoned], dtype=bool)
+        answers.reasons = [
+            reason_bytes(f"{ACTIONS[a]} {p[a]:.2f}; " + r.summary(REASON_BYTES - DECISION_BYTES))
+            for a, p, r in zip(answers.action, answers.probs, reasoned)
+        ]  # fmt: skip
         self.counters["thoughts"] += len(contexts)
-        self.counters["parse_errors"] += int((answers.status == STATUS_PARSE_ERROR).sum())
-        self.counters["tokens"] += generated
+        self.counters["parse_errors"] += int((~answers.text_ok).sum())
+        self.counters["cut"] += cut
+        self.counters["tokens"] += answers.generated_tokens
         return answers
 
-    def _generated_thoughts(self, contexts: list[str]) -> tuple[list[str], int, int]:
-        """The model's thoughts, their prompt tokens and the tokens generated (padding after an early stop aside)."""
+    def _generated(self, contexts: list[str]) -> tuple[list[str], BackendAnswers, int]:
+        """The model's thoughts, the labels scored after them, and how many thoughts a budget cut."""
         backend = self.backend
-        texts = [self.prefix_text + context + self.suffix_text for context in contexts]
-        tokens = backend.tokenizer(texts, add_special_tokens=False).input_ids  # the prefix holds any BOS already
-        ids, mask = backend._left_padded(tokens)
-        sample = backend.options.sample
         with backend.torch.inference_mode(), backend.adapter_scope():
-            out = backend.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=self.reasoning["max_new_tokens"],
-                do_sample=sample,
-                pad_token_id=backend.tokenizer.pad_token_id,
-                # Greedy: unset the model's sampling defaults, which generate() would otherwise warn about.
-                **({} if sample else {"temperature": None, "top_p": None, "top_k": None}),
-            )
-        new_tokens = out[:, ids.shape[1] :]
-        thoughts = backend.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-        generated = int((new_tokens != backend.tokenizer.pad_token_id).sum())
-        return thoughts, int(mask.sum()), generated
-
-    def _mock_thoughts(self, contexts: list[str]) -> tuple[list[str], int, int]:
-        """The mock's one-line answers written out as thoughts in the configured steps.
-
-        The one-line answers come from `advise`, so the mock's answer modes, injected garbage and crashes and its
-        latency all apply; a thought then waits as long again (thinking costs more than answering)."""
-        mock = self.backend
-        one_line = mock.advise(contexts)
-        if mock.latency_s:
-            time.sleep(mock.latency_s * len(contexts))
-        thoughts = []
-        for i, context in enumerate(contexts):
-            if one_line.status[i] == STATUS_OK:
-                action, confidence = ACTIONS[one_line.action[i]], one_line.confidence[i]
-                decision = f"{action} | {confidence:.2f} | {one_line.reasons[i].decode()}"
-            else:
-                decision = "undecided"  # the mock's garbage answer stays unreadable
-            thoughts.append(self._mock_thought(context, decision))
-        return thoughts, 0, sum(len(thought.split()) for thought in thoughts)
-
-    def _mock_thought(self, context: str, decision: str) -> str:
-        market = context.partition("News:")[0]  # the position and P&L are read before any headline
-        indicators = ", ".join(f"{name} {value}" for name, value in _INDICATOR.findall(market))
-        position, pnl = _POSITION.search(market), _PNL.search(market)
-        notes = [
-            f"read {indicators or 'no indicators'}.",
-            "BUY, SELL or HOLD when flat; MOVE_TO_BE, ENABLE_TRAIL or DISABLE_TRAIL with a position.",
-            f"position {position[1] if position else 'unknown'}, P&L {pnl[1] if pnl else 'unknown'}.",
-        ]
-        notes += ["nothing to add."] * (len(self.steps) - 1 - len(notes))  # steps beyond the three the mock knows
-        lines = [f"{n}. {step.capitalize()}: {note}" for n, (step, note) in enumerate(zip(self.steps[:-1], notes), 1)]
-        lines.append(f"{len(self.steps)}. {self.steps[-1].capitalize()}: {decision}")
-        return "\n".join(lines)
-
-
-def _reason_bytes(summary: str) -> bytes:
-    """At most REASON_BYTES of UTF-8, cut at a character boundary (the model may write non-ASCII text)."""
-    return summary.encode()[:REASON_BYTES].decode("utf-8", "ignore").encode()
-
-
-def _answers(reasoned: list[ReasonedAnswer], prompt_tokens: int) -> BackendAnswers:
-    """BackendAnswers for parsed thoughts: a parse error keeps uniform probabilities and confidence 0."""
-    n = len(reasoned)
-    answers = BackendAnswers(
-        probs=np.full((n, NUM_ACTIONS), 1.0 / NUM_ACTIONS, dtype=np.float32),
-        action=np.full(n, -1, dtype=np.int8),
-        confidence=np.zeros(n, dtype=np.float32),
-        status=np.array([r.answer.status for r in reasoned], dtype=np.int8),
-        reasons=[_reason_bytes(r.summary(REASON_BYTES)) for r in reasoned],
-        prompt_tokens=prompt_tokens,
-    )
-    for i, r in enumerate(reasoned):
-        if r.answer.status == STATUS_OK:
-            answers.action[i], answers.confidence[i] = r.answer.action, r.answer.confidence
-            answers.probs[i] = answer_probabilities(r.answer.action, r.answer.confidence)
-    return answers
+            answers, thoughts, ended = backend.reason_then_score(
+                self.prefix_text, self.suffix_text, contexts, self.reasoning["max_new_tokens"],
+                self.reasoning["max_time_s"],
+            )  # fmt: skip
+        return thoughts, answers, int((~ended).sum())

@@ -2,17 +2,18 @@
 and on a tiny random-weight Phi-3."""
 
 import json
+import os
 import time
 
 import numpy as np
 import pytest
 
-from bridge import STATUS_OK, STATUS_PARSE_ERROR, PromptRenderer
+from bridge import ACTIONS, STATUS_OK, STATUS_PARSE_ERROR, PromptRenderer
 from bridge.parsing import parse_reasoning
 from bridge.prompts import DEFAULT_REASONING_STEPS
 from llm_sidecar.__main__ import example_fields
-from llm_sidecar.backends import MockBackend
-from llm_sidecar.reasoning import REASON_BYTES, Reasoner
+from llm_sidecar.backends import REASON_BYTES, MockBackend
+from llm_sidecar.reasoning import Reasoner
 
 HOLD, BUY, SELL, MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL = range(6)
 STEPS = list(DEFAULT_REASONING_STEPS)
@@ -93,7 +94,7 @@ def test_summary_is_one_bounded_line_that_always_shows_the_decision():
 
 def test_prompt_file_has_a_json_ready_reasoning_section():
     reasoning = RENDERER.reasoning
-    assert reasoning["steps"] == STEPS and reasoning["max_new_tokens"] == 160
+    assert reasoning["steps"] == STEPS and reasoning["max_new_tokens"] == 160 and reasoning["max_time_s"] == 30.0
     assert json.loads(json.dumps(reasoning)) == reasoning  # it travels to the sidecar in a JSON blob
     for heading in ("1. Market analysis:", "2. Options:", "3. Risks:", "4. Decision: ACTION | confidence"):
         assert heading in reasoning["system"]
@@ -109,6 +110,7 @@ def test_prompt_file_has_a_json_ready_reasoning_section():
     ({"steps": ["market analysis", "outlook", "decision"]}, r"reasoning\.steps \['outlook'\] do not appear"),
     ({"max_new_tokens": 0}, r"reasoning\.max_new_tokens must be an integer >= 1"),
     ({"max_new_tokens": "160"}, r"reasoning\.max_new_tokens must be an integer >= 1"),
+    ({"max_time_s": 0}, r"reasoning\.max_time_s must be a number > 0"),
     ({"system": "Steps: market analysis, options, risks, decision. Say BUY or SELL."}, "must list the actions"),
     ({"budget": 3}, r"reasoning has unknown key\(s\) \['budget'\]"),
 ])  # fmt: skip
@@ -126,28 +128,40 @@ def contexts():
     return [prompt.decode() for prompt in RENDERER.render(fields, texts)]
 
 
+def assert_distributions(answers, n):
+    """What every reasoned answer carries: status ok and a 6-way distribution whose top is the action."""
+    assert (answers.status == STATUS_OK).all() and answers.probs.shape == (n, 6)
+    assert np.isfinite(answers.probs).all() and (answers.probs >= 0).all()
+    assert np.allclose(answers.probs.sum(axis=1), 1.0, atol=1e-5)
+    assert (answers.action == answers.probs.argmax(axis=1)).all()
+    assert np.allclose(answers.confidence, answers.probs.max(axis=1))
+
+
 @pytest.mark.parametrize("answers", ["rules", "news", "random"])
 def test_mock_thoughts_end_in_the_mocks_one_line_answer(contexts, answers):
     reasoner = Reasoner(MockBackend(answers=answers), RENDERER.reasoning)
     thought = reasoner.think(contexts)
     one_line = MockBackend(answers=answers).advise(contexts)
-    assert (thought.status == STATUS_OK).all()
-    assert (thought.action == one_line.action).all() and np.allclose(thought.confidence, one_line.confidence)
-    assert np.allclose(thought.probs, one_line.probs)
-    for reason in thought.reasons:
+    assert_distributions(thought, len(contexts))
+    assert (thought.action == one_line.action).all() and np.allclose(thought.probs, one_line.probs)
+    assert thought.text_ok.all()
+    for reason, action in zip(thought.reasons, thought.action):
         assert len(reason) <= REASON_BYTES
+        assert reason.decode().startswith(ACTIONS[action] + " ")  # the scored decision, then the thought
         assert all(f"{step}: " in reason.decode() for step in STEPS), reason
     assert reasoner.counters["thoughts"] == len(contexts) and reasoner.counters["parse_errors"] == 0
     assert reasoner.counters["tokens"] > 0
 
 
-def test_mock_thoughts_quote_the_context_and_keep_garbage_unreadable(contexts):
+def test_unreadable_thoughts_are_counted_but_never_lose_the_decision(contexts):
     reasoner = Reasoner(MockBackend(garbage_rate=0.5), RENDERER.reasoning)
     thought = reasoner.think(contexts)
     garbage = MockBackend(garbage_rate=0.5).advise(contexts).status == STATUS_PARSE_ERROR
     assert garbage.any() and not garbage.all()
-    assert (thought.status == np.where(garbage, STATUS_PARSE_ERROR, STATUS_OK)).all()
-    assert reasoner.counters["parse_errors"] == garbage.sum()
+    assert_distributions(thought, len(contexts))  # unreadable or not, every thought ends in a decision
+    assert (thought.action == MockBackend().advise(contexts).action).all()
+    assert (thought.text_ok == ~garbage).all() and reasoner.counters["parse_errors"] == garbage.sum()
+    assert all("parse error" in thought.reasons[i].decode() for i in np.flatnonzero(garbage))
     reason = thought.reasons[int(np.argmin(garbage))].decode()
     assert "ADX" in reason and "RSI" in reason and "position " in reason and "P&L" in reason
 
@@ -166,18 +180,107 @@ def test_reasoner_rejects_other_backends_and_answers_empty_batches():
     assert empty.probs.shape == (0, 6) and empty.reasons == []
 
 
-def test_transformers_reasoner_on_a_tiny_random_phi3(contexts, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from llm_sidecar.backends import TransformersBackend, TransformersOptions
     from llm_sidecar.models import build_tiny_phi3
 
-    model = str(build_tiny_phi3(tmp_path / "tiny_phi3"))
-    backend = TransformersBackend(TransformersOptions(model=model, mode="generate"), RENDERER.system,
-                                  RENDERER.answer_prefix)
-    reasoner = Reasoner(backend, {**RENDERER.reasoning, "max_new_tokens": 24})
+    return str(build_tiny_phi3(tmp_path_factory.mktemp("tiny_phi3")))
+
+
+def tiny_backend(model, mode="score"):
+    from llm_sidecar.backends import TransformersBackend, TransformersOptions
+
+    return TransformersBackend(TransformersOptions(model=model, mode=mode), RENDERER.system, RENDERER.answer_prefix)
+
+
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_transformers_reasoned_answers_always_carry_a_distribution(tiny_model, contexts, mode):
+    """Random weights never write the steps: every thought is unreadable, every answer still a decision (scored
+    after the thought), whatever mode the backend answers other rows in."""
+    reasoner = Reasoner(tiny_backend(tiny_model, mode), {**RENDERER.reasoning, "max_new_tokens": 16})
+    answers = reasoner.think(contexts[:3])
+    assert_distributions(answers, 3)
+    assert answers.probs.std(axis=0).max() > 1e-4  # scored per prompt and thought, not a constant
+    assert answers.prompt_tokens > 0 and 0 < answers.generated_tokens <= 3 * 16
+    assert reasoner.counters["cut"] == 3  # random weights do not stop by themselves: the token budget ends them
+    assert reasoner.counters["parse_errors"] == (~answers.text_ok).sum() and reasoner.counters["thoughts"] == 3
+    for reason, action in zip(answers.reasons, answers.action):
+        assert reason.decode().startswith(ACTIONS[action] + " ") and "decision: parse error" in reason.decode()
+
+
+def test_a_thought_cut_by_the_time_budget_is_scored_on_what_it_has(tiny_model, contexts):
+    backend = tiny_backend(tiny_model)
+    reasoner = Reasoner(backend, {**RENDERER.reasoning, "max_new_tokens": 1500, "max_time_s": 0.3})
+    start = time.perf_counter()
     answers = reasoner.think(contexts[:2])
-    assert answers.probs.shape == (2, 6) and np.allclose(answers.probs.sum(axis=1), 1.0, atol=1e-5)
-    assert set(answers.status.tolist()) <= {STATUS_OK, STATUS_PARSE_ERROR}  # random weights: mostly parse errors
-    assert answers.prompt_tokens > 0 and len(answers.reasons) == 2 and all(answers.reasons)
-    assert 0 < reasoner.counters["tokens"] <= 2 * 24 and reasoner.counters["thoughts"] == 2
+    assert time.perf_counter() - start < 10.0  # 1500 tokens take far longer
+    assert_distributions(answers, 2)
+    assert 0 < answers.generated_tokens < 2 * 1500 and reasoner.counters["cut"] == 2
+
+
+def test_unreadable_thoughts_still_answer_through_the_sidecar_and_their_reason_reaches_llm_log(tmp_path):
+    """A mock whose every text is garbage: rows marked `think` still come back ok (the scored decision) with the
+    thought as their reason, and the trainer's llm_log.jsonl records that reason; the other rows stay parse errors."""
+    from agents.advisor.link import AdvisorLink
+    from agents.config import load_config
+    from bridge import BridgeConfig, SidecarClient
+
+    fields, texts = example_fields(4, seed=4)
+    prompts = RENDERER.render(fields, texts)
+    with SidecarClient(BridgeConfig(name_prefix=f"jxft{os.getpid()}_")) as client:
+        client.start(backend="mock", prompts=RENDERER, garbage_rate=1.0)
+        client.submit(np.arange(4), prompts, think=[True, False, True, False])
+        answers = client.collect(timeout_s=10.0)
+    assert answers.status.tolist() == [STATUS_OK, STATUS_PARSE_ERROR, STATUS_OK, STATUS_PARSE_ERROR]
+    assert (answers.action[[0, 2]] == MockBackend().advise([prompts[i].decode() for i in (0, 2)]).action).all()
+    link = AdvisorLink.__new__(AdvisorLink)  # only the logging: no market, no sidecar of its own
+    link.h = load_config(None, ["llm=mock", "hybrid.log_llm=8"]).hybrid
+    link.logged = 0
+    with open(tmp_path / "llm_log.jsonl", "a") as link.llm_log:
+        link._log_llm(prompts, answers)
+    logged = [json.loads(line) for line in (tmp_path / "llm_log.jsonl").read_text().splitlines()]
+    for row in (logged[0], logged[2]):
+        assert row["status"] == "ok" and row["answer"].startswith(ACTIONS[int(np.argmax(row["probs"]))])
+        assert "market analysis: read ADX" in row["answer"] and "decision: parse error" in row["answer"]
+
+
+def test_reasoned_answers_reach_the_learner_as_the_prompt_and_its_scored_decision(contexts):
+    """Learning joins outcomes to the answered rows: a reasoned row with an unreadable thought is answered (its
+    scored distribution), and the experience holds the prompt alone, which is what the learner scores."""
+    from types import SimpleNamespace
+
+    from llm_sidecar.learning import PromptMemory
+    from llm_sidecar.server import AnswerCache, answer_request
+
+    class Endpoint:  # the transport's side of answer_request, recorded
+        stop_requested = False
+
+        def abandoned(self, seq):
+            return False
+
+        def add_counter(self, name, value):
+            pass
+
+        def write_answers(self, request, rows, probs, action, confidence, status, reasons):
+            pass
+
+    think = np.arange(len(contexts)) % 2 == 0
+    encoded = [c.encode() for c in contexts]
+    request = SimpleNamespace(seq=7, prompts=encoded, lengths=[len(c) for c in encoded], think=think)
+    mock = MockBackend(garbage_rate=0.5)
+    answered = answer_request(Endpoint(), mock, AnswerCache(0), request, 4, Reasoner(mock, RENDERER.reasoning))
+    garbage = MockBackend(garbage_rate=0.5).advise(contexts).status == STATUS_PARSE_ERROR
+    assert (garbage & think).any() and (garbage & ~think).any()
+    assert np.isfinite(answered[think]).all() and np.isnan(answered[~think & garbage]).all()
+    memory = PromptMemory()
+    memory.remember(7, contexts, answered)
+    n = len(contexts)
+    experiences, unknown = memory.join({"seq": np.full(n, 7), "row": np.arange(n), "action": np.zeros(n),
+                                        "reward": np.zeros(n), "trade_pnl": np.zeros(n), "advantage": np.ones(n),
+                                        "in_force": np.ones(n, bool), "move": np.ones(n)})
+    assert unknown == (~think & garbage).sum()
+    by_prompt = {e.prompt: e for e in experiences}
+    for i in np.flatnonzero(think):
+        assert np.allclose(by_prompt[contexts[i]].advice, answered[i])  # the prompt alone, no thought text

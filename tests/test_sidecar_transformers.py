@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bridge import STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, PromptRenderer, SidecarClient  # noqa: E402
+from bridge import STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient  # noqa: E402
 from llm_sidecar.__main__ import example_fields  # noqa: E402
 from llm_sidecar.backends import TransformersBackend, TransformersOptions, quantization_config  # noqa: E402
 from llm_sidecar.models import build_tiny_phi3  # noqa: E402
@@ -128,11 +128,39 @@ def test_int8_and_int4_configs_load_the_model_on_cpu(tiny_model, contexts, quant
     assert np.abs(answers.probs - plain).max() < 0.05  # quantised, not broken
 
 
-def test_generate_mode_parses_what_the_model_writes(tiny_model, contexts):
+def test_generate_mode_scores_the_labels_after_the_free_text(tiny_model, contexts):
     answers = backend(tiny_model, mode="generate", max_new_tokens=8).advise(contexts[:3])
-    assert set(answers.status.tolist()) <= {STATUS_OK, STATUS_PARSE_ERROR}
-    assert np.allclose(answers.probs.sum(axis=1), 1.0, atol=1e-5)
-    assert all(isinstance(r, bytes) and r for r in answers.reasons)
+    assert_distributions(answers, 3)
+    assert (answers.status == STATUS_OK).all()  # a decision whether or not the text parses
+    assert answers.text_ok.dtype == bool and not answers.text_ok.any()  # random weights write no answer line
+    assert 0 < answers.generated_tokens <= 3 * 8
+    for reason, action in zip(answers.reasons, answers.action):
+        assert reason.decode(errors="replace").startswith(RENDERER.action_labels[action] + " ")
+
+
+def test_scoring_after_generated_text_reuses_its_cache_and_equals_scoring_from_scratch(tiny_model, contexts):
+    """reason_then_score with ragged texts (some rows end early, the rest run into the token budget) gives the
+    distribution of scoring prompt + text + cue from scratch, left padding and masked tail included."""
+    model = backend(tiny_model, mode="generate")
+    tok = model.tokenizer
+    prompts = [model.prefix_ids + t for t in tok([c + model.suffix_text for c in contexts[:6]],
+                                                  add_special_tokens=False).input_ids]
+    ids, mask = model._left_padded(prompts)
+    with torch.inference_mode():
+        greedy = model.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
+                                      pad_token_id=tok.pad_token_id, temperature=None, top_p=None, top_k=None)
+    new = greedy[:, ids.shape[1] :].tolist()
+    stop = new[0][2]  # the random model ends whichever rows write this token: row 0 after two tokens
+    model.model.generation_config.eos_token_id = stop
+    model.stop_token_ids = [stop]
+    texts = [row[: row.index(stop)] if stop in row else row for row in new]
+    assert len({len(t) for t in texts}) > 1 and len(texts[0]) == 2 and max(len(t) for t in texts) == 10
+    with torch.inference_mode():
+        answers, decoded, ended = model.reason_then_score(model.prefix_text, model.suffix_text, contexts[:6], 10)
+        scratch = model._score_tokens([p + t + model.answer_cue_ids for p, t in zip(prompts, texts)])
+    assert np.allclose(answers.probs, torch.softmax(scratch, dim=-1).numpy(), atol=1e-5)
+    assert ended.tolist() == [len(t) < 10 for t in texts] and answers.generated_tokens == sum(map(len, texts))
+    assert decoded == tok.batch_decode([t or [tok.pad_token_id] for t in texts], skip_special_tokens=True)
 
 
 def test_bad_options_fail_loudly(tiny_model):
