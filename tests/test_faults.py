@@ -36,6 +36,7 @@ from agents.training.loop import train
 from bridge import ECHO_PEER_COMMAND, STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, SidecarClient
 from bridge import transport as tp
 from bridge.echo_peer import BAD_ANSWERS
+from tests.processes import children, running
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["llm=none", "num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=1",
@@ -85,26 +86,6 @@ def half_written(run_dir: Path) -> list[str]:
 def shm_segments(pid: int | None = None) -> set[str]:
     mine = f"jxf{pid or os.getpid()}_"
     return {n for n in os.listdir("/dev/shm") if n.startswith(mine)}
-
-
-def children(pid: int, marker: bytes = b"llm_sidecar") -> list[int]:
-    """Live processes whose parent is `pid` and whose command line holds `marker`."""
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text().split(")")[-1].split()
-            if int(stat[1]) == pid and stat[0] != "Z" and marker in Path(f"/proc/{entry}/cmdline").read_bytes():
-                out.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
-
-
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def lock_is_free(run_dir: Path) -> bool:

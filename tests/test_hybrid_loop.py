@@ -18,6 +18,7 @@ from agents.config import load_config
 from agents.rl.ppo import make_train
 from agents.training.env_setup import make_env_setup
 from agents.training.loop import train
+from tests.processes import children, running
 
 TIMING = ("steps_per_s", "achieved_gflops", "update_s", "compile_s")
 SMALL = ["num_envs=32", "ppo.num_steps=20", "ppo.num_minibatches=2", "ppo.update_epochs=1", "total_steps=1280",
@@ -96,30 +97,6 @@ def test_rules_fusion_and_no_veto_run(tmp_path):
     assert 0.0 <= m["override_rate"] <= 1.0
 
 
-def _sidecars(pid: int) -> list[int]:
-    """The llm_sidecar processes whose parent is pid."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    is_child = int(f.read().split(")")[-1].split()[1]) == pid
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if is_child and b"llm_sidecar" in f.read():
-                        out.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_ctrl_c_stops_training_sidecars_and_all(tmp_path):
     """Ctrl-C on `train.py --llm mock` (training sidecar and the validation walk's sidecar both up): the run
     saves a checkpoint and exits, no sidecar outlives it, no shared-memory segment is left."""
@@ -136,11 +113,11 @@ def test_ctrl_c_stops_training_sidecars_and_all(tmp_path):
         while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
             assert trainer.poll() is None, trainer.stderr.read()
             time.sleep(0.2)
-        sidecars = _sidecars(trainer.pid)
+        sidecars = children(trainer.pid)
         assert len(sidecars) == 2  # the training loop's and the validation walk's
         os.killpg(trainer.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
         assert trainer.wait(timeout=60) == 130
-        assert not [p for p in sidecars if _running(p)], "orphaned sidecar"
+        assert not [p for p in sidecars if running(p)], "orphaned sidecar"
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"jxf{trainer.pid}_")]
         assert "checkpoint saved" in trainer.stderr.read()
     finally:
