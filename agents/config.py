@@ -82,6 +82,10 @@ class QueryConfig:
     # a flat env whose question is in flight may not enter until the answer arrives (one query step): the policy
     # cannot otherwise tell that advice is on its way, and entering first leaves the answer nothing to decide
     wait_for_answer: bool = False
+    # async latency only: after an update in which the advisor was still busy at most query steps (it could take
+    # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary
+    # and a device round trip, and one that cannot ask anything buys nothing. 1: always every k steps.
+    max_stretch: int = 8
 
 
 @dataclass
@@ -255,6 +259,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (0 <= cfg.hybrid.sidecar_nice <= 19, "hybrid.sidecar_nice", "must be between 0 and 19"),
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
+        (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),

@@ -51,7 +51,7 @@ def test_strict_mode_with_mock_advisor_is_reproducible(tmp_path):
 
 def test_every_update_gets_answers(tmp_path):
     """Submissions left pending at the end of an update are collected in the next one, so advice keeps coming."""
-    cfg = load_config(None, SMALL + ["ppo.num_steps=64", "total_steps=2048", "hybrid.budget=32"])  # 13 chunks: 12 of 5 steps, one of 4
+    cfg = load_config(None, SMALL + ["ppo.num_steps=64", "total_steps=2048", "hybrid.budget=8"])  # 13 chunks: 12 of 5 steps, one of 4
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     loop = QueryLoop(cfg, ppo, setup.market, tmp_path)
@@ -60,6 +60,33 @@ def test_every_update_gets_answers(tmp_path):
         for _ in range(4):
             state, m = loop.update(state)
             assert m["llm_prompts"] > 0 and m["llm_ok"] > 0
+            assert m["llm_query_interval"] == 5  # strict latency never stretches the interval
+        # Only the envs really asked are marked as asked (B = 8 of the 32 candidates): a marked env counts as
+        # waiting for its answer, and with wait_for_answer could not enter.
+        before = loop.link.n_prompts
+        state = loop.link.query_step(state)
+        asked = int((np.asarray(state.hybrid.advice.since_query) == 0).sum())
+        assert 0 < asked == loop.link.n_prompts - before <= 8
+    finally:
+        loop.close()
+
+
+def test_async_interval_stretches_while_the_advisor_is_busy(tmp_path):
+    """An async advisor too slow to take prompts at most query steps is asked every 2k, then 4k steps (max_stretch
+    4), not beyond; the rollout still covers every step. (The first update's first two query steps submit: 2 of 4
+    busy is not most.)"""
+    cfg = load_config(None, SMALL + ["hybrid.latency=async", "hybrid.mock_latency_s=0.5", "hybrid.query.max_stretch=4"])
+    setup = make_env_setup(cfg)
+    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+    loop = QueryLoop(cfg, ppo, setup.market, tmp_path)
+    try:
+        state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
+        intervals = []
+        for _ in range(5):
+            state, m = loop.update(state)
+            intervals.append(m["llm_query_interval"])
+        assert intervals == [5, 5, 10, 20, 20]
+        assert sum(loop.chunks) == cfg.ppo.num_steps
     finally:
         loop.close()
 

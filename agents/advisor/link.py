@@ -76,13 +76,17 @@ class AdvisorLink:
         self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
         self.reset_counters()
 
-        def select(carry):
+        def select(carry, budget):
+            """Picks and marks as asked at most `budget` envs (a traced count: one compiled selection for every
+            B). Only envs that are really asked are marked: a marked env counts as waiting for an answer."""
             hy = carry.hybrid
+            n = hy.changed.shape[0]
             side = carry.env_state.side.astype(jnp.int32)
             pi_top = jnp.stack([hy.top_prob, 1.0 - hy.top_prob], -1)  # only the top probability matters here
             env_ids, valid = select_queries(hy.advice, self.h.query, self.cap, pi_top, side, hy.changed)
+            valid &= jnp.arange(self.cap) < budget  # top_k sorted them by priority
             advice = hy.advice.mark_queried(env_ids, valid, side)
-            hy = hy.replace(advice=advice, changed=hy.changed.at[env_ids].set(False))
+            hy = hy.replace(advice=advice, changed=hy.changed.at[jnp.where(valid, env_ids, n)].set(False, mode="drop"))
             scalars = gather_state(carry.env_state, env_ids)
             scalars["top_prob"] = hy.top_prob[env_ids]
             scalars["episode_time"] = carry.env_state.time[env_ids]
@@ -107,6 +111,7 @@ class AdvisorLink:
 
     def reset_counters(self) -> None:
         self.n_query_steps = 0
+        self.n_busy = 0  # query steps that asked nobody because the advisor could take no more prompts
         self.n_prompts = 0
         self.n_answers = {name: 0 for name in STATUS_NAMES}
         self.wait_s = 0.0
@@ -118,20 +123,23 @@ class AdvisorLink:
 
     def query_step(self, carry, chunk_s: float | None = None):
         """`chunk_s`: how long the chunk since the previous query step ran (sizes budget `auto`)."""
-        carry, env_ids, valid, scalars = self._select(carry)
-        env_ids, valid, scalars = jax.device_get((env_ids, valid, scalars))
-        take = np.flatnonzero(valid)[: self.budget]  # top_k sorted them by priority
         step = self.query_steps_total
         self.query_steps_total += 1
         self.n_query_steps += 1
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
         self.client.restart_dead()
-        if len(take) and self.client.alive and self.client.pending < 2:
-            rows = {k: v[take] for k, v in scalars.items()}
-            prompts = self.renderer.render(self.fields.build(rows), self.texts)
-            self.client.submit(env_ids[take], prompts, self._think(env_ids[take], rows))
-            self.pending.append([step, time.perf_counter(), prompts, False])
-            self.n_prompts += len(take)
+        if self.client.alive and self.client.pending < 2:
+            carry, env_ids, valid, scalars = self._select(carry, np.int32(self.budget))
+            env_ids, valid, scalars = jax.device_get((env_ids, valid, scalars))
+            take = np.flatnonzero(valid)
+            if len(take):
+                rows = {k: v[take] for k, v in scalars.items()}
+                prompts = self.renderer.render(self.fields.build(rows), self.texts)
+                self.client.submit(env_ids[take], prompts, self._think(env_ids[take], rows))
+                self.pending.append([step, time.perf_counter(), prompts, False])
+                self.n_prompts += len(take)
+        else:
+            self.n_busy += 1  # nobody asked: the advisor still has two submissions to answer (or is down)
         # The answers to earlier query steps' prompts: one step of latency. Async takes a submission once all its
         # answers are ready (never waiting): a slow advisor's answers arrive some query steps late, not never.
         while self.pending and self.pending[0][0] < step:
@@ -237,6 +245,7 @@ class AdvisorLink:
             "llm_rate": self.n_answers.get("ok", 0) / max(time.perf_counter() - self.counting_since, 1e-9),
             "llm_budget": self.budget,
             "llm_wait_s_per_query": self.wait_s / max(self.n_query_steps, 1),
+            "llm_busy_rate": self.n_busy / max(self.n_query_steps, 1),
             "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
             "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
             "llm_cache_hit_rate": hits / max(hits + misses, 1),

@@ -36,7 +36,9 @@ class QueryLoop:
 
     def __init__(self, cfg, ppo, market, run_dir: Path | None, client: SidecarClient | None = None,
                  adapter: str | None = None):
-        self.chunks = chunk_lengths(cfg.ppo.num_steps, cfg.hybrid.query.interval)
+        self.num_steps, self.interval = cfg.ppo.num_steps, cfg.hybrid.query.interval
+        self.max_stretch = cfg.hybrid.query.max_stretch
+        self.stretch = 1  # query steps every interval × stretch env steps (async: see _restretch)
         self.learning = cfg.hybrid.learning if cfg.hybrid.learning.enabled else None
         self.market = market  # its prices measure the market's move after each answer (the outcomes' `move`)
         self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir, client, learn=self.learning is not None,
@@ -45,6 +47,10 @@ class QueryLoop:
         self._learn = jax.jit(ppo.learn)
         self._advantages = jax.jit(ppo.advantages)
         self.rounds_seen = 0
+
+    @property
+    def chunks(self) -> list[int]:
+        return chunk_lengths(self.num_steps, self.interval * self.stretch)
 
     @property
     def client(self) -> AdvisorPool:
@@ -75,9 +81,22 @@ class QueryLoop:
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
         metrics.update(advice_metrics(stats))
         metrics.update(self.link.metrics())
+        metrics["llm_query_interval"] = self.interval * self.stretch
+        self._restretch(metrics["llm_busy_rate"])
         if self.learning:
             metrics.update(self._learning_step(int(rs.update), sent))
         return rs, metrics
+
+    def _restretch(self, busy_rate: float) -> None:
+        """Async latency: after an update in which most query steps asked nobody (the advisor still had two
+        submissions to answer), the interval doubles, up to interval × max_stretch and the rollout's length.
+        Such a query step buys nothing and costs a chunk boundary and a device round trip; the advisor answers as
+        many prompts either way (budget `auto` sizes B to the longer chunk). It never shrinks within a run, so
+        the rollout compiles for a few chunk lengths at most; strict latency always asks every interval."""
+        if self.link.latency != "async" or busy_rate <= 0.5:
+            return
+        if 2 * self.stretch <= self.max_stretch and 2 * self.stretch * self.interval <= self.num_steps:
+            self.stretch *= 2
 
     def _send_outcomes(self, rs, traj, applied) -> int:
         advantage = self._advantages(rs, traj)
