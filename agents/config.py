@@ -93,12 +93,16 @@ class VetoConfig:
     """The risk veto's rules (agents.advice.risk_veto)."""
 
     enabled: bool = True
-    consecutive_losses: int = 3  # fire at this many losses in a row; 0 turns the rule off
+    # The rules judge the agent against the bracket's break-even win rate p0 = stop / (stop + target) ATR multiples
+    # (1/3 for 1.5/3): `auto` thresholds fire on results that an agent winning at p0 shows with probability at most
+    # `significance`. Fixed ones (3 losses, a 40% win rate) fired on most losing streaks of a profitable agent.
+    significance: float = 0.05
+    # fire at this many losses in a row; auto: the streak (1 − p0)^n <= significance (8 for 1.5/3); 0: off
+    consecutive_losses: int | str = "auto"
     min_drawdown_buffer: float = 0.20  # fire below this share of the trailing drawdown left; 0 turns it off
-    # fire when the win rate of the last 10 trades is below the bracket's break-even win rate
-    # (stop / (stop + target) ATR multiples) minus this margin: a fixed 40% fired on a 1.5/3 bracket breaking even at 33%;
-    # a margin >= the break-even turns the rule off
-    win_rate_margin: float = 0.10
+    # fire when the last (5-10) trades won less than p0 minus this margin; auto: when so few wins have binomial
+    # probability <= significance at p0 (for 1.5/3: no win in the last 8-10 trades); a margin >= p0 turns it off
+    win_rate_margin: float | str = "auto"
     min_trades_for_win_rate: int = 5
     cooldown_bars: int = 30
 
@@ -257,6 +261,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (not cfg.hybrid.learning.enabled or cfg.hybrid.sidecar_workers in ("auto", "1"), "hybrid.sidecar_workers",
          "LoRA learning (hybrid.learning.enabled) trains one advisor: use 1 worker (or auto)"),
         (0 <= cfg.hybrid.sidecar_nice <= 19, "hybrid.sidecar_nice", "must be between 0 and 19"),
+        (cfg.hybrid.veto.consecutive_losses == "auto" or str(cfg.hybrid.veto.consecutive_losses).isdigit(),
+         "hybrid.veto.consecutive_losses", "must be a number >= 0 (0: off) or auto"),
+        (cfg.hybrid.veto.win_rate_margin == "auto" or _is_number(cfg.hybrid.veto.win_rate_margin),
+         "hybrid.veto.win_rate_margin", "must be a number or auto"),
+        (0 < cfg.hybrid.veto.significance < 1, "hybrid.veto.significance", "must be between 0 and 1"),
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
@@ -303,6 +312,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

@@ -29,10 +29,20 @@ def env_states(**overrides):
 
 @pytest.mark.nojit
 def test_veto_fires_on_consecutive_losses_blocks_entries_but_never_hold():
-    state, params = env_states(consecutive_losses=3, trades=3)
+    """`auto`: a 1.5/3-ATR bracket breaks even at 1/3 wins, where 8 losses in a row have probability (2/3)^8 = 3.9%
+    <= 5% and 7 have 5.9%: 8 fire, 7 do not. A fixed count fires at that count."""
+    from agents.advice.risk_veto import losing_streak_limit
+
+    state, params = env_states(consecutive_losses=8, trades=8)
+    assert int(losing_streak_limit(VetoConfig(), params)) == 8
     mask, veto, fired, active = apply_veto(VetoConfig(), VetoState.create(1), state, params, ALL)
     assert fired[0].tolist() == [True, False, False] and bool(active[0])
     assert mask[0].tolist() == [True, False, False, True, False, True]  # BUY, SELL, ENABLE_TRAIL blocked
+    seven = state.replace(consecutive_losses=state.consecutive_losses - 1)
+    assert not bool(apply_veto(VetoConfig(), VetoState.create(1), seven, params, ALL)[2].any())
+    three = state.replace(consecutive_losses=jnp.full_like(state.consecutive_losses, 3))
+    assert apply_veto(VetoConfig(consecutive_losses=3), VetoState.create(1), three, params, ALL)[2][0].tolist() == [
+        True, False, False]
 
 
 @pytest.mark.nojit
@@ -44,7 +54,7 @@ def test_veto_rules_drawdown_buffer_and_win_rate_and_switches():
     assert not bool(fired.any())
 
     losing, params = env_states(trades=6, recent_wins=0b000001, recent_count=6)  # 1 win in 6 = 17%
-    _, _, fired, _ = apply_veto(VetoConfig(), VetoState.create(1), losing, params, ALL)
+    _, _, fired, _ = apply_veto(VetoConfig(win_rate_margin=0.1), VetoState.create(1), losing, params, ALL)
     assert fired[0].tolist() == [False, False, True]
     few, params = env_states(trades=4, recent_wins=0, recent_count=4)  # fewer than 5 trades: no verdict
     _, _, fired, _ = apply_veto(VetoConfig(), VetoState.create(1), few, params, ALL)
@@ -55,7 +65,7 @@ def test_veto_rules_drawdown_buffer_and_win_rate_and_switches():
 
 @pytest.mark.nojit
 def test_veto_expires_after_cooldown_and_at_new_session_and_does_not_lock_out():
-    cfg = VetoConfig(cooldown_bars=30)
+    cfg = VetoConfig(cooldown_bars=30, consecutive_losses=3)
     state, params = env_states(consecutive_losses=3, trades=3)
     _, veto, _, _ = apply_veto(cfg, VetoState.create(1), state, params, ALL)
     later = state.replace(t=state.t + 29)
@@ -158,12 +168,19 @@ def test_rules_fusion_priorities():
 @pytest.mark.nojit
 def test_win_rate_rule_fires_below_the_brackets_break_even_less_the_margin():
     """A 1.5-ATR stop / 3-ATR target bracket breaks even at 1.5 / 4.5 = 33% wins: 3 wins in 10 (which the old fixed
-    40% rule vetoed) is no verdict, 2 in 10 is below 33% − 10%; a margin as large as the break-even turns it off."""
+    40% rule vetoed) is no verdict, 2 in 10 is below 33% − 10%; a margin as large as the break-even turns it off.
+    `auto` (binomial, 5%): 1 win in 10 has probability 10.4% at 1/3 and is no verdict; 0 in 10 (1.7%) is, 0 in 7
+    (5.9%) is not, 0 in 8 (3.9%) is."""
     from agents.advice.risk_veto import break_even_win_rate
 
     state, params = env_states(trades=10, recent_wins=0b0000000111, recent_count=10)
     assert float(break_even_win_rate(params)) == pytest.approx(1 / 3)
-    cfg = VetoConfig(consecutive_losses=0, min_drawdown_buffer=0.0)
+    auto = VetoConfig(consecutive_losses=0, min_drawdown_buffer=0.0)
+    for wins, count, fires in ((1, 10, False), (0, 10, True), (0, 7, False), (0, 8, True)):
+        case = state.replace(recent_wins=jnp.full_like(state.recent_wins, wins),
+                             recent_count=jnp.full_like(state.recent_count, count))
+        assert bool(apply_veto(auto, VetoState.create(1), case, params, ALL)[2][0, 2]) == fires, (wins, count)
+    cfg = VetoConfig(consecutive_losses=0, min_drawdown_buffer=0.0, win_rate_margin=0.1)
     assert not bool(apply_veto(cfg, VetoState.create(1), state, params, ALL)[2].any())
     worse = state.replace(recent_wins=jnp.full_like(state.recent_wins, 0b0000000011))
     assert apply_veto(cfg, VetoState.create(1), worse, params, ALL)[2][0].tolist() == [False, False, True]

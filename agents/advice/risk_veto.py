@@ -1,8 +1,10 @@
 """The risk veto: a mask over actions, vectorised over envs, applied before sampling.
 
-Rules (each can be turned off): 3+ consecutive losses; drawdown buffer below 20% of the trailing drawdown;
-win rate of the last 10 trades below the bracket's break-even win rate minus a margin (`win_rate_threshold`) once
-at least 5 trades exist. A firing rule blocks BUY, SELL and
+Rules (each can be turned off), judged against the bracket's break-even win rate p0 (`break_even_win_rate`): a
+losing streak that an agent winning at p0 has with probability <= `significance` (8 losses for a 1.5/3-ATR
+bracket); drawdown buffer below 20% of the trailing drawdown; so few wins in the last 10 trades (at least 5)
+that an agent at p0 shows them with probability <= `significance`. Fixed thresholds (a number of losses, p0
+minus a margin) remain available. A firing rule blocks BUY, SELL and
 ENABLE_TRAIL; HOLD is never vetoed. A veto lasts `cooldown_bars` bars or until a new session, whichever
 comes first. A rule fires again only after another trade has closed, so when its condition outlives the
 veto the agent is let back in rather than locked out for good.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.scipy.stats import binom
 
 from agents.config import VetoConfig
 from jaxenv.env import BUY, ENABLE_TRAIL, SELL, EnvParams, EnvState, drawdown_threshold, recent_win_rate
@@ -41,21 +44,40 @@ def break_even_win_rate(params: EnvParams) -> jax.Array:
     return params.stop_atr_mult / (params.stop_atr_mult + params.target_atr_mult)
 
 
-def win_rate_threshold(cfg: VetoConfig, params: EnvParams) -> jax.Array:
-    """The win-rate rule fires below this: the break-even win rate less `win_rate_margin` (10 trades are a noisy
-    estimate; a fixed 40% fired on a 1.5/3-ATR bracket that breaks even at 33% and blocked profitable entries)."""
-    return break_even_win_rate(params) - cfg.win_rate_margin
+def losing_streak_limit(cfg: VetoConfig, params: EnvParams) -> jax.Array:
+    """Losses in a row that fire the rule (0: off). `auto`: the shortest streak an agent winning at the break-even
+    rate p0 has with probability (1 − p0)^n <= significance (8 for 1.5/3; 3 in a row happen 30% of the time)."""
+    if cfg.consecutive_losses != "auto":
+        return jnp.asarray(int(cfg.consecutive_losses), jnp.int32)
+    p0 = break_even_win_rate(params)
+    return jnp.ceil(jnp.log(cfg.significance) / jnp.log1p(-p0)).astype(jnp.int32)
+
+
+def too_few_wins(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.Array:
+    """The win-rate rule's condition for one env. `auto`: the last trades' wins are so few that an agent at the
+    break-even rate p0 has at most that many with binomial probability <= significance; a number: their win rate is
+    below p0 less that margin."""
+    p0 = break_even_win_rate(params)
+    n = state.recent_count
+    wins = jax.lax.population_count(state.recent_wins)
+    if cfg.win_rate_margin == "auto":
+        k = jnp.arange(11)  # recent_count is at most 10
+        cdf = jnp.sum(jnp.where(k <= wins, binom.pmf(k, n, p0), 0.0))
+        low = cdf <= cfg.significance
+    else:
+        low = recent_win_rate(state) < p0 - float(cfg.win_rate_margin)
+    return (state.trades >= cfg.min_trades_for_win_rate) & low
 
 
 def rule_conditions(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.Array:
-    """[N, 3] bool: which rules' conditions hold in each env's state."""
+    """[3] bool for one env: which rules' conditions hold in its state."""
     buffer = (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
-    win_rate = recent_win_rate(state)
+    streak = losing_streak_limit(cfg, params)
     return jnp.stack(
         [
-            (cfg.consecutive_losses > 0) & (state.consecutive_losses >= cfg.consecutive_losses),
+            (streak > 0) & (state.consecutive_losses >= streak),
             (cfg.min_drawdown_buffer > 0) & (buffer < cfg.min_drawdown_buffer),
-            (state.trades >= cfg.min_trades_for_win_rate) & (win_rate < win_rate_threshold(cfg, params)),
+            too_few_wins(cfg, state, params),
         ],
         axis=-1,
     )
