@@ -146,7 +146,11 @@ class HybridConfig:
     sidecar_threads: int = 1  # torch threads in the sidecar: the trainer needs the other cores
     # advisor processes, each with its own torch device and shared memory: a number, or auto (one per GPU, 1 on CPU)
     sidecar_workers: str = "auto"
-    sidecar_nice: int = 19  # OS niceness of the advisor processes: on shared cores they use what the trainer leaves idle
+    sidecar_nice: int = 19  # OS niceness of the advisor processes (on shared cores they still slow the trainer: advisor_share)
+    # the most of the wall time the advisor may compute: after each answered submission (L seconds from submit to
+    # collect) it rests L × (1 − share) / share before the next; auto: 1 for the mock or an advisor on its own GPU,
+    # 0.1 for a model that shares the trainer's CPU cores (where each second it computes slows training)
+    advisor_share: str = "auto"
     sidecar_batch_size: int = 64
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
@@ -261,6 +265,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (not cfg.hybrid.learning.enabled or cfg.hybrid.sidecar_workers in ("auto", "1"), "hybrid.sidecar_workers",
          "LoRA learning (hybrid.learning.enabled) trains one advisor: use 1 worker (or auto)"),
         (0 <= cfg.hybrid.sidecar_nice <= 19, "hybrid.sidecar_nice", "must be between 0 and 19"),
+        (cfg.hybrid.advisor_share == "auto" or (_is_number(cfg.hybrid.advisor_share)
+                                                 and 0 < float(cfg.hybrid.advisor_share) <= 1),
+         "hybrid.advisor_share", "must be a number in (0, 1] or auto"),
         (cfg.hybrid.veto.consecutive_losses == "auto" or str(cfg.hybrid.veto.consecutive_losses).isdigit(),
          "hybrid.veto.consecutive_losses", "must be a number >= 0 (0: off) or auto"),
         (cfg.hybrid.veto.win_rate_margin == "auto" or _is_number(cfg.hybrid.veto.win_rate_margin),

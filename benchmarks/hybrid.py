@@ -3,11 +3,16 @@
     python scripts/benchmark.py hybrid --envs 4096 --json results/hybrid.json
 
 Per env count and advisor, whole PPO updates on synthetic:headlines, hybrid and RL-only (`--llm none`, one
-compiled update) alternating update by update, so that load from other processes falls on both alike:
+compiled update) alternating update by update, so that load from other processes falls on both alike. The advisor
+processes are stopped (SIGSTOP) while an RL-only update is timed, as in a `--llm none` run, which has none: a model
+answering its backlog beside the RL-only update would slow it too and flatter the ratio (SmolLM2 on 2 cores took
+its RL-only figure from 19.0k to 12.2k steps/s).
 - `mock`: the mock advisor in its own process through the real bridge, k = 5, B = 256, strict latency;
 - `smollm2`: the main command's advisor as configured by default (auto budget, latency auto = async, workers auto,
-  the sidecar at OS niceness 19), not with --quick, and only where the embedded model is installed;
-- `smollm2_strict`: the same, strict latency (bit-reproducible; the trainer waits for every answer).
+  the sidecar at OS niceness 19, advisor share auto = 0.1 on a CPU), not with --quick, and only where the embedded
+  model is installed;
+- `smollm2_full_share`: the same, computing whenever it has prompts (advisor share 1): the coverage the share gives up;
+- `smollm2_strict`: the default, strict latency (bit-reproducible; the trainer waits for every answer).
 Each row carries steps/s, the RL-only steps/s measured beside it, their ratio, the advice coverage (share of
 decisions made with valid advice), the advisor's answers/s, the budget B used, prompts per update and the wait per
 query step, and the 1-minute load average (other processes on the machine distort every figure).
@@ -15,6 +20,9 @@ query step, and the 1-minute load average (other processes on the machine distor
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import statistics
 import sys
 import time
@@ -43,6 +51,7 @@ QUICK_NUM_STEPS = 20
 ADVISORS = {  # name -> config overrides
     "mock": ["llm=mock", "hybrid.budget=256", "hybrid.query.interval=5", "hybrid.latency=strict"],
     "smollm2": ["llm=smollm2", "hybrid.query.interval=5"],  # the main command's defaults
+    "smollm2_full_share": ["llm=smollm2", "hybrid.query.interval=5", "hybrid.advisor_share=1"],
     "smollm2_strict": ["llm=smollm2", "hybrid.query.interval=5", "hybrid.latency=strict"],
 }
 WARMUP_UPDATES = 2  # untimed updates first: compilation, and the auto budget settling
@@ -66,6 +75,23 @@ def smollm2_available() -> bool:
         return False
 
 
+@contextlib.contextmanager
+def advisors_stopped(pool):
+    """The advisor processes stopped (SIGSTOP) inside the block, continued after it; waits for their heartbeats
+    to be fresh again, so that the hybrid update after it does not count them as hung."""
+    pids = [pid for pid in pool.sidecar_pids if pid]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and pool.alive_count < len(pool.workers):
+            time.sleep(0.05)
+
+
 def time_hybrid(advisor: str, n_envs: int, num_steps: int, reps: int, setup, overrides: list[str] = ()) -> dict:
     """One row: `reps` hybrid updates (advisor `advisor`, then config `overrides`, e.g. hybrid.sidecar_workers=2)
     alternating with RL-only updates of the same env count, after WARMUP_UPDATES of each."""
@@ -82,10 +108,11 @@ def time_hybrid(advisor: str, n_envs: int, num_steps: int, reps: int, setup, ove
     metrics, loads = [], []
     try:
         for i in range(WARMUP_UPDATES + reps):
-            t = time.perf_counter()
-            states["rl"], m = rl_update(states["rl"])
-            jax.block_until_ready(m)
-            rl_s = time.perf_counter() - t
+            with advisors_stopped(loop.client):
+                t = time.perf_counter()
+                states["rl"], m = rl_update(states["rl"])
+                jax.block_until_ready(m)
+                rl_s = time.perf_counter() - t
             t = time.perf_counter()
             states["hybrid"], m = loop.update(states["hybrid"])
             m = jax.device_get(m)
@@ -115,6 +142,8 @@ def time_hybrid(advisor: str, n_envs: int, num_steps: int, reps: int, setup, ove
         "coverage": mean("advice_coverage"),
         "answers_per_s": mean("llm_rate"),
         "budget": mean("llm_budget"),
+        "advisor_share": mean("llm_advisor_share"),
+        "query_interval_used": metrics[-1]["llm_query_interval"],
         "prompts_per_update": mean("llm_prompts"),
         "wait_s_per_query": mean("llm_wait_s_per_query"),
         "latency_p50_s": mean("llm_latency_p50_s"),
@@ -150,7 +179,8 @@ def markdown(rows: list[dict]) -> str:
         f"Whole PPO updates ({r0['num_steps']}-step rollouts as chunks of k = {r0['query_interval']} steps with a "
         "query step between chunks, synthetic:headlines) with the advisor in its own process(es) through the real "
         "bridge, alternating update by update with RL-only updates (`--llm none`) of the same env count, so that "
-        "other load falls on both alike. "
+        "other load falls on both alike; the advisor processes are stopped while an RL-only update is timed (a "
+        "`--llm none` run has none). "
         f"`ratio` = hybrid ÷ RL-only steps/s (targets: mock advisor ≥ {TARGET_RATIO}, the main command's SmolLM2 "
         f"advisor ≥ {MODEL_TARGET_RATIO}); coverage = share of decisions made with valid advice; answers/s = the "
         "advisor's ok answers per second of training; B = prompts per query step (`auto`: sized from the advisor's "
@@ -167,6 +197,8 @@ def markdown(rows: list[dict]) -> str:
         ("ratio", lambda r: r["ratio"]),
         ("coverage", lambda r: f"{r['coverage']:.2%}"),
         ("answers/s", lambda r: r.get("answers_per_s", "")),
+        ("share", lambda r: r.get("advisor_share", 1.0)),
+        ("query every", lambda r: r.get("query_interval_used", r["query_interval"])),
         ("B", lambda r: r["budget"]),
         ("prompts / update", lambda r: r["prompts_per_update"]),
         ("wait s / query step", lambda r: r["wait_s_per_query"]),
@@ -181,14 +213,17 @@ def markdown(rows: list[dict]) -> str:
         verdict = f"{'meets' if r['ratio'] >= target else 'misses'} the {target} target"
         if r["advisor"] == "smollm2_strict":
             verdict = "strict, for reproducibility"
+        elif r["advisor"] == "smollm2_full_share":
+            verdict = "no share limit: what coverage costs"
         notes.append(f"{r['advisor']} ({r.get('latency', 'strict')}) at {r['envs']:,} envs: {r['ratio']:.2f} of RL-only throughput "
                      f"with {r['coverage']:.2%} of decisions advised ({verdict})")
     why = ("Where the time goes: the rollout is split into T/k jitted chunks, and each query step adds a device "
            "round trip (selection, state gather), prompt rendering, a shared-memory submit and, in strict mode, "
-           "the wait for the previous step's answers. The advisor shares the CPU cores with the JAX trainer: in "
-           "async mode it runs at OS niceness 19 and the auto budget asks only what it answered in a chunk, so it "
-           "takes the cores' idle time and little else; in strict mode the trainer waits for every answer, so a "
-           "CPU model costs its whole answer time. Learning, most of an update, is unchanged.")
+           "the wait for the previous step's answers. A model on the CPU shares its cores with the JAX trainer, "
+           "and niceness does not stop it from slowing the trainer; `hybrid.advisor_share` (auto: 0.1 on a CPU) "
+           "bounds the time it computes, and under async latency the query interval stretches while it cannot be "
+           "asked ('query every'). In strict mode the trainer waits for every answer, so a CPU model costs its "
+           "whole answer time. Learning, most of an update, is unchanged.")
     if any("load_avg_1m" not in r for r in rows):
         notes[-1] += (". Rows without a load figure come from a run before advisor workers (issue 23): RL-only timed "
                       "once before the advisors rather than alternating, on an otherwise idle machine")

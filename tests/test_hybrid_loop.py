@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -33,6 +34,19 @@ def shm_segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith(mine)} if os.path.isdir("/dev/shm") else set()
 
 
+@contextlib.contextmanager
+def hybrid_loop(overrides: list[str], run_dir: Path):
+    """(QueryLoop with its mock sidecar started, initial RunnerState) for SMALL + overrides; closed after."""
+    cfg = load_config(None, SMALL + overrides)
+    setup = make_env_setup(cfg)
+    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+    loop = QueryLoop(cfg, ppo, setup.market, run_dir)
+    try:
+        yield loop, jax.jit(ppo.init)(jax.random.PRNGKey(0))
+    finally:
+        loop.close()
+
+
 def deterministic(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k not in TIMING and not k.startswith(("llm_latency", "llm_rate"))
             and k != "llm_wait_s_per_query"}
@@ -51,12 +65,8 @@ def test_strict_mode_with_mock_advisor_is_reproducible(tmp_path):
 
 def test_every_update_gets_answers(tmp_path):
     """Submissions left pending at the end of an update are collected in the next one, so advice keeps coming."""
-    cfg = load_config(None, SMALL + ["ppo.num_steps=64", "total_steps=2048", "hybrid.budget=8"])  # 13 chunks: 12 of 5 steps, one of 4
-    setup = make_env_setup(cfg)
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
-    loop = QueryLoop(cfg, ppo, setup.market, tmp_path)
-    try:
-        state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
+    # 13 chunks: 12 of 5 steps, one of 4
+    with hybrid_loop(["ppo.num_steps=64", "total_steps=2048", "hybrid.budget=8"], tmp_path) as (loop, state):
         for _ in range(4):
             state, m = loop.update(state)
             assert m["llm_prompts"] > 0 and m["llm_ok"] > 0
@@ -67,28 +77,20 @@ def test_every_update_gets_answers(tmp_path):
         state = loop.link.query_step(state)
         asked = int((np.asarray(state.hybrid.advice.since_query) == 0).sum())
         assert 0 < asked == loop.link.n_prompts - before <= 8
-    finally:
-        loop.close()
 
 
 def test_async_interval_stretches_while_the_advisor_is_busy(tmp_path):
     """An async advisor too slow to take prompts at most query steps is asked every 2k, then 4k steps (max_stretch
     4), not beyond; the rollout still covers every step. (The first update's first two query steps submit: 2 of 4
     busy is not most.)"""
-    cfg = load_config(None, SMALL + ["hybrid.latency=async", "hybrid.mock_latency_s=0.5", "hybrid.query.max_stretch=4"])
-    setup = make_env_setup(cfg)
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
-    loop = QueryLoop(cfg, ppo, setup.market, tmp_path)
-    try:
-        state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
+    overrides = ["hybrid.latency=async", "hybrid.mock_latency_s=0.5", "hybrid.query.max_stretch=4"]
+    with hybrid_loop(overrides, tmp_path) as (loop, state):
         intervals = []
         for _ in range(5):
             state, m = loop.update(state)
             intervals.append(m["llm_query_interval"])
         assert intervals == [5, 5, 10, 20, 20]
-        assert sum(loop.chunks) == cfg.ppo.num_steps
-    finally:
-        loop.close()
+        assert sum(loop.chunks) == 20  # ppo.num_steps
 
 
 def test_training_survives_a_killed_sidecar(tmp_path):
@@ -150,3 +152,20 @@ def test_ctrl_c_stops_training_sidecars_and_all(tmp_path):
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
+
+
+def test_advisor_share_rests_the_advisor_between_submissions(tmp_path):
+    """hybrid.advisor_share = s: after an answered submission that took L seconds, nobody is asked for L (1 − s) / s
+    (one submission in flight at a time); auto is 1 for the mock."""
+    from agents.advisor.link import advisor_share
+
+    assert advisor_share(load_config(None, SMALL)) == 1.0
+    overrides = ["hybrid.latency=strict", "hybrid.advisor_share=0.01", "hybrid.mock_latency_s=0.01"]
+    with hybrid_loop(overrides, tmp_path) as (loop, state):
+        state, m = loop.update(state)
+        assert m["llm_ok"] > 0 and m["llm_advisor_share"] == 0.01
+        latency = m["llm_latency_p50_s"]
+        assert loop.link.rest_until - time.perf_counter() > 0.5 * latency * 99  # resting for ~99 latencies
+        prompts, busy = loop.link.n_prompts, loop.link.n_busy
+        state = loop.link.query_step(state)
+        assert loop.link.n_prompts == prompts and loop.link.n_busy == busy + 1  # resting: nobody asked

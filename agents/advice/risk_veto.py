@@ -18,7 +18,7 @@ from flax import struct
 from jax.scipy.stats import binom
 
 from agents.config import VetoConfig
-from jaxenv.env import BUY, ENABLE_TRAIL, SELL, EnvParams, EnvState, drawdown_threshold, recent_win_rate
+from jaxenv.env import BUY, ENABLE_TRAIL, SELL, EnvParams, EnvState, drawdown_threshold
 
 RULES = ("consecutive_losses", "drawdown_buffer", "win_rate")
 BLOCKED_ACTIONS = (BUY, SELL, ENABLE_TRAIL)
@@ -53,31 +53,32 @@ def losing_streak_limit(cfg: VetoConfig, params: EnvParams) -> jax.Array:
     return jnp.ceil(jnp.log(cfg.significance) / jnp.log1p(-p0)).astype(jnp.int32)
 
 
-def too_few_wins(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.Array:
-    """The win-rate rule's condition for one env. `auto`: the last trades' wins are so few that an agent at the
-    break-even rate p0 has at most that many with binomial probability <= significance; a number: their win rate is
-    below p0 less that margin."""
+def fewest_wins_allowed(cfg: VetoConfig, params: EnvParams) -> jax.Array:
+    """[11] float: for n = 0..10 recent trades, the win-rate rule fires when they won fewer than this. `auto`: wins w
+    fire when an agent at the break-even rate p0 has at most w with binomial probability <= significance; a number:
+    when their win rate is below p0 less that margin. Computed once per step, not per env."""
     p0 = break_even_win_rate(params)
-    n = state.recent_count
-    wins = jax.lax.population_count(state.recent_wins)
-    if cfg.win_rate_margin == "auto":
-        k = jnp.arange(11)  # recent_count is at most 10
-        cdf = jnp.sum(jnp.where(k <= wins, binom.pmf(k, n, p0), 0.0))
-        low = cdf <= cfg.significance
-    else:
-        low = recent_win_rate(state) < p0 - float(cfg.win_rate_margin)
-    return (state.trades >= cfg.min_trades_for_win_rate) & low
+    n = jnp.arange(11)
+    if cfg.win_rate_margin != "auto":
+        return n * (p0 - float(cfg.win_rate_margin))  # wins < n (p0 − margin)  ⟺  win rate < p0 − margin
+    k = jnp.arange(11)
+    pmf = jnp.where(k[None, :] <= n[:, None], binom.pmf(k[None, :], n[:, None], p0), 0.0)
+    cdf = jnp.cumsum(pmf, axis=1)  # [n, w]: P(wins <= w | n trades at p0)
+    return jnp.sum(cdf <= cfg.significance, axis=1).astype(jnp.float32)  # the w that fire are 0 .. this − 1
 
 
-def rule_conditions(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.Array:
-    """[3] bool for one env: which rules' conditions hold in its state."""
+def rule_conditions(cfg: VetoConfig, state: EnvState, params: EnvParams, streak: jax.Array,
+                    fewest_wins: jax.Array) -> jax.Array:
+    """[3] bool for one env: which rules' conditions hold in its state (`streak`, `fewest_wins`: the thresholds of
+    losing_streak_limit and fewest_wins_allowed)."""
     buffer = (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
-    streak = losing_streak_limit(cfg, params)
+    wins = jax.lax.population_count(state.recent_wins)
     return jnp.stack(
         [
             (streak > 0) & (state.consecutive_losses >= streak),
             (cfg.min_drawdown_buffer > 0) & (buffer < cfg.min_drawdown_buffer),
-            too_few_wins(cfg, state, params),
+            (state.trades >= cfg.min_trades_for_win_rate) & (state.recent_count > 0)
+            & (wins < fewest_wins[state.recent_count]),
         ],
         axis=-1,
     )
@@ -88,7 +89,8 @@ def apply_veto(cfg: VetoConfig, veto: VetoState, state: EnvState, params: EnvPar
     actions from `mask` [N, 6]. Returns (mask, veto, fired [N, 3] rules that fired now, active [N])."""
     if not cfg.enabled:
         return mask, veto, jnp.zeros((mask.shape[0], len(RULES)), bool), jnp.zeros(mask.shape[0], bool)
-    conditions = jax.vmap(rule_conditions, in_axes=(None, 0, None))(cfg, state, params)
+    thresholds = losing_streak_limit(cfg, params), fewest_wins_allowed(cfg, params)
+    conditions = jax.vmap(rule_conditions, in_axes=(None, 0, None, None, None))(cfg, state, params, *thresholds)
     fired = conditions & (state.trades[:, None] != veto.fired_at_trades)
     any_fired = fired.any(axis=-1)
     veto = VetoState(

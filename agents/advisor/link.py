@@ -22,7 +22,7 @@ import numpy as np
 
 from agents.advice.table import select_queries
 from agents.advisor.prompt_fields import PromptFieldBuilder, gather_state
-from agents.advisor.sidecar import learning_options, worker_count, worker_options
+from agents.advisor.sidecar import learning_options, visible_gpus, worker_count, worker_options
 from agents.advisor.workers import AdvisorPool
 from agents.config import HybridConfig
 from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
@@ -31,6 +31,18 @@ from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
 
 AUTO_START = 16  # budget `auto`: B of the first query step ...
 AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
+
+
+CPU_ADVISOR_SHARE = 0.1  # `hybrid.advisor_share` auto for a model on the trainer's CPU cores
+
+
+def advisor_share(cfg) -> float:
+    """`hybrid.advisor_share`, auto resolved: a model that shares the trainer's CPU cores computes at most
+    CPU_ADVISOR_SHARE of the time (niceness does not keep it from slowing training: SmolLM2 answering beside a 2-core
+    trainer cost it ~35%); the mock, and a model on its own GPU, are not held back."""
+    if cfg.hybrid.advisor_share != "auto":
+        return float(cfg.hybrid.advisor_share)
+    return 1.0 if cfg.llm == "mock" or visible_gpus() else CPU_ADVISOR_SHARE
 
 
 def latency_mode(cfg) -> str:
@@ -56,6 +68,11 @@ class AdvisorLink:
         self.cfg = cfg
         self.h: HybridConfig = cfg.hybrid
         self.latency = latency or latency_mode(cfg)
+        # an evaluation walk (strict, one account) waits for its answers anyway: nothing to share with
+        self.share = advisor_share(cfg) if latency is None else 1.0
+        self.rest_until = 0.0  # advisor_share < 1: no submission before this perf_counter() time
+        # advisor_share < 1 counts one submission's whole latency as the advisor's work: one in flight at a time
+        self.max_in_flight = 2 if self.share >= 1 else 1
         self.cap = min(self.h.max_budget, n_envs)
         self.auto = self.h.budget == "auto"
         self.budget = min(AUTO_START, self.cap) if self.auto else min(int(self.h.budget), self.cap)
@@ -128,7 +145,7 @@ class AdvisorLink:
         self.n_query_steps += 1
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
         self.client.restart_dead()
-        if self.client.alive and self.client.pending < 2:
+        if self.client.alive and self.client.pending < self.max_in_flight and time.perf_counter() >= self.rest_until:
             carry, env_ids, valid, scalars = self._select(carry, np.int32(self.budget))
             env_ids, valid, scalars = jax.device_get((env_ids, valid, scalars))
             take = np.flatnonzero(valid)
@@ -139,7 +156,7 @@ class AdvisorLink:
                 self.pending.append([step, time.perf_counter(), prompts, False])
                 self.n_prompts += len(take)
         else:
-            self.n_busy += 1  # nobody asked: the advisor still has two submissions to answer (or is down)
+            self.n_busy += 1  # nobody asked: the advisor is busy with earlier prompts, resting, or down
         # The answers to earlier query steps' prompts: one step of latency. Async takes a submission once all its
         # answers are ready (never waiting): a slow advisor's answers arrive some query steps late, not never.
         while self.pending and self.pending[0][0] < step:
@@ -187,6 +204,8 @@ class AdvisorLink:
             self.n_answers[name] = self.n_answers.get(name, 0) + count
         latency = time.perf_counter() - submitted_at
         self.latencies.append(latency)
+        if self.share < 1:  # the latency bounds the advisor's work on it: rest so that work stays within the share
+            self.rest_until = time.perf_counter() + latency * (1 / self.share - 1)
         if self.auto and chunk_s:
             self._resize(answers, latency, late or waited > 0.05 * chunk_s, chunk_s)
         self._log_llm(prompts, answers)
@@ -246,6 +265,7 @@ class AdvisorLink:
             "llm_budget": self.budget,
             "llm_wait_s_per_query": self.wait_s / max(self.n_query_steps, 1),
             "llm_busy_rate": self.n_busy / max(self.n_query_steps, 1),
+            "llm_advisor_share": self.share,
             "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
             "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
             "llm_cache_hit_rate": hits / max(hits + misses, 1),
