@@ -151,6 +151,9 @@ class HybridConfig:
     # collect) it rests L × (1 − share) / share before the next; auto: 1 for the mock or an advisor on its own GPU,
     # 0.1 for a model that shares the trainer's CPU cores (where each second it computes slows training)
     advisor_share: str = "auto"
+    # learned/rules fusion: the policy and value also read the advice state (probabilities, confidence, age, valid,
+    # question pending), so the policy itself can learn to wait for and to follow informed advice
+    advice_input: bool = False
     sidecar_batch_size: int = 64
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
@@ -276,6 +279,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
+        (not cfg.hybrid.advice_input or cfg.hybrid.fusion in ("learned", "rules"), "hybrid.advice_input",
+         "needs hybrid.fusion learned or rules (with fusion none the policy acts without advice)"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),

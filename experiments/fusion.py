@@ -36,6 +36,8 @@ ARMS: dict[str, list[str]] = {
     "random": ["llm=mock", "hybrid.mock_answers=random"],  # coin flips: no information, other statistics
     "shuffled": ["llm=mock", "hybrid.mock_answers=shuffled"],  # news answers of other envs and bars: no information
     "news_veto": ["llm=mock", "hybrid.mock_answers=news", "hybrid.veto.enabled=true"],  # trained with the veto on
+    # news, and the policy and value read the advice state (probabilities, confidence, age, valid, pending)
+    "news_input": ["llm=mock", "hybrid.mock_answers=news", "hybrid.advice_input=true"],
 }
 BASELINE = "rl_only"
 CHECKPOINTS = ("latest", "best")

@@ -169,3 +169,18 @@ def test_advisor_share_rests_the_advisor_between_submissions(tmp_path):
         prompts, busy = loop.link.n_prompts, loop.link.n_busy
         state = loop.link.query_step(state)
         assert loop.link.n_prompts == prompts and loop.link.n_busy == busy + 1  # resting: nobody asked
+
+
+def test_advice_input_reaches_policy_and_value_and_the_walks(tmp_path):
+    """hybrid.advice_input: both networks read the advice state through their own first-layer kernel, which starts
+    at zero (the plain policy) and learns; validation walks act with it; the policy alone reads no advice."""
+    from agents.advice.acting import N_ADVICE_INPUT
+
+    cfg = load_config(None, SMALL + ["hybrid.advice_input=true", "checkpoint.eval_every_updates=1"])
+    result = train(cfg, tmp_path / "run")
+    params = result.state.params["params"]
+    for net in ("actor", "critic"):
+        kernel = np.asarray(params[net]["extra"]["kernel"])
+        assert kernel.shape[0] == N_ADVICE_INPUT and np.abs(kernel).sum() > 0  # it learned from the advice state
+    assert result.last_metrics["advice_coverage"] > 0
+    assert np.isfinite(result.last_metrics["val_net_pnl"])  # a validation walk acted with the advice state

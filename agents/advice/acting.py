@@ -25,6 +25,7 @@ from bridge.protocol import BUY, NUM_ACTIONS, SELL
 from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
 
 N_FUSION_CONTEXT = 6  # regime (ADX), volatility (ATR %), win rate, consecutive losses, time of day, position
+N_ADVICE_INPUT = 10  # advice probabilities (6), decayed confidence, age, valid, question pending (advice_input)
 
 
 @struct.dataclass
@@ -43,6 +44,7 @@ class StepExtras(NamedTuple):
     pg_weight: jax.Array  # [N] 1 where the policy chose the action, 0 where rules overrode it
     stats: dict[str, jax.Array]  # per-step sums over envs, for metrics
     trade: Any = None  # the step's fills ({entered, exited, trade_pnl}) and decision bar, leaves [N]: advisor outcomes
+    advice_in: Any = None  # [N, N_ADVICE_INPUT] the advice state the policy and value read (hybrid.advice_input)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,24 @@ class HybridActing:
     window: int  # the env's observation window, to find features in the raw observation
     extended: bool  # the observation has the extended context and risk features
     greedy: bool = False  # evaluation: the most probable action of the acting distribution instead of a sample
+    advice_input: bool = False  # the policy and value read the advice state (advice_state) beside the observation
+
+    @property
+    def advice_features(self) -> int:
+        return N_ADVICE_INPUT if self.advice_input else 0
+
+    def advice_state(self, carry: HybridCarry, side: jax.Array) -> jax.Array | None:
+        """[N, N_ADVICE_INPUT] what the policy and value read of the advice (None without `advice_input`): the
+        advice in force for the env's side (probabilities, decayed confidence, age as a fraction of the expiry,
+        valid) and whether a question is in flight, so the policy can learn to wait for an answer on its way and
+        to follow informed advice itself; the trust gate keeps scaling the advice in the mixture. The policy alone
+        (`--llm none`, the rl_only ablation) reads None: no advice."""
+        if not self.advice_input:
+            return None
+        advice = view(carry.advice, self.query, side)
+        valid = advice.valid.astype(jnp.float32)
+        return jnp.concatenate([advice.probs * valid[:, None], advice.confidence[:, None], advice.age_frac[:, None],
+                                valid[:, None], pending(carry.advice, self.query)[:, None].astype(jnp.float32)], -1)
 
     @property
     def gate_features(self) -> int:
@@ -170,4 +190,5 @@ class HybridActing:
         return log_prob, entropy, extras.pg_weight
 def make_acting(cfg, env) -> HybridActing:
     h = cfg.hybrid
-    return HybridActing(h.fusion, h.query, h.veto, h.llm_weight, env.window, env.extended)
+    return HybridActing(h.fusion, h.query, h.veto, h.llm_weight, env.window, env.extended,
+                        advice_input=h.advice_input)

@@ -97,19 +97,20 @@ def action_mask_fn(env) -> Any:
     return lambda state, params: jnp.ones((env.num_actions,), bool)
 
 
-def truncation_values(value_fn, final_obs: jax.Array, need: jax.Array, max_rows: int) -> jax.Array:
-    """V(final_obs[i]) where need[i], else 0. Only truncated rows need a value, and usually there are none or a
-    few: those rows are gathered (a full critic pass would cost half of the rollout's forward pass); when more
-    than max_rows need one, the whole batch is evaluated instead."""
+def truncation_values(value_fn, final_inputs: Any, need: jax.Array, max_rows: int) -> jax.Array:
+    """V(final_inputs[i]) where need[i], else 0 (`final_inputs`: the final observations, or a tuple of arrays with
+    rows [N, ...] that value_fn takes). Only truncated rows need a value, and usually there are none or a few: those
+    rows are gathered (a full critic pass would cost half of the rollout's forward pass); when more than max_rows
+    need one, the whole batch is evaluated instead."""
     n = need.shape[0]
 
     def few():
         idx = jnp.nonzero(need, size=max_rows, fill_value=n)[0]  # the fill index is out of range ...
-        v = value_fn(final_obs[jnp.minimum(idx, n - 1)])
+        v = value_fn(jax.tree.map(lambda x: x[jnp.minimum(idx, n - 1)], final_inputs))
         return jnp.zeros(n).at[idx].set(v, mode="drop")  # ... so its scatter is dropped
 
     def all_rows():
-        return jnp.where(need, value_fn(final_obs), 0.0)
+        return jnp.where(need, value_fn(final_inputs), 0.0)
 
     count = need.sum()
     return jax.lax.cond(count == 0, lambda: jnp.zeros(n), lambda: jax.lax.cond(count <= max_rows, few, all_rows))
@@ -148,7 +149,9 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
     p = cfg.ppo
     n_envs = cfg.num_envs
     num_actions = env.num_actions
-    network = make_network(cfg.network, num_actions, *(acting.trust_gate() if acting else (None, 0)))
+    network = make_network(cfg.network, num_actions, *(acting.trust_gate() if acting else (None, 0)),
+                           advice_features=acting.advice_features if acting else 0)
+    advised = acting is not None and acting.advice_features > 0  # the networks read the advice state
     get_mask = action_mask_fn(env)
 
     v_reset = jax.vmap(env.reset, in_axes=(0, None))
@@ -175,7 +178,14 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
     trunc_rows = max(8, n_envs // 64)
 
     def value_fn(params, obs_norm):
-        return lambda obs: network.apply(params, normalize(obs_norm, obs), method=ActorCritic.value)
+        """V of (obs, advice state) pairs with the advice state, of observations without."""
+        def value(inputs):
+            obs, advice = inputs if advised else (inputs, None)
+            return network.apply(params, normalize(obs_norm, obs), advice, method=ActorCritic.value)
+        return value
+
+    def advice_state(rs: RunnerState) -> jax.Array | None:
+        return acting.advice_state(rs.hybrid, rs.env_state.side) if advised else None
 
     def policy(params, obs_norm, obs, mask, key, deterministic: bool = False):
         logits = masked_logits(network.apply(params, normalize(obs_norm, obs), method=ActorCritic.logits), mask)
@@ -207,7 +217,8 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
 
     def _step(rs: RunnerState, _) -> tuple[RunnerState, Transition]:
         key, k_act, k_env = jax.random.split(rs.key, 3)
-        logits, value = network.apply(rs.params, normalize(rs.obs_norm, rs.obs))
+        advice_in = advice_state(rs)
+        logits, value = network.apply(rs.params, normalize(rs.obs_norm, rs.obs), advice_in)
         hybrid, extras, mask = rs.hybrid, None, rs.mask
         if acting is None:
             logits = masked_logits(logits, rs.mask)
@@ -224,14 +235,14 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         if acting is not None:
             hybrid = acting.after_step(hybrid, info)
             # the decision's bar too: the advisor's outcomes measure the market's move after it
-            extras = extras._replace(trade={**acting.trade_events(info), "bar": rs.env_state.t})
+            extras = extras._replace(trade={**acting.trade_events(info), "bar": rs.env_state.t}, advice_in=advice_in)
         obs = flat(obs)
         reward = reward.astype(jnp.float32)
         terminated, truncated = terminated.astype(bool), truncated.astype(bool)
         done = terminated | truncated
-        final_value = truncation_values(
-            value_fn(rs.params, rs.obs_norm), flat(info["final_observation"]), truncated & ~terminated, trunc_rows
-        )
+        final_obs = flat(info["final_observation"])  # a truncated episode's last state, with the advice as it stood
+        final_value = truncation_values(value_fn(rs.params, rs.obs_norm), (final_obs, advice_in) if advised else final_obs,
+                                        truncated & ~terminated, trunc_rows)
 
         ep_return = rs.ep_return + reward
         ep_length = rs.ep_length + 1
@@ -264,14 +275,14 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         return shard(rs), constrain_steps(traj, mesh, n_envs)
 
     def _gae(rs: RunnerState, traj: Transition) -> tuple[jax.Array, jax.Array]:
-        last_value = value_fn(rs.params, rs.obs_norm)(rs.obs)
+        last_value = value_fn(rs.params, rs.obs_norm)((rs.obs, advice_state(rs)) if advised else rs.obs)
         reward = traj.reward / rs.ret_norm.std if p.scale_rewards else traj.reward
         return gae_targets(
             reward, traj.value, last_value, traj.terminated, traj.truncated, traj.final_value, p.gamma, p.gae_lambda
         )
 
     def _loss(params, obs_norm, mb: Batch):
-        logits, value = network.apply(params, normalize(obs_norm, mb.obs))
+        logits, value = network.apply(params, normalize(obs_norm, mb.obs), mb.extras.advice_in if advised else None)
         if acting is None:
             log_prob, entropy = log_probs_and_entropy(masked_logits(logits, mb.mask), mb.action)
             pg_weight = 1.0
