@@ -147,9 +147,8 @@ class HybridConfig:
     # advisor processes, each with its own torch device and shared memory: a number, or auto (one per GPU, 1 on CPU)
     sidecar_workers: str = "auto"
     sidecar_nice: int = 19  # OS niceness of the advisor processes (on shared cores they still slow the trainer: advisor_share)
-    # the most of the wall time the advisor may compute: after each answered submission (L seconds from submit to
-    # collect) it rests L × (1 − share) / share before the next; auto: 1 for the mock or an advisor on its own GPU,
-    # 0.1 for a model that shares the trainer's CPU cores (where each second it computes slows training)
+    # the most of the wall time the advisor may work: after each answered submission (L seconds from submit to
+    # collect) it rests L × (1 − share) / share before the next; auto = 1 (no rest: docs/advisor.md says why)
     advisor_share: str = "auto"
     # learned/rules fusion: the policy and value also read the advice state (probabilities, confidence, age, valid,
     # question pending), so the policy itself can learn to wait for and to follow informed advice
