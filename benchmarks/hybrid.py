@@ -120,8 +120,7 @@ def time_hybrid(advisor: str, n_envs: int, num_steps: int, reps: int, setup, ove
             states["hybrid"], m = loop.update(states["hybrid"])
             m = jax.device_get(m)
             hybrid_s = time.perf_counter() - t
-            next_interval = loop.interval * loop.stretch
-            if i + 1 == warmup and next_interval != m["llm_query_interval"] and warmup < MAX_WARMUP_UPDATES:
+            if i + 1 == warmup and loop.query_interval != m["llm_query_interval"] and warmup < MAX_WARMUP_UPDATES:
                 warmup += 1  # the next update runs a new chunk length (a compilation): warm up one more
             i += 1
             if i > warmup:

@@ -31,6 +31,7 @@ from jaxenv.market import MAX_WINDOW, Market, load_market
 from jaxenv.sessions import flat_rules
 
 EXIT_REASONS = ("none", "stop_loss", "take_profit", "session_close", "breach", "breakeven_stop", "trailing_stop")
+RECENT_TRADES = 10  # closed trades the recent win rate (recent_wins, recent_count) looks back over
 N_POSITION, N_VALIDITY, N_RISK = 5, 3, 5
 
 # Columns of EnvParams.bars: everything a step reads about one bar, gathered with one row read.
@@ -81,7 +82,7 @@ class EnvState(environment.EnvState):
     wins: jax.Array
     consecutive_losses: jax.Array
     recent_wins: jax.Array  # bit i = outcome of the i-th latest trade (1 = win)
-    recent_count: jax.Array  # trades in recent_wins, at most 10
+    recent_count: jax.Array  # trades in recent_wins, at most RECENT_TRADES
     session: jax.Array
     session_start_equity: jax.Array
     trades_today: jax.Array
@@ -89,7 +90,7 @@ class EnvState(environment.EnvState):
 
 
 def recent_win_rate(state: EnvState) -> jax.Array:
-    """Wins / trades over the last (at most 10) closed trades; 0 before any trade."""
+    """Wins / trades over the last (at most RECENT_TRADES) closed trades; 0 before any trade."""
     return jax.lax.population_count(state.recent_wins) / jnp.maximum(state.recent_count, 1)
 
 
@@ -426,8 +427,9 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
             trades=state.trades + exiting,
             wins=state.wins + (exiting & win),
             consecutive_losses=jnp.where(exiting, jnp.where(win, 0, state.consecutive_losses + 1), state.consecutive_losses),
-            recent_wins=jnp.where(exiting, ((state.recent_wins << 1) | win.astype(jnp.int32)) & 1023, state.recent_wins),
-            recent_count=jnp.where(exiting, jnp.minimum(state.recent_count + 1, 10), state.recent_count),
+            recent_wins=jnp.where(exiting, ((state.recent_wins << 1) | win.astype(jnp.int32)) & ((1 << RECENT_TRADES) - 1),
+                                  state.recent_wins),
+            recent_count=jnp.where(exiting, jnp.minimum(state.recent_count + 1, RECENT_TRADES), state.recent_count),
             session=nxt[SESSION].astype(jnp.int32),
             session_start_equity=jnp.where(new_session, state.equity, state.session_start_equity),
             trades_today=trades_today,

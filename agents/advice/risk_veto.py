@@ -18,7 +18,7 @@ from flax import struct
 from jax.scipy.stats import binom
 
 from agents.config import VetoConfig
-from jaxenv.env import BUY, ENABLE_TRAIL, SELL, EnvParams, EnvState, drawdown_threshold
+from jaxenv.env import BUY, ENABLE_TRAIL, RECENT_TRADES, SELL, EnvParams, EnvState, drawdown_threshold
 
 RULES = ("consecutive_losses", "drawdown_buffer", "win_rate")
 BLOCKED_ACTIONS = (BUY, SELL, ENABLE_TRAIL)
@@ -54,15 +54,15 @@ def losing_streak_limit(cfg: VetoConfig, params: EnvParams) -> jax.Array:
 
 
 def fewest_wins_allowed(cfg: VetoConfig, params: EnvParams) -> jax.Array:
-    """[11] float: for n = 0..10 recent trades, the win-rate rule fires when they won fewer than this. `auto`: wins w
-    fire when an agent at the break-even rate p0 has at most w with binomial probability <= significance; a number:
-    when their win rate is below p0 less that margin. Computed once per step, not per env."""
+    """[RECENT_TRADES + 1] float: for n = 0..RECENT_TRADES recent trades, the win-rate rule fires when they won fewer
+    than this. `auto`: wins w fire when an agent at the break-even rate p0 has at most w with binomial probability
+    <= significance; a number: when their win rate is below p0 less that margin. Computed once per step, not per env."""
     p0 = break_even_win_rate(params)
-    n = jnp.arange(11)
+    n = jnp.arange(RECENT_TRADES + 1)  # recent trades; also the win counts w they can have
     if cfg.win_rate_margin != "auto":
         return n * (p0 - float(cfg.win_rate_margin))  # wins < n (p0 − margin)  ⟺  win rate < p0 − margin
-    k = jnp.arange(11)
-    pmf = jnp.where(k[None, :] <= n[:, None], binom.pmf(k[None, :], n[:, None], p0), 0.0)
+    k = n[None, :]
+    pmf = jnp.where(k <= n[:, None], binom.pmf(k, n[:, None], p0), 0.0)
     cdf = jnp.cumsum(pmf, axis=1)  # [n, w]: P(wins <= w | n trades at p0)
     return jnp.sum(cdf <= cfg.significance, axis=1).astype(jnp.float32)  # the w that fire are 0 .. this − 1
 

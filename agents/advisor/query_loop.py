@@ -49,8 +49,13 @@ class QueryLoop:
         self.rounds_seen = 0
 
     @property
+    def query_interval(self) -> int:
+        """Env steps between query steps in the next update."""
+        return self.interval * self.stretch
+
+    @property
     def chunks(self) -> list[int]:
-        return chunk_lengths(self.num_steps, self.interval * self.stretch)
+        return chunk_lengths(self.num_steps, self.query_interval)
 
     @property
     def client(self) -> AdvisorPool:
@@ -81,7 +86,7 @@ class QueryLoop:
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
         metrics.update(advice_metrics(stats))
         metrics.update(self.link.metrics())
-        metrics["llm_query_interval"] = self.interval * self.stretch
+        metrics["llm_query_interval"] = self.query_interval
         self._restretch(metrics["llm_busy_rate"])
         if self.learning:
             metrics.update(self._learning_step(int(rs.update), sent))
@@ -95,7 +100,7 @@ class QueryLoop:
         the rollout compiles for a few chunk lengths at most; strict latency always asks every interval."""
         if self.link.latency != "async" or busy_rate <= 0.5:
             return
-        if 2 * self.stretch <= self.max_stretch and 2 * self.stretch * self.interval <= self.num_steps:
+        if 2 * self.stretch <= self.max_stretch and 2 * self.query_interval <= self.num_steps:
             self.stretch *= 2
 
     def _send_outcomes(self, rs, traj, applied) -> int:

@@ -98,10 +98,10 @@ def action_mask_fn(env) -> Any:
 
 
 def truncation_values(value_fn, final_inputs: Any, need: jax.Array, max_rows: int) -> jax.Array:
-    """V(final_inputs[i]) where need[i], else 0 (`final_inputs`: the final observations, or a tuple of arrays with
-    rows [N, ...] that value_fn takes). Only truncated rows need a value, and usually there are none or a few: those
-    rows are gathered (a full critic pass would cost half of the rollout's forward pass); when more than max_rows
-    need one, the whole batch is evaluated instead."""
+    """V(final_inputs[i]) where need[i], else 0 (`final_inputs`: what value_fn takes, any pytree whose leaves have
+    rows [N, ...]). Only truncated rows need a value, and usually there are none or a few: those rows are gathered
+    (a full critic pass would cost half of the rollout's forward pass); when more than max_rows need one, the
+    whole batch is evaluated instead."""
     n = need.shape[0]
 
     def few():
@@ -178,9 +178,9 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
     trunc_rows = max(8, n_envs // 64)
 
     def value_fn(params, obs_norm):
-        """V of (obs, advice state) pairs with the advice state, of observations without."""
+        """V of (obs, advice state) pairs; the advice state is None where the networks read none."""
         def value(inputs):
-            obs, advice = inputs if advised else (inputs, None)
+            obs, advice = inputs
             return network.apply(params, normalize(obs_norm, obs), advice, method=ActorCritic.value)
         return value
 
@@ -241,8 +241,8 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         terminated, truncated = terminated.astype(bool), truncated.astype(bool)
         done = terminated | truncated
         final_obs = flat(info["final_observation"])  # a truncated episode's last state, with the advice as it stood
-        final_value = truncation_values(value_fn(rs.params, rs.obs_norm), (final_obs, advice_in) if advised else final_obs,
-                                        truncated & ~terminated, trunc_rows)
+        final_value = truncation_values(value_fn(rs.params, rs.obs_norm), (final_obs, advice_in), truncated & ~terminated,
+                                        trunc_rows)
 
         ep_return = rs.ep_return + reward
         ep_length = rs.ep_length + 1
@@ -275,7 +275,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         return shard(rs), constrain_steps(traj, mesh, n_envs)
 
     def _gae(rs: RunnerState, traj: Transition) -> tuple[jax.Array, jax.Array]:
-        last_value = value_fn(rs.params, rs.obs_norm)((rs.obs, advice_state(rs)) if advised else rs.obs)
+        last_value = value_fn(rs.params, rs.obs_norm)((rs.obs, advice_state(rs)))
         reward = traj.reward / rs.ret_norm.std if p.scale_rewards else traj.reward
         return gae_targets(
             reward, traj.value, last_value, traj.terminated, traj.truncated, traj.final_value, p.gamma, p.gae_lambda
