@@ -79,8 +79,9 @@ class QueryConfig:
     decay: float = 0.8  # confidence × decay per interval of age
     max_age_intervals: int = 6  # advice older than this many intervals has expired
     entries_only: bool = False  # ask only flat envs (entry decisions): for advisors with nothing to say in a trade
-    # a flat env whose question is in flight may not enter until the answer arrives (one query step): the policy
-    # cannot otherwise tell that advice is on its way, and entering first leaves the answer nothing to decide
+    # a flat env whose question is in flight may not enter until the answer arrives (one query step), nor one that
+    # just exited without advice for being flat until it is asked: the policy cannot otherwise tell that advice is
+    # on its way, and entering first leaves the answer nothing to decide (measured: such entries lost money)
     wait_for_answer: bool = False
     # async latency only: after an update in which the advisor was still busy at most query steps (it could take
     # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary

@@ -191,8 +191,9 @@ def test_win_rate_rule_fires_below_the_brackets_break_even_less_the_margin():
 
 @pytest.mark.nojit
 def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
-    """query.wait_for_answer: between its question and the answer a flat env may not enter (HOLD and the rest stay);
-    once answered, or in a position, or for the policy alone (rl_only ablation), nothing is held back."""
+    """query.wait_for_answer: between its question and the answer a flat env may not enter (HOLD and the rest stay),
+    nor after an exit until it has advice for being flat; once answered, or in a position, or for the policy alone
+    (rl_only ablation), nothing is held back."""
     from agents.advice.acting import HybridActing
     from agents.advice.table import pending
 
@@ -205,13 +206,18 @@ def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
         advice = advice.tick()
     carry = carry.replace(advice=advice)
     assert pending(advice, cfg).tolist() == [True, False, True]
-    assert acting.waiting(carry, side).tolist() == [True, False, False]  # env 2 is long: no entry to hold back
+    waiting = acting.waiting(carry, side, view(advice, cfg, side))
+    assert waiting.tolist() == [True, False, False]  # env 2 is long: no entry to hold back
     import dataclasses
 
-    assert not bool(dataclasses.replace(acting, fusion="none").waiting(carry, side).any())
+    assert not bool(dataclasses.replace(acting, fusion="none").waiting(carry, side, view(advice, cfg, side)).any())
     answered = advice.write(jnp.array([0, 2]), jnp.full((2, 6), 1 / 6), jnp.full(2, 0.8), jnp.zeros(2, jnp.int32),
                             jnp.ones(2, bool))
     assert not bool(pending(answered, cfg).any())
+    # env 1 exited a trade (changed) and has no advice: it waits for the question the next query step asks it;
+    # env 0 has its answer: it may enter although it changed too
+    exited = carry.replace(advice=answered, changed=jnp.array([True, True, False]))
+    assert acting.waiting(exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
     for _ in range(10):  # an answer that never comes stops holding the env after two intervals
         advice = advice.tick()
     assert not bool(pending(advice, cfg).any())

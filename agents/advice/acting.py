@@ -104,23 +104,24 @@ class HybridActing:
             cols += [jnp.zeros_like(obs[..., 0])] * 2
         return jnp.stack(cols, axis=-1)
 
-    def waiting(self, carry: HybridCarry, side: jax.Array) -> jax.Array:
-        """[N] bool: flat envs whose question is in flight, held out of the market until its answer arrives
-        (`query.wait_for_answer`; only for an agent that acts on advice)."""
+    def waiting(self, carry: HybridCarry, side: jax.Array, advice: AdviceView) -> jax.Array:
+        """[N] bool: flat envs held out of the market until advice arrives (`query.wait_for_answer`; only for an
+        agent that acts on advice): their question is in flight, or they have just exited a trade, have no advice
+        for being flat, and will be asked at a coming query step (an exit marks them as changed)."""
         if not self.query.wait_for_answer or self.fusion not in ("learned", "rules"):
             return jnp.zeros(side.shape, bool)
-        return pending(carry.advice, self.query) & (side == 0)
+        return (pending(carry.advice, self.query) | (carry.changed & ~advice.valid)) & (side == 0)
 
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
         veto_mask, veto, fired, _ = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
-        waiting = self.waiting(carry, env_state.side)
+        advice = view(carry.advice, self.query, env_state.side)
+        waiting = self.waiting(carry, env_state.side, advice)
         entries = jnp.zeros(env_mask.shape[-1], bool).at[jnp.array((BUY, SELL))].set(True)
         mask = veto_mask & ~(waiting[:, None] & entries[None, :])
         logits = masked_logits(logits, mask)
         logp_rl = jax.nn.log_softmax(logits)
         pi_rl = jnp.exp(logp_rl)
-        advice = view(carry.advice, self.query, env_state.side)
         context = self.context(obs)
         k_rl, k_mix = jax.random.split(key)
         gate = jnp.zeros(pi_rl.shape[0])
