@@ -136,7 +136,8 @@ class HybridConfig:
     llm_mode: str = "score"  # score | generate (transformers backends)
     quantization: str = "none"  # none | int8 | int4 (bitsandbytes; GPU)
     llm_adapter: str = ""  # a peft LoRA adapter directory applied to a transformers advisor (--llm-adapter)
-    budget: str = "auto"  # B: most envs asked per query step, a number or `auto` (sized from the sidecar's rate)
+    # B: most envs asked per query step (per process), a number or `auto` (sized from the sidecar's rate)
+    budget: str = "auto"
     max_budget: int = 1024  # the most `auto` may choose, and the bridge's capacity
     # strict: wait for the previous query step's answers (bit-reproducible); async: take what is ready (the trainer
     # never waits); auto: strict for the mock advisor, async for a model, which on a CPU would stall the trainer

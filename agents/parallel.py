@@ -66,6 +66,23 @@ def to_host(tree: Any) -> Any:
     return jax.device_get(tree)
 
 
+def gather_processes(tree: Any) -> Any:
+    """Every process's numpy `tree`, stacked along a new leading axis [processes, ...] on every process (a
+    collective: all processes call it at the same point)."""
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=False)
+
+
+def broadcast_from_writer(value: float) -> float:
+    """Process 0's `value` on every process (a collective); the value itself with one process."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return float(multihost_utils.broadcast_one_to_all(np.float64(value)))
+
+
 def from_host(tree: Any, shardings: Any) -> Any:
     """Global arrays laid out as `shardings` from whole numpy arrays held by every process (each process places
     only its own shards)."""

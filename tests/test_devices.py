@@ -127,9 +127,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_train_one_run(tmp_path):
-    """Two processes on 127.0.0.1 (CPU collectives), one device each, train a run to its end: one run folder, one
-    metrics line per update, written by process 0 alone."""
+def train_in_two_processes(tmp_path, overrides: list[str]) -> tuple[Path, list[tuple[str, str]]]:
+    """train.py's start in two processes on 127.0.0.1 (CPU collectives), one device each; (run folder, each
+    process's stdout and stderr). Both must finish all 3 updates."""
     run_dir = tmp_path / "run"
     driver = """
         import sys
@@ -141,7 +141,7 @@ def test_two_processes_train_one_run(tmp_path):
         print("process", jax.process_index(), "of", jax.process_count(), "update", result.update)
     """
     flags = ["--config", "configs/quick.yaml", "--run-dir", str(run_dir), "--coordinator", f"127.0.0.1:{free_port()}",
-             "--num-processes", "2"] + [a for o in OVERRIDES for a in ("--set", o)]
+             "--num-processes", "2"] + [a for o in overrides for a in ("--set", o)]
     env = python_env(1)
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(driver), *flags, "--process-id", str(i)],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -150,7 +150,32 @@ def test_two_processes_train_one_run(tmp_path):
     for i, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"process {i}: {err[-3000:]}"
         assert f"process {i} of 2 update 3" in out
+    return run_dir, outs
+
+
+def test_two_processes_train_one_run(tmp_path):
+    """Two processes train a run to its end: one run folder, one metrics line per update, written by process 0
+    alone."""
+    run_dir, outs = train_in_two_processes(tmp_path, OVERRIDES)
     assert "envs sharded over 2 (process 0 of 2" in outs[0][1]
     assert [m["update"] for m in metrics(run_dir)] == [1, 2, 3]
     assert sorted(p.name for p in (run_dir / "checkpoints" / "latest").iterdir()) == ["1", "2", "3"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # one run folder
+
+
+def test_two_processes_each_ask_their_own_advisor(tmp_path):
+    """A hybrid run (mock advisor) in two processes: each process's workers answer about its own envs, every process
+    writes all answers into the one advice table, and process 0 alone writes the run folder (its LLM log). Both
+    walk the validation split with their own advisor and agree on the best checkpoint by process 0's score."""
+    hybrid = [o for o in OVERRIDES if o not in ("llm=none", "checkpoint.eval_every_updates=0")] + [
+        "llm=mock", "hybrid.budget=4", "hybrid.log_llm=8", "checkpoint.eval_every_updates=3"]
+    run_dir, _ = train_in_two_processes(tmp_path, hybrid)
+    lines = metrics(run_dir)
+    assert [m["update"] for m in lines] == [1, 2, 3]
+    assert all(m["llm_rate_p0"] > 0 and m["llm_rate_p1"] > 0 for m in lines[1:])  # answers from both processes
+    assert all(m["advice_coverage"] > 0 for m in lines[1:])
+    # envs 0-7 are process 0's, 8-15 process 1's: the LLM log is process 0's alone
+    logged = [json.loads(line)["env"] for line in (run_dir / "llm_log.jsonl").read_text().splitlines()]
+    assert logged and all(env < 8 for env in logged)
+    assert [p.name for p in (run_dir / "checkpoints" / "best").iterdir()] == ["3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

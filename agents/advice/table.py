@@ -99,18 +99,23 @@ def pending(table: AdviceTable, cfg: QueryConfig) -> jax.Array:
 
 
 def select_queries(
-    table: AdviceTable, cfg: QueryConfig, budget: int, pi_rl: jax.Array, side: jax.Array, changed: jax.Array
+    table: AdviceTable, cfg: QueryConfig, budget: int, pi_rl: jax.Array, side: jax.Array, changed: jax.Array,
+    blocks: int = 1,
 ):
     """Picks at most `budget` envs to ask (`side` [N]: their position sides now): candidates have advice older
     than the interval (or none, or about another side),
     are past their cooldown, and either the policy is uncertain, the env is flat (an entry decision) or its
-    state changed (a fill, an exit, a new loss). Most uncertain first. Returns (env_ids [B], valid [B])."""
+    state changed (a fill, an exit, a new loss). Most uncertain first. With `blocks` > 1 the envs are that many
+    equal contiguous blocks (one per process, each asking its own advisor) and at most `budget` are picked in each.
+    Returns (env_ids [blocks × B], valid [blocks × B]), block by block."""
     top = pi_rl.max(-1)
     flat = side == 0
     stale = (table.age >= cfg.interval) | (table.status != STATUS_OK) | (table.side != side)
     candidate = stale & (table.since_query >= cfg.cooldown) & ((top < cfg.uncertainty_threshold) | flat | changed)
     if cfg.entries_only:
         candidate &= flat
-    priority = jnp.where(candidate, 1.0 - top, -1.0)
-    score, env_ids = jax.lax.top_k(priority, min(budget, pi_rl.shape[0]))
-    return env_ids.astype(jnp.int32), score >= 0.0
+    priority = jnp.where(candidate, 1.0 - top, -1.0).reshape(blocks, -1)
+    block = priority.shape[1]
+    score, env_ids = jax.lax.top_k(priority, min(budget, block))
+    env_ids = env_ids + block * jnp.arange(blocks)[:, None]
+    return env_ids.reshape(-1).astype(jnp.int32), score.reshape(-1) >= 0.0

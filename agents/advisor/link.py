@@ -8,6 +8,11 @@
 
 `AdvisorLink` owns the advisor workers (an `AdvisorPool` of sidecar processes) for training and evaluation walks
 alike, restarts a dead one, sizes budget `auto`, and counts everything.
+
+Several processes (`shared`: training over agents.parallel's multi-process mesh) each run their own workers for
+their own block of envs. Every decision that shapes the jitted program is agreed through host collectives: each
+process's budget for the query step (0 where its advisor cannot take prompts), and the answers each collected,
+which every process then writes into the one global advice table.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from agents.advice.table import select_queries
 from agents.advisor.prompt_fields import PromptFieldBuilder, gather_state
 from agents.advisor.sidecar import learning_options, worker_count, worker_options
 from agents.advisor.workers import AdvisorPool
-from agents.config import HybridConfig
+from agents.config import ConfigError, HybridConfig
+from agents.parallel import gather_processes, is_writer, to_host
 from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
@@ -56,11 +62,12 @@ class AdvisorLink:
 
     def __init__(self, cfg, market, n_envs: int, run_dir: Path | None = None, client: SidecarClient | None = None,
                  latency: str | None = None, learn: bool = False, adapter: str | None = None,
-                 log_stem: Path | None = None):
+                 log_stem: Path | None = None, shared: bool = False):
         """`learn`: the sidecar learns from outcomes (training's link; never a validation walk's). `adapter`: the
         LoRA adapter to start from instead of the run's (a resumed run's learned one). `client`: one started
         sidecar to use instead of starting the run's workers. `log_stem`: worker i logs to {log_stem}_w{i}.log
-        (default RUN_DIR/advisor)."""
+        (default RUN_DIR/advisor). `shared`: the carry is global over several processes (training); each
+        process asks its own workers about its own block of envs, and B is per process."""
         self.cfg = cfg
         self.h: HybridConfig = cfg.hybrid
         self.latency = latency or latency_mode(cfg)
@@ -69,7 +76,12 @@ class AdvisorLink:
         self.rest_until = 0.0  # advisor_share < 1: no submission before this perf_counter() time
         # advisor_share < 1 counts one submission's whole latency as the advisor's work: one in flight at a time
         self.max_in_flight = 2 if self.share >= 1 else 1
-        self.cap = min(self.h.max_budget, n_envs)
+        self.processes = jax.process_count() if shared else 1
+        self.rank = jax.process_index() if shared else 0
+        if self.processes > 1 and learn:
+            raise ConfigError("hybrid.learning: the advisor learns from outcomes in one process only; turn learning "
+                              "off or train in one process (on all its local devices)")
+        self.cap = min(self.h.max_budget, n_envs // self.processes)  # per process
         self.auto = self.h.budget == "auto"
         self.budget = min(AUTO_START, self.cap) if self.auto else min(int(self.h.budget), self.cap)
         self.renderer = PromptRenderer.from_yaml(self.h.prompts or DEFAULT_PROMPTS_PATH)
@@ -85,19 +97,22 @@ class AdvisorLink:
         self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, env ids) written, ok only
         self.pending: list[list] = []  # [query step, submit time, prompts, late] of submissions not yet collected
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
-        self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.log_llm) else None
+        writes = run_dir and self.h.log_llm and (self.processes == 1 or is_writer())  # process 0 writes the run folder
+        self.llm_log = open(run_dir / "llm_log.jsonl", "a") if writes else None
         self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
         self.reset_counters()
 
-        def select(carry, budget):
-            """Picks and marks as asked at most `budget` envs (a traced count: one compiled selection for every
-            B). Only envs that are really asked are marked: a marked env counts as waiting for an answer."""
+        def select(carry, budgets):
+            """Picks and marks as asked at most budgets[p] envs of each process p's block (traced counts: one
+            compiled selection for every B). Only envs that are really asked are marked: a marked env counts as
+            waiting for an answer."""
             hy = carry.hybrid
             n = hy.changed.shape[0]
             side = carry.env_state.side.astype(jnp.int32)
             pi_top = jnp.stack([hy.top_prob, 1.0 - hy.top_prob], -1)  # only the top probability matters here
-            env_ids, valid = select_queries(hy.advice, self.h.query, self.cap, pi_top, side, hy.changed)
-            valid &= jnp.arange(self.cap) < budget  # top_k sorted them by priority
+            env_ids, valid = select_queries(hy.advice, self.h.query, self.cap, pi_top, side, hy.changed,
+                                            blocks=self.processes)
+            valid &= (jnp.arange(self.cap)[None, :] < budgets[:, None]).reshape(-1)  # top_k sorted them by priority
             advice = hy.advice.mark_queried(env_ids, valid, side)
             hy = hy.replace(advice=advice, changed=hy.changed.at[jnp.where(valid, env_ids, n)].set(False, mode="drop"))
             scalars = gather_state(carry.env_state, env_ids)
@@ -141,25 +156,43 @@ class AdvisorLink:
         self.n_query_steps += 1
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
         self.client.restart_dead()
-        if self.client.alive and self.client.pending < self.max_in_flight and time.perf_counter() >= self.rest_until:
-            carry, env_ids, valid, scalars = self._select(carry, np.int32(self.budget))
-            env_ids, valid, scalars = jax.device_get((env_ids, valid, scalars))
-            take = np.flatnonzero(valid)
+        ready = (self.client.alive and self.client.pending < self.max_in_flight
+                 and time.perf_counter() >= self.rest_until)
+        if not ready:
+            self.n_busy += 1  # nobody asked: the advisor is busy with earlier prompts, resting, or down
+        budgets = np.array([self.budget if ready else 0], np.int32)
+        if self.processes > 1:  # every process runs the same selection: on the budgets of all of them
+            budgets = gather_processes(budgets).reshape(-1)
+        if budgets.any():
+            carry, env_ids, valid, scalars = self._select(carry, budgets)
+            env_ids, valid, scalars = to_host((env_ids, valid, scalars)) if self.processes > 1 else \
+                jax.device_get((env_ids, valid, scalars))
+            mine = slice(self.rank * self.cap, (self.rank + 1) * self.cap)  # this process's block's picks
+            take = np.flatnonzero(valid[mine]) + mine.start
             if len(take):
                 rows = {k: v[take] for k, v in scalars.items()}
                 prompts = self.renderer.render(self.fields.build(rows), self.texts)
                 self.client.submit(env_ids[take], prompts, self._think(env_ids[take], rows))
                 self.pending.append([step, time.perf_counter(), prompts, False])
                 self.n_prompts += len(take)
-        else:
-            self.n_busy += 1  # nobody asked: the advisor is busy with earlier prompts, resting, or down
         # The answers to earlier query steps' prompts: one step of latency. Async takes a submission once all its
         # answers are ready (never waiting): a slow advisor's answers arrive some query steps late, not never.
+        taken = []
         while self.pending and self.pending[0][0] < step:
             if self.latency == "async" and not self.client.oldest_done:
                 self.pending[0][3] = True  # late: the advisor was busy with it for at least a whole chunk
                 break
-            carry = self._collect(carry, wait=self.latency == "strict", chunk_s=chunk_s)
+            taken.append(self._collect(wait=self.latency == "strict", chunk_s=chunk_s))
+        if self.processes == 1:
+            for rows in taken:
+                carry = self._write(carry, *rows) if rows is not None else carry
+            return carry
+        # Several processes write the same answers in the same order: each contributes one row block per slot
+        for slot in range(self.max_in_flight):
+            rows = gather_processes(taken[slot] if slot < len(taken) and taken[slot] is not None else self._rows())
+            rows = [x.reshape(-1, *x.shape[2:]) for x in rows]
+            if rows[-1].any():
+                carry = self._write(carry, *rows)
         return carry
 
     def _think(self, env_ids: np.ndarray, rows: dict) -> np.ndarray | None:
@@ -183,19 +216,22 @@ class AdvisorLink:
         return written
 
     def drain(self, carry):
-        """Collects every pending answer (waiting for them), e.g. at the end of an evaluation walk."""
+        """Collects every pending answer (waiting for them), e.g. at the end of an evaluation walk (one process)."""
         while self.pending:
-            carry = self._collect(carry, wait=True)
+            rows = self._collect(wait=True)
+            carry = self._write(carry, *rows) if rows is not None else carry
         return carry
 
-    def _collect(self, carry, wait: bool, chunk_s: float | None = None):
+    def _collect(self, wait: bool, chunk_s: float | None = None):
+        """The oldest submission's answers as advice-table rows (`_rows`), None when none came, with everything
+        counted, logged and kept for learning."""
         t0 = time.perf_counter()
         answers = self.client.collect(timeout_s=self.h.strict_timeout_s if wait else 0.0)
         waited = time.perf_counter() - t0
         self.wait_s += waited
         _, submitted_at, prompts, late = self.pending.pop(0)
         if not len(answers):
-            return carry
+            return None
         for name, count in answers.counts().items():
             self.n_answers[name] = self.n_answers.get(name, 0) + count
         latency = time.perf_counter() - submitted_at
@@ -210,14 +246,21 @@ class AdvisorLink:
         ok = np.flatnonzero(answers.status == STATUS_OK)
         if self.learning and len(ok):
             self.written.append((answers.seq, ok, answers.env_ids[ok]))
-        n = len(answers)
-        pad = self.cap - n  # fixed shapes: one compiled write for every answer count
-        ids = np.concatenate([answers.env_ids, np.zeros(pad, np.int32)]).astype(np.int32)
-        probs = np.concatenate([answers.probs, np.full((pad, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32)])
-        conf = np.concatenate([answers.confidence, np.zeros(pad, np.float32)])
-        status = np.concatenate([answers.status, np.zeros(pad, np.int32)]).astype(np.int32)
-        valid = np.arange(self.cap) < n
-        return self._write(carry, ids, probs, conf, status, valid)
+        return self._rows(answers)
+
+    def _rows(self, answers=None) -> tuple[np.ndarray, ...]:
+        """(env ids, probabilities, confidence, status, valid) padded to `cap` rows (fixed shapes: one compiled
+        write for every answer count); no answers: all rows invalid."""
+        n = len(answers) if answers is not None else 0
+        pad = self.cap - n
+        ids = np.zeros(pad, np.int32)
+        probs = np.full((pad, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32)
+        conf, status = np.zeros(pad, np.float32), np.zeros(pad, np.int32)
+        if n:
+            ids, probs = np.concatenate([answers.env_ids, ids]), np.concatenate([answers.probs, probs])
+            conf, status = np.concatenate([answers.confidence, conf]), np.concatenate([answers.status, status])
+        return (ids.astype(np.int32), probs.astype(np.float32), conf.astype(np.float32), status.astype(np.int32),
+                np.arange(self.cap) < n)
 
     def _log_llm(self, prompts, answers) -> None:
         if not self.llm_log or self.logged >= self.h.log_llm:

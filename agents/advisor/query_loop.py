@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from tqdm import tqdm
 
 from agents.advice.usage import advice_metrics
@@ -19,7 +20,8 @@ from agents.advisor.adapters import adapter_dir
 from agents.advisor.link import AdvisorLink
 from agents.advisor.outcomes import outcome_rows
 from agents.advisor.workers import AdvisorPool
-from bridge import SidecarClient
+from agents.parallel import gather_processes, is_writer
+from bridge import STATUS_NAMES, SidecarClient
 
 FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: SmolLM2 on a 2-core CPU takes ~8 s per step
 
@@ -41,8 +43,11 @@ class QueryLoop:
         self.stretch = 1  # query steps every interval × stretch env steps (async: see _restretch)
         self.learning = cfg.hybrid.learning if cfg.hybrid.learning.enabled else None
         self.market = market  # its prices measure the market's move after each answer (the outcomes' `move`)
-        self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir, client, learn=self.learning is not None,
-                                adapter=adapter)
+        # Several processes: each asks its own workers about its own envs (agents.advisor.link); only process 0
+        # writes the run folder, the others' workers log to their stderr.
+        self.processes = jax.process_count()
+        self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir if is_writer() else None, client,
+                                learn=self.learning is not None, adapter=adapter, shared=self.processes > 1)
         self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
         self._learn = jax.jit(ppo.learn)
         self._advantages = jax.jit(ppo.advantages)
@@ -85,12 +90,26 @@ class QueryLoop:
         metrics = dict(metrics)
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
         metrics.update(advice_metrics(stats))
-        metrics.update(self.link.metrics())
+        metrics.update(self._link_metrics())
         metrics["llm_query_interval"] = self.query_interval
         self._restretch(metrics["llm_busy_rate"])
         if self.learning:
             metrics.update(self._learning_step(int(rs.update), sent))
         return rs, metrics
+
+    def _link_metrics(self) -> dict:
+        """The advisor's counters; with several processes, every process's combined (the same on each, so the
+        stretch below is agreed): counts and rates summed, the rest averaged, and each process's rate."""
+        own = self.link.metrics()
+        if self.processes == 1:
+            return own
+        keys = sorted(own)
+        table = gather_processes(np.array([float(own[k]) for k in keys]))  # [processes, keys]
+        summed = ("llm_prompts", "llm_rate", "llm_budget", "llm_workers_alive", "llm_reasoned",
+                  *(f"llm_{name}" for name in STATUS_NAMES))
+        out = {k: float(table[:, i].sum() if k in summed else table[:, i].mean()) for i, k in enumerate(keys)}
+        out.update({f"llm_rate_p{p}": float(table[p, keys.index("llm_rate")]) for p in range(self.processes)})
+        return out
 
     def _restretch(self, busy_rate: float) -> None:
         """Async latency: after an update in which most query steps asked nobody (the advisor still had two

@@ -25,8 +25,8 @@ from tqdm import tqdm
 from agents.advice.acting import make_acting
 from agents.advisor.adapters import checkpoint_adapter, prune_adapters
 from agents.advisor.query_loop import QueryLoop
-from agents.config import RUN_CONFIG_FILE, ConfigError, TrainConfig, load_config, save_config
-from agents.parallel import barrier, from_host, is_writer, make_mesh, print_banner, to_host
+from agents.config import RUN_CONFIG_FILE, TrainConfig, load_config, save_config
+from agents.parallel import barrier, broadcast_from_writer, from_host, is_writer, make_mesh, print_banner, to_host
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import RunnerState, make_train
 from agents.rl.sharding import state_shardings
@@ -116,9 +116,6 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
         raise FileExistsError(f"{run_dir} already holds a run; use --resume {run_dir} or another --run-dir")
     assert cfg is not None
     mesh = make_mesh(cfg)  # num_envs must split over the devices: checked before anything is written
-    if jax.process_count() > 1 and cfg.llm != "none":
-        raise ConfigError("llm: the LLM advisor runs in one process for now; use --llm none with several processes "
-                          "(--num-processes), or one process on all its local devices")
     barrier("jaxfutures-run-checked")  # every process has looked at the folder before process 0 writes to it
     print_banner(mesh, cfg)
     setup = env_setup or make_env_setup(cfg)  # before config.yaml is written: bad data leaves no run behind
@@ -199,7 +196,7 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             query_loop.save_adapter(run_dir, update)
             prune_adapters(run_dir, set(ckpt.latest.all_steps()) | set(ckpt.best.all_steps()) | {update})
 
-    evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now, log_dir=run_dir)
+    evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now, log_dir=run_dir if writer else None)
     try:
         if acting is not None:  # chunks with LLM query steps between them; compiled on first use
             # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
@@ -233,8 +230,10 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
                 policy = state.replace(params=jax.device_get(state.params), obs_norm=jax.device_get(state.obs_norm))
                 result = evaluator(policy, "val", jax.random.PRNGKey(cfg.seed + update))
                 metrics.update({setup.score_name if k == "score" else f"eval_{k}": v for k, v in result.items()})
-                if best_score is None or result["score"] > best_score:
-                    best_score = float(result["score"])
+                # every process walked; process 0's score decides, so all save (a collective) or none do
+                score = broadcast_from_writer(float(result["score"]))
+                if best_score is None or score > best_score:
+                    best_score = score
                     save_checkpoint(update, best=True)
 
             warnings = health.check(metrics)
