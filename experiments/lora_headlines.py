@@ -76,6 +76,11 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
     if result.interrupted:
         raise SystemExit(f"seed {seed}: training was interrupted")
     learned = checkpoint_adapter(cfg, run_dir, result.update)
+    if not last_rounds(run_dir):  # the adapter is the base model's: frozen and learned would compare equal
+        buffer = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1]).get("lora_buffer", 0)
+        print(f"WARNING: seed {seed}: no learning round finished ({buffer:.0f} examples gathered, "
+              f"hybrid.learning.min_examples {cfg.hybrid.learning.min_examples}): use more --updates, or "
+              "hybrid.latency=strict so that every query is answered", flush=True)
     ppo = make_train(cfg, result.setup.env, result.setup.params, make_acting(cfg, result.setup.env))
     evaluator = AgentEvaluator(cfg, ppo, result.setup, lambda update: learned)
     walks: dict = {}
