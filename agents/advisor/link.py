@@ -30,7 +30,7 @@ from agents.advisor.prompt_fields import PromptFieldBuilder, gather_state
 from agents.advisor.sidecar import learning_options, worker_count, worker_options
 from agents.advisor.workers import AdvisorPool
 from agents.config import ConfigError, HybridConfig
-from agents.parallel import gather_processes, is_writer, to_host
+from agents.parallel import gather_processes, to_host
 from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
@@ -97,8 +97,7 @@ class AdvisorLink:
         self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, env ids) written, ok only
         self.pending: list[list] = []  # [query step, submit time, prompts, late] of submissions not yet collected
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
-        writes = run_dir and self.h.log_llm and (self.processes == 1 or is_writer())  # process 0 writes the run folder
-        self.llm_log = open(run_dir / "llm_log.jsonl", "a") if writes else None
+        self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.log_llm) else None
         self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
         self.reset_counters()
 

@@ -45,9 +45,8 @@ class QueryLoop:
         self.market = market  # its prices measure the market's move after each answer (the outcomes' `move`)
         # Several processes: each asks its own workers about its own envs (agents.advisor.link); only process 0
         # writes the run folder, the others' workers log to their stderr.
-        self.processes = jax.process_count()
         self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir if is_writer() else None, client,
-                                learn=self.learning is not None, adapter=adapter, shared=self.processes > 1)
+                                learn=self.learning is not None, adapter=adapter, shared=jax.process_count() > 1)
         self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
         self._learn = jax.jit(ppo.learn)
         self._advantages = jax.jit(ppo.advantages)
@@ -101,14 +100,15 @@ class QueryLoop:
         """The advisor's counters; with several processes, every process's combined (the same on each, so the
         stretch below is agreed): counts and rates summed, the rest averaged, and each process's rate."""
         own = self.link.metrics()
-        if self.processes == 1:
+        processes = self.link.processes
+        if processes == 1:
             return own
         keys = sorted(own)
         table = gather_processes(np.array([float(own[k]) for k in keys]))  # [processes, keys]
         summed = ("llm_prompts", "llm_rate", "llm_budget", "llm_workers_alive", "llm_reasoned",
                   *(f"llm_{name}" for name in STATUS_NAMES))
         out = {k: float(table[:, i].sum() if k in summed else table[:, i].mean()) for i, k in enumerate(keys)}
-        out.update({f"llm_rate_p{p}": float(table[p, keys.index("llm_rate")]) for p in range(self.processes)})
+        out.update({f"llm_rate_p{p}": float(table[p, keys.index("llm_rate")]) for p in range(processes)})
         return out
 
     def _restretch(self, busy_rate: float) -> None:
