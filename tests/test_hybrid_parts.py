@@ -221,3 +221,29 @@ def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
     for _ in range(10):  # an answer that never comes stops holding the env after two intervals
         advice = advice.tick()
     assert not bool(pending(advice, cfg).any())
+
+
+@pytest.mark.nojit
+@pytest.mark.parametrize("n_valid", [3, 40])  # 3 of 64 rows: the gathered block; 40: every row
+def test_trust_gate_on_the_valid_rows_alone_equals_the_gate_on_every_row(n_valid):
+    from agents.advice.acting import trust_where_valid
+    from agents.config import NetworkConfig
+    from agents.rl.networks import make_network
+
+    n, width = 64, 23
+    network = make_network(NetworkConfig(), 6, TrustGate(), width)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 10)))
+    # a gate that is not constant, so that a row's value tells which features it saw
+    params = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(1), x.shape), params)
+    features = jax.random.normal(jax.random.PRNGKey(2), (n, width))
+    valid = jnp.zeros(n, bool).at[jax.random.permutation(jax.random.PRNGKey(3), n)[:n_valid]].set(True)
+
+    def full(f):
+        return jnp.where(valid, network.apply(params, f, method="trust"), 0.0)
+
+    gate = trust_where_valid(network, params, features, valid)
+    np.testing.assert_allclose(gate, full(features), rtol=1e-6, atol=1e-7)
+    assert (np.asarray(gate)[~np.asarray(valid)] == 0).all() and (np.asarray(gate)[np.asarray(valid)] > 0).all()
+    # gradients reach the features (the policy's probabilities are among them) the same way
+    grad = jax.grad(lambda f: trust_where_valid(network, params, f, valid).sum())(features)
+    np.testing.assert_allclose(grad, jax.grad(lambda f: full(f).sum())(features), rtol=1e-5, atol=1e-7)
