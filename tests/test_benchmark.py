@@ -42,6 +42,7 @@ def test_quick_run_writes_valid_json_plot_and_markdown(tmp_path):
     markdown = (tmp_path / "BENCH.md").read_text()
     assert "## env" in markdown and "## bridge" in markdown and "| envs |" in markdown
     assert "### env" in done.stdout  # the tables go to stdout too
+    assert "## GPU" in markdown and "| not measured |" in markdown  # a CPU report leaves the GPU rows empty
 
     # the report re-rendered from its JSON, measuring nothing, is the same report
     again = tmp_path / "AGAIN.md"
