@@ -155,13 +155,13 @@ def report_markdown(report: dict, sections: dict[str, str], plot_path: Path | No
     return "\n".join(lines) + "\n"
 
 
-# The GPU figures issue 23 asks for, and what measures each; a report made without a GPU lists them empty.
+# The GPU figures issue 23 asks for, and how each is measured; a report made without a GPU lists them empty.
 GPU_FIGURES = [
     ("env steps/s against gymnax CartPole, 4,096 / 65,536 / 262,144 envs",
-     "python scripts/benchmark.py env --envs 4096,65536,262144"),
-    ("PPO steps/s, 4,096 and 65,536 envs", "python scripts/benchmark.py train --envs 4096,65536"),
+     "`python scripts/benchmark.py env --envs 4096,65536,262144`"),
+    ("PPO steps/s, 4,096 and 65,536 envs", "`python scripts/benchmark.py train --envs 4096,65536`"),
     ("hybrid with the mock advisor, 4,096 envs: prompts/s, coverage, ratio to RL-only",
-     "python scripts/benchmark.py hybrid --envs 4096"),
+     "`python scripts/benchmark.py hybrid --envs 4096`"),
     ("hybrid with a Phi-3-mini-architecture model, random weights, bf16 score mode (and int4), 4,096 envs",
      "no suite yet (`llm_sidecar.models.build_tiny_phi3` builds random-weight Phi-3s offline, of any depth and width)"),
     ("one advisor-learning (QLoRA) round on that model", "no suite yet"),
@@ -170,12 +170,11 @@ GPU_FIGURES = [
 
 def gpu_rows_markdown() -> str:
     """The GPU section of a report made on a CPU: every figure left empty, never estimated."""
-    rows = [f"| {figure} | not measured | {command if command.startswith('no suite') else f'`{command}`'} |"
-            for figure, command in GPU_FIGURES]
     return "\n".join([
-        "No GPU was at hand for this report, so these rows are empty; a run of the same commands on a GPU machine "
-        "fills them (each command prints the JAX backend and devices first).",
-        "", "| figure | value | command |", "|---|---|---|", *rows])
+        ("No GPU was at hand for this report, so these rows are empty; a run of the same commands on a GPU machine "
+         "fills them (each command prints the JAX backend and devices first)."),
+        "", "| figure | value | command |", "|---|---|---|",
+        *(f"| {figure} | not measured | {how} |" for figure, how in GPU_FIGURES)])
 
 
 def write_json(path: Path, report: dict) -> None:

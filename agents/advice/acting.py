@@ -192,6 +192,8 @@ class HybridActing:
         log_prob = jnp.take_along_axis(logp_all, action[..., None], -1)[..., 0]
         entropy = -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), -1)
         return log_prob, entropy, extras.pg_weight
+
+
 def trust_where_valid(network, params, features: jax.Array, valid: jax.Array) -> jax.Array:
     """[N] the trust gate for the rows with valid advice, 0 elsewhere. While few rows have advice (at most
     GATE_ROWS_SHARE of them), the gate runs on those rows gathered into a fixed-size block (static shapes) and
