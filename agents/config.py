@@ -83,6 +83,10 @@ class QueryConfig:
     # just exited without advice for being flat until it is asked: the policy cannot otherwise tell that advice is
     # on its way, and entering first leaves the answer nothing to decide (measured: such entries lost money)
     wait_for_answer: bool = False
+    # ... but only while the env's trust in its advice is above this: a running mean of the trust gate over the env's
+    # advised decisions (learned fusion; it starts at 1, and each advised decision moves it half way to that gate).
+    # An advisor the gate ignores then stops deciding when the policy may enter. 0: always wait.
+    wait_min_trust: float = 0.0
     # async latency only: after an update in which the advisor was still busy at most query steps (it could take
     # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary
     # and a device round trip, and one that cannot ask anything buys nothing. 1: always every k steps.
@@ -280,6 +284,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
+        (0 <= cfg.hybrid.query.wait_min_trust < 1, "hybrid.query.wait_min_trust", "must be in [0, 1) (0: always wait)"),
         (not cfg.hybrid.advice_input or cfg.hybrid.fusion in ("learned", "rules"), "hybrid.advice_input",
          "needs hybrid.fusion learned or rules (with fusion none the policy acts without advice)"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),

@@ -221,6 +221,11 @@ def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
     for _ in range(10):  # an answer that never comes stops holding the env after two intervals
         advice = advice.tick()
     assert not bool(pending(advice, cfg).any())
+    # wait_min_trust: an env whose running trust in its advice has fallen to it or below enters without waiting
+    gated = dataclasses.replace(acting, query=dataclasses.replace(cfg, wait_min_trust=0.05))
+    low = exited.replace(trust=jnp.array([1.0, 0.05, 1.0]))
+    assert gated.waiting(low, side, view(answered, cfg, side)).tolist() == [False, False, False]
+    assert gated.waiting(exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
 
 
 @pytest.mark.nojit

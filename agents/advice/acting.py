@@ -30,6 +30,7 @@ N_ADVICE_INPUT = 10  # advice probabilities (6), decayed confidence, age, valid,
 # advises well under 1% of decisions); while at most this share of a batch has advice, the gate runs on those rows
 # alone. The gate's tanh layers cost ~6% of a 4,096-env update when run on every row.
 GATE_ROWS_SHARE = 1 / 16
+TRUST_STEP = 0.5  # an advised decision moves the env's running trust (HybridCarry.trust) this share to its gate
 
 
 @struct.dataclass
@@ -38,6 +39,7 @@ class HybridCarry:
     veto: VetoState
     changed: jax.Array  # [N] bool: a fill or an exit since the env was last considered for a query
     top_prob: jax.Array  # [N] the policy's top probability at the latest step
+    trust: jax.Array  # [N] running mean of the trust gate over the env's advised decisions (1 before the first)
 
 
 class StepExtras(NamedTuple):
@@ -93,6 +95,7 @@ class HybridActing:
             veto=VetoState.create(n_envs),
             changed=jnp.zeros(n_envs, bool),
             top_prob=jnp.ones(n_envs),
+            trust=jnp.ones(n_envs),
         )
 
     def context(self, obs: jax.Array) -> jax.Array:
@@ -111,10 +114,12 @@ class HybridActing:
     def waiting(self, carry: HybridCarry, side: jax.Array, advice: AdviceView) -> jax.Array:
         """[N] bool: flat envs held out of the market until advice arrives (`query.wait_for_answer`; only for an
         agent that acts on advice): their question is in flight, or they have just exited a trade, have no advice
-        for being flat, and will be asked at a coming query step (an exit marks them as changed)."""
+        for being flat, and will be asked at a coming query step (an exit marks them as changed). With
+        `query.wait_min_trust`, only envs whose running trust is above it wait."""
         if not self.query.wait_for_answer or self.fusion not in ("learned", "rules"):
             return jnp.zeros(side.shape, bool)
-        return (pending(carry.advice, self.query) | (carry.changed & ~advice.valid)) & (side == 0)
+        trusted = carry.trust > self.query.wait_min_trust
+        return (pending(carry.advice, self.query) | (carry.changed & ~advice.valid)) & (side == 0) & trusted
 
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
@@ -166,7 +171,10 @@ class HybridActing:
             **{f"veto_fired_{r}": fired[:, i].sum().astype(jnp.float32) for i, r in enumerate(RULES)},
         }
         extras = StepExtras(advice=advice, context=context, pg_weight=pg_weight, stats=stats)
-        carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1))
+        trust = carry.trust  # rules fusion has no gate: its envs keep trust 1
+        if self.fusion == "learned":
+            trust = jnp.where(advice.valid, trust + TRUST_STEP * (gate - trust), trust)
+        carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1), trust=trust)
         return action, learn_action, log_prob, mask, extras, carry
 
     @staticmethod
