@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
+from agents.advice.fusion import GATE_INIT_LOGIT, TrustGate, fusion_features, masked_advice_probs, mix, rules_action
 from agents.advice.risk_veto import RULES, VetoState, apply_veto
 from agents.advice.table import AdviceTable, AdviceView, pending, view
 from agents.config import QueryConfig, VetoConfig
@@ -63,6 +63,7 @@ class HybridActing:
     extended: bool  # the observation has the extended context and risk features
     greedy: bool = False  # evaluation: the most probable action of the acting distribution instead of a sample
     advice_input: bool = False  # the policy and value read the advice state (advice_state) beside the observation
+    gate_init_logit: float = GATE_INIT_LOGIT  # the learned gate's logit before training (hybrid.gate_init_logit)
 
     @property
     def advice_features(self) -> int:
@@ -87,7 +88,9 @@ class HybridActing:
 
     def trust_gate(self) -> tuple[TrustGate | None, int]:
         """The network's trust gate and the width of its input (learned fusion only)."""
-        return (TrustGate(), self.gate_features) if self.fusion == "learned" else (None, 0)
+        if self.fusion != "learned":
+            return None, 0
+        return TrustGate(init_logit=self.gate_init_logit), self.gate_features
 
     def init_carry(self, n_envs: int) -> HybridCarry:
         return HybridCarry(
@@ -224,4 +227,4 @@ def trust_where_valid(network, params, features: jax.Array, valid: jax.Array) ->
 def make_acting(cfg, env) -> HybridActing:
     h = cfg.hybrid
     return HybridActing(h.fusion, h.query, h.veto, h.llm_weight, env.window, env.extended,
-                        advice_input=h.advice_input)
+                        advice_input=h.advice_input, gate_init_logit=h.gate_init_logit)

@@ -17,19 +17,20 @@ import jax.numpy as jnp
 from agents.advice.table import AdviceView
 from bridge.protocol import HOLD
 
-GATE_BIAS_INIT = -2.0  # sigmoid(−2) ≈ 0.12: start by trusting the advice little
+GATE_INIT_LOGIT = -2.0  # sigmoid(−2) ≈ 0.12: start by trusting the advice little (hybrid.gate_init_logit)
 
 
 class TrustGate(nn.Module):
-    """Fusion features [..., F] → trust gate g [...] in (0, 1)."""
+    """Fusion features [..., F] → trust gate g [...] in (0, 1); before training g = sigmoid(init_logit) everywhere."""
 
     hidden: int = 64
+    init_logit: float = GATE_INIT_LOGIT
 
     @nn.compact
     def __call__(self, features: jax.Array) -> jax.Array:
         x = nn.tanh(nn.Dense(self.hidden)(features))
         x = nn.tanh(nn.Dense(self.hidden)(x))
-        logit = nn.Dense(1, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.constant(GATE_BIAS_INIT))(x)
+        logit = nn.Dense(1, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.constant(self.init_logit))(x)
         return jax.nn.sigmoid(logit[..., 0])
 
 
