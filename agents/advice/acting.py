@@ -66,6 +66,11 @@ class HybridActing:
     gate_init_logit: float = GATE_INIT_LOGIT  # the learned gate's logit before training (hybrid.gate_init_logit)
 
     @property
+    def waits_on_trust(self) -> bool:
+        """Whether the wait depends on the env's running trust (HybridCarry.trust), which is kept up only then."""
+        return self.query.wait_for_answer and self.query.wait_min_trust > 0 and self.fusion == "learned"
+
+    @property
     def advice_features(self) -> int:
         return N_ADVICE_INPUT if self.advice_input else 0
 
@@ -121,8 +126,8 @@ class HybridActing:
         `query.wait_min_trust`, only envs whose running trust is above it wait."""
         if not self.query.wait_for_answer or self.fusion not in ("learned", "rules"):
             return jnp.zeros(side.shape, bool)
-        trusted = carry.trust > self.query.wait_min_trust
-        return (pending(carry.advice, self.query) | (carry.changed & ~advice.valid)) & (side == 0) & trusted
+        wait = (pending(carry.advice, self.query) | (carry.changed & ~advice.valid)) & (side == 0)
+        return wait & (carry.trust > self.query.wait_min_trust) if self.waits_on_trust else wait
 
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
@@ -174,8 +179,8 @@ class HybridActing:
             **{f"veto_fired_{r}": fired[:, i].sum().astype(jnp.float32) for i, r in enumerate(RULES)},
         }
         extras = StepExtras(advice=advice, context=context, pg_weight=pg_weight, stats=stats)
-        trust = carry.trust  # rules fusion has no gate: its envs keep trust 1
-        if self.fusion == "learned":
+        trust = carry.trust  # kept up only where the wait reads it (rules fusion has no gate: its envs keep 1)
+        if self.waits_on_trust:
             trust = jnp.where(advice.valid, trust + TRUST_STEP * (gate - trust), trust)
         carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1), trust=trust)
         return action, learn_action, log_prob, mask, extras, carry
