@@ -211,7 +211,8 @@ def per_seed_figures(scores: dict[str, Any], kind: str) -> dict[str, float | Non
 
 
 def summarize(results: dict[str, dict[int, dict]], seeds: list[int]) -> dict[str, Any]:
-    """{arm: {"latest": {figure: {mean, ci95, n}}, "best": {...}, "runs": {seed: {...}}}}."""
+    """{arm: {"latest": {figure: {mean, ci95, n}, "paired_test_pnl_vs": {other arm: {mean, ci95, n}}}, "best": {...},
+    "runs": {seed: {...}}}}."""
     arms: dict[str, Any] = {}
     for arm, by_seed in results.items():
         arms[arm] = {"runs": {}}
@@ -230,6 +231,13 @@ def summarize(results: dict[str, dict[int, dict]], seeds: list[int]) -> dict[str
             arms[arm][kind] = figures
             for s in seeds:
                 arms[arm]["runs"].setdefault(str(s), {})[kind] = rows[s]
+    # Arm against arm, seed by seed: what the informed advice earns over a control that shares all the machinery.
+    for arm, a in arms.items():
+        for kind in CHECKPOINTS:
+            a[kind]["paired_test_pnl_vs"] = {
+                other: bootstrap([a["runs"][str(s)][kind]["test_pnl"] - arms[other]["runs"][str(s)][kind]["test_pnl"]
+                                  for s in seeds])
+                for other in arms if other not in (arm, BASELINE)}
     return arms
 
 
@@ -260,6 +268,13 @@ def table(summary: dict[str, Any], command: str) -> str:
                      _cell(f["test_trades"]), _cell(f["trust"], False), _cell(f["coverage"], False),
                      _cell(f["wait_rate"], False)]
             lines.append("| " + " | ".join(cells) + " |")
+    others = [arm for arm in summary["arms"] if arm != BASELINE]
+    if len(others) > 1:
+        lines += ["", "Arm against arm (row − column), test P&L at the latest checkpoint, paired by seed:", "",
+                  "| row − column | " + " | ".join(others) + " |", "|" + "---|" * (len(others) + 1)]
+        for arm in others:
+            vs = summary["arms"][arm]["latest"]["paired_test_pnl_vs"]
+            lines.append(f"| {arm} | " + " | ".join(_cell(vs[o]) if o in vs else "" for o in others) + " |")
     lines += ["", "The risk veto: the fused agent with it off and on (same checkpoints, test; the latest is scored both ways):",
               "",
               ("| arm | checkpoint | P&L off | P&L on | on − off | P&L cost | breaches off | breaches on | "

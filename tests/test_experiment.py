@@ -65,13 +65,14 @@ def _fake_scores(pnl: float, advised: bool) -> dict:
 def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
     """A second invocation reads every finished run's saved scores: nothing trains; the paired differences are
     taken seed by seed."""
-    seeds, arms = [0, 1, 2], ["rl_only", "news"]
+    seeds, arms = [0, 1, 2], ["rl_only", "news", "random"]
+    edge = {"rl_only": 0.0, "news": 300.0, "random": 100.0 * np.array([1.0, -1.0, 3.0])}
     runs = tmp_path / "runs"
     for seed in seeds:
         for arm in arms:
             folder = runs / f"{arm}-s{seed}"
             folder.mkdir(parents=True)
-            pnl = 1000.0 * (seed + 1) + (300.0 if arm == "news" else 0.0)
+            pnl = 1000.0 * (seed + 1) + float(np.broadcast_to(edge[arm], 3)[seed])
             (folder / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(pnl, arm != "rl_only")))
     monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("a finished run was trained again"))
     plan = fusion.Plan("configs/headlines.yaml", arms, seeds, tmp_path / "experiment.json", runs, [], None)
@@ -79,6 +80,11 @@ def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
     _check_schema(summary, arms)
     news = summary["arms"]["news"]["latest"]
     assert news["paired_test_pnl_vs_rl_only"] == {"mean": 300.0, "ci95": [300.0, 300.0], "n": 3}
+    # arm against arm, seed by seed (news − random: 200, 400, 0), both ways, never against itself or the baseline
+    assert news["paired_test_pnl_vs"]["random"]["mean"] == pytest.approx(200.0)
+    assert news["paired_test_pnl_vs"]["random"]["ci95"][0] >= 0.0
+    assert summary["arms"]["random"]["latest"]["paired_test_pnl_vs"]["news"]["mean"] == pytest.approx(-200.0)
+    assert set(news["paired_test_pnl_vs"]) == {"random"}
     assert news["test_pnl"]["mean"] == pytest.approx(2300.0)
     assert news["llm_only_test_pnl"]["mean"] == pytest.approx(1150.0)
     assert news["veto_pnl_cost"] == pytest.approx(100 / 2300)
@@ -86,6 +92,7 @@ def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "experiment.json").read_text())["arms"]["news"]["best"]["test_pnl"]["n"] == 3
     text = (tmp_path / "table.md").read_text()
     assert "| news | latest | 2,300 [" in text and "python scripts/experiment.py" in text
+    assert "| news |  | 200 [" in text  # the arm-against-arm table: news − random
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
 
