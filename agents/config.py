@@ -19,6 +19,11 @@ from bridge.learning import LearningOptions
 from jaxenv.config import DataConfig, EnvConfig, check_rules, resolve_data_config
 
 
+# learned fusion: the trust gate's logit before training, the same for every input: sigmoid(−2) ≈ 0.12, start by
+# trusting the advice little (−4.6: 0.01)
+GATE_INIT_LOGIT = -2.0
+
+
 class ConfigError(ValueError):
     """A bad configuration key or value; the message names the dotted key."""
 
@@ -159,8 +164,7 @@ class HybridConfig:
     # learned/rules fusion: the policy and value also read the advice state (probabilities, confidence, age, valid,
     # question pending), so the policy itself can learn to wait for and to follow informed advice
     advice_input: bool = False
-    # learned fusion: the trust gate's logit before training, the same for every input: −2: g = 0.12; −4.6: 0.01
-    gate_init_logit: float = -2.0
+    gate_init_logit: float = GATE_INIT_LOGIT  # learned fusion: the trust gate's logit before training
     sidecar_batch_size: int = 64
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml

@@ -31,13 +31,17 @@ from agents.config import ConfigError, load_config
 
 # arm -> config overrides (`--set` syntax); every arm but rl_only trains with the learned trust gate on the mock advisor
 ARMS: dict[str, list[str]] = {
-    "rl_only": ["llm=none"],  # the policy alone: the baseline of every paired difference
+    # the policy alone: the baseline of every paired difference (on any config, one whose advisor learns included)
+    "rl_only": ["llm=none", "hybrid.learning.enabled=false"],
     "news": ["llm=mock", "hybrid.mock_answers=news"],  # the headline's direction: informed advice
     "random": ["llm=mock", "hybrid.mock_answers=random"],  # coin flips: no information, other statistics
     "shuffled": ["llm=mock", "hybrid.mock_answers=shuffled"],  # news answers of other envs and bars: no information
     "news_veto": ["llm=mock", "hybrid.mock_answers=news", "hybrid.veto.enabled=true"],  # trained with the veto on
     # news, and the policy and value read the advice state (probabilities, confidence, age, valid, pending)
     "news_input": ["llm=mock", "hybrid.mock_answers=news", "hybrid.advice_input=true"],
+    # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
+    "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
+    "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],
 }
 BASELINE = "rl_only"
 CHECKPOINTS = ("latest", "best")
@@ -384,7 +388,8 @@ def plan_from_args(args) -> Plan:
     json_path = Path(args.json)
     plan = Plan(args.config, parse_arms(args.arms), seeds, json_path,
                 Path(args.runs) if args.runs else json_path.parent / "runs",
-                [*(QUICK_OVERRIDES if args.quick else []), *args.overrides],
+                [*(QUICK_OVERRIDES if args.quick else []), *(["log.progress=false"] if args.no_progress else []),
+                 *args.overrides],
                 QUICK_UPDATES if args.quick else args.updates, args.partial)
     for arm in plan.arms:  # every run's config is checked before the first one trains
         run_config(plan, arm, plan.seeds[0])
@@ -409,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="override one config key of every run (after the arm's), as in train.py; repeatable")
     ap.add_argument("--partial", action="store_true",
                     help="report the seeds every arm has finished so far (e.g. while the experiment runs); trains nothing")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars (the experiment's and its runs')")
     args = ap.parse_args(argv)
     try:
         if args.updates is not None and args.updates < 1:

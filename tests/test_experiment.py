@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agents.config import load_config
 from experiments import fusion
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,20 @@ def test_seeds_and_arms_parse():
             fusion.parse_seeds(bad)
     with pytest.raises(ValueError, match="--arms: unknown arm nope"):
         fusion.parse_arms("news,nope")
+
+
+def test_smollm2_arms_and_the_baseline_load_on_the_lora_config():
+    plan = fusion.Plan(config=str(ROOT / "configs/headlines_lora.yaml"), arms=[], seeds=[0], json_path=Path("x"),
+                       runs_dir=Path("x"), overrides=[], updates=None)
+    baseline, frozen, learned = (fusion.run_config(plan, arm, 0) for arm in ("rl_only", "frozen_smollm2", "learned_smollm2"))
+    assert (baseline.llm, baseline.hybrid.learning.enabled) == ("none", False)  # the config's learning needs an advisor
+    assert (frozen.llm, frozen.hybrid.learning.enabled) == ("smollm2", False)
+    assert (learned.llm, learned.hybrid.learning.enabled) == ("smollm2", True)
+    # apart from learning, the two SmolLM2 arms train the same run
+    assert dataclasses.replace(learned.hybrid, learning=frozen.hybrid.learning) == frozen.hybrid
+    # on the mock config, where nothing learns, the baseline is the plain `--llm none` run of earlier experiments
+    plan = dataclasses.replace(plan, config=str(ROOT / "configs/headlines.yaml"))
+    assert fusion.run_config(plan, "rl_only", 3) == load_config(plan.config, ["llm=none", "seed=3"])
 
 
 def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_seeds():

@@ -15,9 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from agents.advice.table import AdviceView
+from agents.config import GATE_INIT_LOGIT
 from bridge.protocol import HOLD
-
-GATE_INIT_LOGIT = -2.0  # sigmoid(−2) ≈ 0.12: start by trusting the advice little (hybrid.gate_init_logit)
 
 
 class TrustGate(nn.Module):
