@@ -92,6 +92,10 @@ class QueryConfig:
     # advised decisions (learned fusion; it starts at 1, and each advised decision moves it half way to that gate).
     # An advisor the gate ignores then stops deciding when the policy may enter. 0: always wait.
     wait_min_trust: float = 0.0
+    # a trade entered with advice in force (and, with wait_min_trust, trusted) keeps its bracket to the end: the policy
+    # may not move its stop (MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL). An advisor asked about entries only has
+    # nothing to say inside the trade; its advice was the entry with the bracket, which the advice alone holds
+    keep_advised_bracket: bool = False
     # async latency only: after an update in which the advisor was still busy at most query steps (it could take
     # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary
     # and a device round trip, and one that cannot ask anything buys nothing. 1: always every k steps.

@@ -230,6 +230,58 @@ def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
     assert gated.waiting(exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
 
 
+def test_a_trade_entered_on_trusted_advice_keeps_its_bracket_until_it_closes():
+    """query.keep_advised_bracket: the policy may not move the stop of a trade entered with (trusted) advice in force;
+    it may in a trade it entered alone, or entered on advice whose running trust was too low, and after the exit."""
+    import dataclasses
+    import types
+
+    from agents.advice.acting import STOP_MOVES, HybridActing
+    from bridge.protocol import ACTIONS
+
+    cfg = QueryConfig(interval=5, cooldown=0, keep_advised_bracket=True, wait_for_answer=True, wait_min_trust=0.05)
+    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    carry = acting.init_carry(3)
+    flat = jnp.zeros(3, jnp.int32)
+    advice = carry.advice.mark_queried(jnp.array([0, 1]), jnp.ones(2, bool), flat)  # env 2 has no advice
+    advice = advice.tick().write(jnp.array([0, 1]), jnp.full((2, 6), 1 / 6), jnp.full(2, 0.8), jnp.zeros(2, jnp.int32),
+                                 jnp.ones(2, bool))
+    carry = carry.replace(advice=advice, trust=jnp.array([1.0, 0.01, 1.0]))  # env 1's advisor is ignored by now
+    assert view(advice, cfg, flat).valid.tolist() == [True, True, False]
+
+    from agents.config import NetworkConfig
+    from agents.rl.networks import make_network
+    from jaxenv.env import N_BAR_FEATURES, N_POSITION
+
+    n_obs = N_BAR_FEATURES + N_POSITION  # window 1: the context reads the bar's and the position's columns
+    network = make_network(NetworkConfig(), 6, TrustGate(), acting.gate_features)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
+
+    def step(carry, side, entered, exited):
+        env_state = types.SimpleNamespace(side=side)
+        out = acting.act(network, params, carry, jnp.zeros((3, 6)), jnp.ones((3, 6), bool), jnp.zeros((3, n_obs)),
+                         env_state, None, jax.random.PRNGKey(1))
+        mask, carry = out[3], out[5]
+        return mask, acting.after_step(carry, {"entry_side": entered, "exit_reason": exited,
+                                               "trade_pnl": jnp.zeros(3)})
+
+    # the three envs decide while flat and all enter (the env fills the entry on the same step)
+    _, carry = step(carry, flat, jnp.array([1, 1, 1]), jnp.zeros(3, jnp.int32))
+    assert carry.advised_trade.tolist() == [True, False, False]
+    mask, carry = step(carry, jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.array([0, 0, 1]))
+    moves = np.asarray(mask)[:, list(STOP_MOVES)]
+    assert not moves[0].any() and moves[1].all() and moves[2].all()
+    assert {ACTIONS[a] for a in STOP_MOVES} == {"MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL"}
+    assert bool(np.asarray(mask)[0, 0])  # HOLD stays
+    # env 0's trade closes: its next trade, entered alone, is the policy's to manage
+    mask, carry = step(carry, jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.array([1, 0, 0]))
+    assert carry.advised_trade.tolist() == [False, False, False]
+    # off (the default), or for the policy alone (rl_only ablation), nothing is held back
+    for other in (dataclasses.replace(acting, query=dataclasses.replace(cfg, keep_advised_bracket=False)),
+                  dataclasses.replace(acting, fusion="none")):
+        assert not other.keeps_advised_bracket
+
+
 @pytest.mark.nojit
 @pytest.mark.parametrize("n_valid", [3, 40])  # 3 of 64 rows: the gathered block; 40: every row
 def test_trust_gate_on_the_valid_rows_alone_equals_the_gate_on_every_row(n_valid):

@@ -21,7 +21,7 @@ from agents.advice.risk_veto import RULES, VetoState, apply_veto
 from agents.advice.table import AdviceTable, AdviceView, pending, view
 from agents.config import QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
-from bridge.protocol import BUY, NUM_ACTIONS, SELL
+from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, NUM_ACTIONS, SELL
 from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
 
 N_FUSION_CONTEXT = 6  # regime (ADX), volatility (ATR %), win rate, consecutive losses, time of day, position
@@ -30,6 +30,7 @@ N_ADVICE_INPUT = 10  # advice probabilities (6), decayed confidence, age, valid,
 # advises well under 1% of decisions); while at most this share of a batch has advice, the gate runs on those rows
 # alone. The gate's tanh layers cost ~6% of a 4,096-env update when run on every row.
 GATE_ROWS_SHARE = 1 / 16
+STOP_MOVES = (MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL)  # what query.keep_advised_bracket holds back in an advised trade
 TRUST_STEP = 0.5  # an advised decision moves the env's running trust (HybridCarry.trust) this share to its gate
 
 
@@ -40,6 +41,8 @@ class HybridCarry:
     changed: jax.Array  # [N] bool: a fill or an exit since the env was last considered for a query
     top_prob: jax.Array  # [N] the policy's top probability at the latest step
     trust: jax.Array  # [N] running mean of the trust gate over the env's advised decisions (1 before the first)
+    advised_decision: jax.Array  # [N] bool: the latest decision was flat with (trusted) advice in force
+    advised_trade: jax.Array  # [N] bool: the open trade was entered so (query.keep_advised_bracket)
 
 
 class StepExtras(NamedTuple):
@@ -104,6 +107,8 @@ class HybridActing:
             changed=jnp.zeros(n_envs, bool),
             top_prob=jnp.ones(n_envs),
             trust=jnp.ones(n_envs),
+            advised_decision=jnp.zeros(n_envs, bool),
+            advised_trade=jnp.zeros(n_envs, bool),
         )
 
     def context(self, obs: jax.Array) -> jax.Array:
@@ -127,7 +132,15 @@ class HybridActing:
         if not self.query.wait_for_answer or self.fusion not in ("learned", "rules"):
             return jnp.zeros(side.shape, bool)
         wait = (pending(carry.advice, self.query) | (carry.changed & ~advice.valid)) & (side == 0)
-        return wait & (carry.trust > self.query.wait_min_trust) if self.waits_on_trust else wait
+        return wait & self.trusted(carry) if self.waits_on_trust else wait
+
+    def trusted(self, carry: HybridCarry) -> jax.Array:
+        """[N] bool: the env's running trust in its advice is above `query.wait_min_trust` (all, where it is not kept)."""
+        return carry.trust > self.query.wait_min_trust if self.waits_on_trust else jnp.ones(carry.trust.shape, bool)
+
+    @property
+    def keeps_advised_bracket(self) -> bool:
+        return self.query.keep_advised_bracket and self.fusion in ("learned", "rules")
 
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
@@ -136,6 +149,10 @@ class HybridActing:
         waiting = self.waiting(carry, env_state.side, advice)
         entries = jnp.zeros(env_mask.shape[-1], bool).at[jnp.array((BUY, SELL))].set(True)
         mask = veto_mask & ~(waiting[:, None] & entries[None, :])
+        kept = jnp.zeros(env_mask.shape[0], bool)  # the env's open trade keeps its bracket
+        if self.keeps_advised_bracket:
+            kept = carry.advised_trade & (env_state.side != 0)
+            mask = mask & ~(kept[:, None] & jnp.zeros(env_mask.shape[-1], bool).at[jnp.array(STOP_MOVES)].set(True))
         logits = masked_logits(logits, mask)
         logp_rl = jax.nn.log_softmax(logits)
         pi_rl = jnp.exp(logp_rl)
@@ -176,12 +193,15 @@ class HybridActing:
             "trust": gate.sum(),
             "vetoed": (env_mask & ~veto_mask).any(-1).sum().astype(jnp.float32),  # blocked an otherwise valid action
             "waited": (waiting & (env_mask & entries[None, :]).any(-1)).sum().astype(jnp.float32),
+            "bracket_kept": (kept & env_mask[:, jnp.array(STOP_MOVES)].any(-1)).sum().astype(jnp.float32),
             **{f"veto_fired_{r}": fired[:, i].sum().astype(jnp.float32) for i, r in enumerate(RULES)},
         }
         extras = StepExtras(advice=advice, context=context, pg_weight=pg_weight, stats=stats)
         trust = carry.trust  # kept up only where the wait reads it (rules fusion has no gate: its envs keep 1)
         if self.waits_on_trust:
             trust = jnp.where(advice.valid, trust + TRUST_STEP * (gate - trust), trust)
+        if self.keeps_advised_bracket:
+            carry = carry.replace(advised_decision=advice.valid & (env_state.side == 0) & self.trusted(carry))
         carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1), trust=trust)
         return action, learn_action, log_prob, mask, extras, carry
 
@@ -192,7 +212,11 @@ class HybridActing:
     def after_step(self, carry: HybridCarry, info: dict) -> HybridCarry:
         trade = self.trade_events(info)
         event = trade["entered"] | trade["exited"]
-        return carry.replace(advice=carry.advice.tick(), changed=carry.changed | event)
+        carry = carry.replace(advice=carry.advice.tick(), changed=carry.changed | event)
+        if self.keeps_advised_bracket:
+            advised_trade = jnp.where(trade["entered"], carry.advised_decision, carry.advised_trade)
+            carry = carry.replace(advised_trade=advised_trade & ~trade["exited"])
+        return carry
 
     def log_prob_entropy(self, network, params, logits, mask, extras: StepExtras, action):
         """Log-prob of `action`, entropy, and policy-loss weight under the current parameters."""

@@ -30,11 +30,12 @@ LABELS = {
     "days": "trading days", "bars": "bars walked",
     "advice_coverage": "advice coverage", "advice_confidence": "advice confidence", "agreement": "advice agrees",
     "override_rate": "overridden by advice", "mean_trust": "mean trust g", "veto_rate": "vetoed decisions",
-    "wait_rate": "waited for advice",
+    "wait_rate": "waited for advice", "bracket_kept_rate": "advised bracket kept",
     **{f"vetoes_{rule}": f"vetoes: {rule.replace('_', ' ')}" for rule in RULES},
 }
 MONEY = {"net_pnl", "max_drawdown", "expectancy", "trade_pnl_std", "commissions"}
-PERCENT = {"win_rate", "commission_share", "advice_coverage", "agreement", "override_rate", "veto_rate", "wait_rate"}
+PERCENT = {"win_rate", "commission_share", "advice_coverage", "agreement", "override_rate", "veto_rate", "wait_rate",
+           "bracket_kept_rate"}
 WHOLE = {"trades", "breaches", "days_to_first_breach", "days", "bars", *(f"vetoes_{rule}" for rule in RULES)}
 
 
