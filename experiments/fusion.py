@@ -64,6 +64,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "trust": ("agent", "mean_trust"),
     "coverage": ("agent", "advice_coverage"),
     "wait_rate": ("agent", "wait_rate"),
+    "bracket_kept_rate": ("agent", "bracket_kept_rate"),
     "llm_only_test_pnl": ("llm_only", "net_pnl"),
     "veto_off_test_pnl": ("fused_no_veto", "net_pnl"),
     "veto_on_test_pnl": ("fused_veto", "net_pnl"),
