@@ -96,6 +96,10 @@ class QueryConfig:
     # may not move its stop (MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL). An advisor asked about entries only has
     # nothing to say inside the trade; its advice was the entry with the bracket, which the advice alone holds
     keep_advised_bracket: bool = False
+    # a flat env that trusts its advice (running trust above wait_min_trust) enters only where valid advice names
+    # that side: the policy may still decline advice, but not trade on its own where its trades would take the
+    # place of the advised ones (an env in a trade is not asked about entries)
+    advised_entries_only: bool = False
     # async latency only: after an update in which the advisor was still busy at most query steps (it could take
     # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary
     # and a device round trip, and one that cannot ask anything buys nothing. 1: always every k steps.

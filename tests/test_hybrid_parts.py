@@ -273,13 +273,54 @@ def test_a_trade_entered_on_trusted_advice_keeps_its_bracket_until_it_closes():
     assert not moves[0].any() and moves[1].all() and moves[2].all()
     assert {ACTIONS[a] for a in STOP_MOVES} == {"MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL"}
     assert bool(np.asarray(mask)[0, 0])  # HOLD stays
-    # env 0's trade closes: its next trade, entered alone, is the policy's to manage
-    mask, carry = step(carry, jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.array([1, 0, 0]))
-    assert carry.advised_trade.tolist() == [False, False, False]
+    # the trades close; the next ones, entered with no advice in force, are the policy's to manage
+    _, carry = step(carry, jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.array([1, 1, 0]))
+    _, carry = step(carry.replace(advice=AdviceTable.create(3)), flat, jnp.array([1, 1, 1]), jnp.zeros(3, jnp.int32))
+    mask, carry = step(carry, jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32))
+    assert np.asarray(mask)[:, list(STOP_MOVES)].all()
     # off (the default), or for the policy alone (rl_only ablation), nothing is held back
     for other in (dataclasses.replace(acting, query=dataclasses.replace(cfg, keep_advised_bracket=False)),
                   dataclasses.replace(acting, fusion="none")):
         assert not other.keeps_advised_bracket
+
+
+def test_an_env_that_trusts_its_advice_enters_only_on_the_side_the_advice_names():
+    """query.advised_entries_only: a flat env whose running trust is above wait_min_trust may enter only on the side
+    its valid advice names (not at all without advice, nor on HOLD advice); an env whose advisor the gate ignores
+    enters as it likes, and so does every env with the option off or for the policy alone."""
+    import dataclasses
+
+    from agents.advice.acting import HybridActing
+    from agents.config import NetworkConfig
+    from agents.rl.networks import make_network
+    from jaxenv.env import N_BAR_FEATURES, N_POSITION
+
+    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, wait_for_answer=True, wait_min_trust=0.05)
+    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    flat = jnp.zeros(4, jnp.int32)
+    asked = jnp.array([0, 1, 3])  # env 2 has no advice
+    probs = jax.nn.one_hot(jnp.array([BUY, SELL, HOLD]), 6) * 0.9 + 0.1 / 6
+    advice = acting.init_carry(4).advice.mark_queried(asked, jnp.ones(3, bool), flat)
+    advice = advice.tick().write(asked, probs, jnp.full(3, 0.8), jnp.zeros(3, jnp.int32), jnp.ones(3, bool))
+    # env 1's advisor is ignored by now (running trust below wait_min_trust)
+    carry = acting.init_carry(4).replace(advice=advice, trust=jnp.array([1.0, 0.01, 1.0, 1.0]))
+    assert view(advice, cfg, flat).valid.tolist() == [True, True, False, True]
+
+    n_obs = N_BAR_FEATURES + N_POSITION
+    network = make_network(NetworkConfig(), 6, TrustGate(), acting.gate_features)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
+
+    def entries(acting):
+        import types
+
+        out = acting.act(network, params, carry, jnp.zeros((4, 6)), jnp.ones((4, 6), bool), jnp.zeros((4, n_obs)),
+                         types.SimpleNamespace(side=flat), None, jax.random.PRNGKey(1))
+        return np.asarray(out[3])[:, [BUY, SELL]].tolist()
+
+    assert entries(acting) == [[True, False], [True, True], [False, False], [False, False]]
+    for other in (dataclasses.replace(acting, query=dataclasses.replace(cfg, advised_entries_only=False)),
+                  dataclasses.replace(acting, fusion="none")):
+        assert entries(other) == [[True, True]] * 4
 
 
 @pytest.mark.nojit

@@ -41,8 +41,9 @@ class HybridCarry:
     changed: jax.Array  # [N] bool: a fill or an exit since the env was last considered for a query
     top_prob: jax.Array  # [N] the policy's top probability at the latest step
     trust: jax.Array  # [N] running mean of the trust gate over the env's advised decisions (1 before the first)
-    advised_decision: jax.Array  # [N] bool: the latest decision was flat with (trusted) advice in force
-    advised_trade: jax.Array  # [N] bool: the open trade was entered so (query.keep_advised_bracket)
+    # [N] bool (query.keep_advised_bracket): set at each flat decision to "trusted advice is in force", then kept
+    # through the trade that decision opens, so it says whether the open trade was entered on trusted advice
+    advised_trade: jax.Array
 
 
 class StepExtras(NamedTuple):
@@ -107,7 +108,6 @@ class HybridActing:
             changed=jnp.zeros(n_envs, bool),
             top_prob=jnp.ones(n_envs),
             trust=jnp.ones(n_envs),
-            advised_decision=jnp.zeros(n_envs, bool),
             advised_trade=jnp.zeros(n_envs, bool),
         )
 
@@ -142,6 +142,10 @@ class HybridActing:
     def keeps_advised_bracket(self) -> bool:
         return self.query.keep_advised_bracket and self.fusion in ("learned", "rules")
 
+    @property
+    def enters_on_advice_only(self) -> bool:
+        return self.query.advised_entries_only and self.fusion in ("learned", "rules")
+
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
         veto_mask, veto, fired, _ = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
@@ -149,6 +153,10 @@ class HybridActing:
         waiting = self.waiting(carry, env_state.side, advice)
         entries = jnp.zeros(env_mask.shape[-1], bool).at[jnp.array((BUY, SELL))].set(True)
         mask = veto_mask & ~(waiting[:, None] & entries[None, :])
+        if self.enters_on_advice_only:
+            named = jnp.arange(env_mask.shape[-1])[None, :] == jnp.argmax(advice.probs, -1)[:, None]
+            own_entry = entries[None, :] & ~(advice.valid[:, None] & named)
+            mask = mask & ~(self.trusted(carry)[:, None] & own_entry)
         kept = jnp.zeros(env_mask.shape[0], bool)  # the env's open trade keeps its bracket
         if self.keeps_advised_bracket:
             kept = carry.advised_trade & (env_state.side != 0)
@@ -200,8 +208,9 @@ class HybridActing:
         trust = carry.trust  # kept up only where the wait reads it (rules fusion has no gate: its envs keep 1)
         if self.waits_on_trust:
             trust = jnp.where(advice.valid, trust + TRUST_STEP * (gate - trust), trust)
-        if self.keeps_advised_bracket:
-            carry = carry.replace(advised_decision=advice.valid & (env_state.side == 0) & self.trusted(carry))
+        if self.keeps_advised_bracket:  # entries need a flat env, so a trade's flag is that of its entry decision
+            advised = advice.valid & self.trusted(carry)
+            carry = carry.replace(advised_trade=jnp.where(env_state.side == 0, advised, carry.advised_trade))
         carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1), trust=trust)
         return action, learn_action, log_prob, mask, extras, carry
 
@@ -212,11 +221,7 @@ class HybridActing:
     def after_step(self, carry: HybridCarry, info: dict) -> HybridCarry:
         trade = self.trade_events(info)
         event = trade["entered"] | trade["exited"]
-        carry = carry.replace(advice=carry.advice.tick(), changed=carry.changed | event)
-        if self.keeps_advised_bracket:
-            advised_trade = jnp.where(trade["entered"], carry.advised_decision, carry.advised_trade)
-            carry = carry.replace(advised_trade=advised_trade & ~trade["exited"])
-        return carry
+        return carry.replace(advice=carry.advice.tick(), changed=carry.changed | event)
 
     def log_prob_entropy(self, network, params, logits, mask, extras: StepExtras, action):
         """Log-prob of `action`, entropy, and policy-loss weight under the current parameters."""
