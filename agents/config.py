@@ -232,6 +232,7 @@ class TrainConfig:
 
 LLM_CHOICES = ("none", "mock", "smollm2", "PATH_OR_HUB_ID")
 FUSION_MODES = ("none", "rules", "learned")
+ADVISED_FUSIONS = ("rules", "learned")  # the modes in which advice changes what the agent does
 LATENCY_MODES = ("strict", "async", "auto")
 ACTIVATIONS = ("tanh", "relu")
 
@@ -299,7 +300,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
         (0 <= cfg.hybrid.query.wait_min_trust < 1, "hybrid.query.wait_min_trust", "must be in [0, 1) (0: always wait)"),
-        (not cfg.hybrid.advice_input or cfg.hybrid.fusion in ("learned", "rules"), "hybrid.advice_input",
+        (not cfg.hybrid.advice_input or cfg.hybrid.fusion in ADVISED_FUSIONS, "hybrid.advice_input",
          "needs hybrid.fusion learned or rules (with fusion none the policy acts without advice)"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),

@@ -8,6 +8,11 @@ ACTIONS: tuple[str, ...] = ("HOLD", "BUY", "SELL", "MOVE_TO_BE", "ENABLE_TRAIL",
 HOLD, BUY, SELL, MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL = range(len(ACTIONS))
 NUM_ACTIONS = len(ACTIONS)
 
+
+def action_flags(actions: tuple[int, ...]) -> tuple[bool, ...]:
+    """One flag per action id, set for `actions`: a row to AND with or out of an action mask."""
+    return tuple(a in actions for a in range(NUM_ACTIONS))
+
 # Answer statuses. Anything but STATUS_OK carries uniform probabilities and confidence 0.
 STATUS_OK = 0
 STATUS_PARSE_ERROR = 1  # the model answered, but no action could be read from it

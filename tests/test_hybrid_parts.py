@@ -230,11 +230,32 @@ def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
     assert gated.waiting(exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
 
 
+def act_on_window_one(learned, n_envs: int):
+    """`act(acting, carry, side) -> (mask, carry)`: an acting step with all actions valid, on a network with the
+    trust gate of `learned`, for window-1 observations of zeros (the fusion context reads the bar's and the
+    position's columns)."""
+    import types
+
+    from agents.config import NetworkConfig
+    from agents.rl.networks import make_network
+    from jaxenv.env import N_BAR_FEATURES, N_POSITION
+
+    n_obs = N_BAR_FEATURES + N_POSITION
+    network = make_network(NetworkConfig(), 6, TrustGate(), learned.gate_features)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
+
+    def act(acting, carry, side):
+        out = acting.act(network, params, carry, jnp.zeros((n_envs, 6)), jnp.ones((n_envs, 6), bool),
+                         jnp.zeros((n_envs, n_obs)), types.SimpleNamespace(side=side), None, jax.random.PRNGKey(1))
+        return out[3], out[5]
+
+    return act
+
+
 def test_a_trade_entered_on_trusted_advice_keeps_its_bracket_until_it_closes():
     """query.keep_advised_bracket: the policy may not move the stop of a trade entered with (trusted) advice in force;
     it may in a trade it entered alone, or entered on advice whose running trust was too low, and after the exit."""
     import dataclasses
-    import types
 
     from agents.advice.acting import STOP_MOVES, HybridActing
     from bridge.protocol import ACTIONS
@@ -248,20 +269,10 @@ def test_a_trade_entered_on_trusted_advice_keeps_its_bracket_until_it_closes():
                                  jnp.ones(2, bool))
     carry = carry.replace(advice=advice, trust=jnp.array([1.0, 0.01, 1.0]))  # env 1's advisor is ignored by now
     assert view(advice, cfg, flat).valid.tolist() == [True, True, False]
-
-    from agents.config import NetworkConfig
-    from agents.rl.networks import make_network
-    from jaxenv.env import N_BAR_FEATURES, N_POSITION
-
-    n_obs = N_BAR_FEATURES + N_POSITION  # window 1: the context reads the bar's and the position's columns
-    network = make_network(NetworkConfig(), 6, TrustGate(), acting.gate_features)
-    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
+    act = act_on_window_one(acting, 3)
 
     def step(carry, side, entered, exited):
-        env_state = types.SimpleNamespace(side=side)
-        out = acting.act(network, params, carry, jnp.zeros((3, 6)), jnp.ones((3, 6), bool), jnp.zeros((3, n_obs)),
-                         env_state, None, jax.random.PRNGKey(1))
-        mask, carry = out[3], out[5]
+        mask, carry = act(acting, carry, side)
         return mask, acting.after_step(carry, {"entry_side": entered, "exit_reason": exited,
                                                "trade_pnl": jnp.zeros(3)})
 
@@ -291,9 +302,6 @@ def test_an_env_that_trusts_its_advice_enters_only_on_the_side_the_advice_names(
     import dataclasses
 
     from agents.advice.acting import HybridActing
-    from agents.config import NetworkConfig
-    from agents.rl.networks import make_network
-    from jaxenv.env import N_BAR_FEATURES, N_POSITION
 
     cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, wait_for_answer=True, wait_min_trust=0.05)
     acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
@@ -306,16 +314,11 @@ def test_an_env_that_trusts_its_advice_enters_only_on_the_side_the_advice_names(
     carry = acting.init_carry(4).replace(advice=advice, trust=jnp.array([1.0, 0.01, 1.0, 1.0]))
     assert view(advice, cfg, flat).valid.tolist() == [True, True, False, True]
 
-    n_obs = N_BAR_FEATURES + N_POSITION
-    network = make_network(NetworkConfig(), 6, TrustGate(), acting.gate_features)
-    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
+    act = act_on_window_one(acting, 4)
 
     def entries(acting):
-        import types
-
-        out = acting.act(network, params, carry, jnp.zeros((4, 6)), jnp.ones((4, 6), bool), jnp.zeros((4, n_obs)),
-                         types.SimpleNamespace(side=flat), None, jax.random.PRNGKey(1))
-        return np.asarray(out[3])[:, [BUY, SELL]].tolist()
+        mask, _ = act(acting, carry, flat)
+        return np.asarray(mask)[:, [BUY, SELL]].tolist()
 
     assert entries(acting) == [[True, False], [True, True], [False, False], [False, False]]
     for other in (dataclasses.replace(acting, query=dataclasses.replace(cfg, advised_entries_only=False)),

@@ -19,9 +19,9 @@ from flax import struct
 from agents.advice.fusion import GATE_INIT_LOGIT, TrustGate, fusion_features, masked_advice_probs, mix, rules_action
 from agents.advice.risk_veto import RULES, VetoState, apply_veto
 from agents.advice.table import AdviceTable, AdviceView, pending, view
-from agents.config import QueryConfig, VetoConfig
+from agents.config import ADVISED_FUSIONS, QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
-from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, NUM_ACTIONS, SELL
+from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, NUM_ACTIONS, SELL, action_flags
 from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
 
 N_FUSION_CONTEXT = 6  # regime (ADX), volatility (ATR %), win rate, consecutive losses, time of day, position
@@ -129,7 +129,7 @@ class HybridActing:
         agent that acts on advice): their question is in flight, or they have just exited a trade, have no advice
         for being flat, and will be asked at a coming query step (an exit marks them as changed). With
         `query.wait_min_trust`, only envs whose running trust is above it wait."""
-        if not self.query.wait_for_answer or self.fusion not in ("learned", "rules"):
+        if not self.query.wait_for_answer or self.fusion not in ADVISED_FUSIONS:
             return jnp.zeros(side.shape, bool)
         wait = (pending(carry.advice, self.query) | (carry.changed & ~advice.valid)) & (side == 0)
         return wait & self.trusted(carry) if self.waits_on_trust else wait
@@ -140,27 +140,27 @@ class HybridActing:
 
     @property
     def keeps_advised_bracket(self) -> bool:
-        return self.query.keep_advised_bracket and self.fusion in ("learned", "rules")
+        return self.query.keep_advised_bracket and self.fusion in ADVISED_FUSIONS
 
     @property
     def enters_on_advice_only(self) -> bool:
-        return self.query.advised_entries_only and self.fusion in ("learned", "rules")
+        return self.query.advised_entries_only and self.fusion in ADVISED_FUSIONS
 
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
         veto_mask, veto, fired, _ = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
         advice = view(carry.advice, self.query, env_state.side)
         waiting = self.waiting(carry, env_state.side, advice)
-        entries = jnp.zeros(env_mask.shape[-1], bool).at[jnp.array((BUY, SELL))].set(True)
+        entries = jnp.array(action_flags((BUY, SELL)))
         mask = veto_mask & ~(waiting[:, None] & entries[None, :])
         if self.enters_on_advice_only:
-            named = jnp.arange(env_mask.shape[-1])[None, :] == jnp.argmax(advice.probs, -1)[:, None]
+            named = jax.nn.one_hot(jnp.argmax(advice.probs, -1), NUM_ACTIONS, dtype=bool)
             own_entry = entries[None, :] & ~(advice.valid[:, None] & named)
             mask = mask & ~(self.trusted(carry)[:, None] & own_entry)
         kept = jnp.zeros(env_mask.shape[0], bool)  # the env's open trade keeps its bracket
         if self.keeps_advised_bracket:
             kept = carry.advised_trade & (env_state.side != 0)
-            mask = mask & ~(kept[:, None] & jnp.zeros(env_mask.shape[-1], bool).at[jnp.array(STOP_MOVES)].set(True))
+            mask = mask & ~(kept[:, None] & jnp.array(action_flags(STOP_MOVES))[None, :])
         logits = masked_logits(logits, mask)
         logp_rl = jax.nn.log_softmax(logits)
         pi_rl = jnp.exp(logp_rl)

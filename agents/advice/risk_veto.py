@@ -18,6 +18,7 @@ from flax import struct
 from jax.scipy.stats import binom
 
 from agents.config import VetoConfig
+from bridge.protocol import action_flags
 from jaxenv.env import BUY, ENABLE_TRAIL, RECENT_TRADES, SELL, EnvParams, EnvState, drawdown_threshold
 
 RULES = ("consecutive_losses", "drawdown_buffer", "win_rate")
@@ -99,5 +100,5 @@ def apply_veto(cfg: VetoConfig, veto: VetoState, state: EnvState, params: EnvPar
         fired_at_trades=jnp.where(fired, state.trades[:, None], veto.fired_at_trades),
     )
     active = (state.t < veto.until_bar) & (state.session == veto.session)
-    blocked = jnp.zeros(mask.shape[-1], bool).at[jnp.array(BLOCKED_ACTIONS)].set(True)
+    blocked = jnp.array(action_flags(BLOCKED_ACTIONS))
     return mask & ~(active[:, None] & blocked[None, :]), veto, fired, active
