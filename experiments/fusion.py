@@ -1,7 +1,10 @@
 r"""Does the advice help, and does the help last? Trains every arm (a set of config overrides) for every seed, scores
 each run's latest and best checkpoints, and writes per arm the mean and a bootstrap 95% interval over seeds of test
 P&L, Sharpe, max drawdown, breaches, trust and coverage, the same runs' advice alone (`llm_only`), the veto on
-against off, and the paired difference against `rl_only` (same seeds).
+against off, and the paired difference against `rl_only` (same seeds). P&L differences also get an interval over
+seeds and market days (`ci95_days`): the test and validation splits are each one market path, and an edge that one
+path shows and the other does not is not an edge. On a synthetic market, `--fresh-days N` also scores every run on
+N days of a fresh path of the same preset, for a market interval from more days than a split holds.
 
     python scripts/experiment.py --config configs/headlines.yaml --arms rl_only,news,random,shuffled --seeds 0-4 \
         --json docs/results/experiment-fusion/experiment.json --runs results/experiment-fusion/runs
@@ -9,8 +12,8 @@ against off, and the paired difference against `rl_only` (same seeds).
 
 Writes the JSON, `table.md` and `plot.png` beside it; runs go to `--runs` (default: beside the JSON, in runs/),
 one folder per arm and seed (`news-s0`). A second invocation resumes: a run with its evaluation saved
-(`experiment_eval.json`) is read back, a run without it is resumed from its latest checkpoint (train's --resume),
-and only missing runs start.
+(`experiment_eval.json`) is read back (scored again, not trained, when an older version scored it), a run without
+it is resumed from its latest checkpoint (train's --resume), and only missing runs start.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from agents.config import ConfigError, load_config
+from jaxenv.config import DataConfig
 
 # arm -> config overrides (`--set` syntax); every arm but rl_only trains with the learned trust gate on the mock advisor
 ARMS: dict[str, list[str]] = {
@@ -46,7 +50,14 @@ ARMS: dict[str, list[str]] = {
 BASELINE = "rl_only"
 CHECKPOINTS = ("latest", "best")
 EVAL_FILE = "experiment_eval.json"  # a run's scored checkpoints: its presence means the run is finished
+# the scoring's version: a run scored by an older one (without daily P&L or validation walks) is scored again, untrained
+EVAL_VERSION = 2
 RESAMPLES = 10_000
+# Market intervals resample blocks of consecutive trading days (circular): a regime lasts 60-180 bars, under half a
+# session, so 3-day blocks keep what dependence there is between neighbouring days.
+DAY_BLOCK = 3
+# --fresh-days walks a path of the run's synthetic preset drawn with its data seed plus this: bars no run trained on
+FRESH_SEED_OFFSET = 1000
 LOCKED_WAIT_S = 30.0  # a run locked by another experiment process is looked at again this often
 # --quick: small envs and data, two updates with a checkpoint and a validation walk after each
 QUICK_SEEDS = [0, 1]
@@ -57,6 +68,9 @@ QUICK_OVERRIDES = ["num_envs=64", "data.synthetic_days=20", "checkpoint.every_up
 FIGURES: dict[str, tuple[str, str]] = {
     "test_pnl": ("agent", "net_pnl"),
     "val_pnl": ("val_agent", "net_pnl"),
+    "llm_only_val_pnl": ("val_llm_only", "net_pnl"),
+    "fresh_pnl": ("fresh_agent", "net_pnl"),
+    "llm_only_fresh_pnl": ("fresh_llm_only", "net_pnl"),
     "test_sharpe": ("agent", "sharpe_daily"),
     "test_max_drawdown": ("agent", "max_drawdown"),
     "test_breaches": ("agent", "breaches"),
@@ -76,6 +90,8 @@ FIGURES: dict[str, tuple[str, str]] = {
 # paired differences within an arm's runs: name -> (figure, figure subtracted)
 PAIRED_WITHIN = {
     "paired_test_pnl_vs_llm_only": ("test_pnl", "llm_only_test_pnl"),
+    "paired_val_pnl_vs_llm_only": ("val_pnl", "llm_only_val_pnl"),
+    "paired_fresh_pnl_vs_llm_only": ("fresh_pnl", "llm_only_fresh_pnl"),
     "paired_veto_test_pnl": ("veto_on_test_pnl", "veto_off_test_pnl"),
     "paired_veto_test_breaches": ("veto_on_test_breaches", "veto_off_test_breaches"),
     "paired_veto_test_max_drawdown": ("veto_on_test_max_drawdown", "veto_off_test_max_drawdown"),
@@ -92,6 +108,7 @@ class Plan:
     overrides: list[str]  # applied after the arm's
     updates: int | None  # PPO updates per run; None: the config's total_steps
     partial: bool = False  # report the seeds every arm has finished; train and score nothing
+    fresh_days: int = 0  # > 0: also score on this many days of a fresh path of the config's synthetic preset
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -137,65 +154,85 @@ def train_run(plan: Plan, arm: str, seed: int) -> Path:
     return run_dir
 
 
-def validation_pnl(run_dir: Path, update: int) -> float | None:
-    """The validation P&L training measured at `update` (metrics.jsonl), None where it did not evaluate."""
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
-        if m.get("update") == update and "val_net_pnl" in m:
-            return m["val_net_pnl"]
-    return None
+def fresh_market(data: DataConfig, days: int) -> DataConfig:
+    """`days` of the run's synthetic preset on a path of its own: the same market, bars no run trained on."""
+    return dataclasses.replace(data, synthetic_days=days, synthetic_seed=data.synthetic_seed + FRESH_SEED_OFFSET)
 
 
-def score_run(run_dir: Path) -> dict[str, Any]:
-    """Both checkpoints, greedy, on the whole test split: the agent and, for an advised run, the advice alone; at the
-    latest checkpoint also the fused agent with the veto switched (the agent is the fused agent with the veto as it
-    trained). Validation P&L is training's own walk of the same checkpoint."""
+def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
+    """Both checkpoints, greedy, each split walked whole (test and validation): the agent and, for an advised run,
+    the advice alone; at the latest checkpoint also the fused agent with the veto switched on test (the agent is the
+    fused agent with the veto as it trained). With `fresh_days`, the agent and the advice alone also walk that many
+    days of a fresh path of the run's synthetic preset. Each P&L walk keeps its daily P&L, for intervals over
+    market days."""
     import jax
 
     from agents.advice.usage import walk_advice_metrics
     from agents.evaluation.saved_run import ablation_walks, agent_walk, load_run, walk_bounds
     from agents.runs.saved_runs import restore_policy
-    from jaxenv.metrics import walk_metrics
+    from jaxenv.metrics import daily_pnl, walk_metrics
 
-    out: dict[str, Any] = {}
+    def score(run, walk, split: str) -> dict:
+        market = run.market
+        trace = walk(walk_bounds(market, split), jax.random.PRNGKey(0))
+        m = walk_metrics(trace, market.timestamps, run.cfg.env.prop_firm, market.sessions.day)
+        if "advice_valid" in trace:
+            m.update(walk_advice_metrics(trace))
+        m["daily_pnl"] = {str(day): float(pnl)
+                          for day, pnl in daily_pnl(trace, market.timestamps, market.sessions.day).items()}
+        return m
+
+    def at(run, kind: str):
+        return run if kind == "latest" else dataclasses.replace(run, saved=restore_policy(run_dir, kind, run.cfg))
+
+    out: dict[str, Any] = {"version": EVAL_VERSION, "fresh_days": fresh_days}
     latest = load_run(run_dir, "latest")  # its walker (compiled walks, advisor sidecar) serves both checkpoints
     try:
         for kind in CHECKPOINTS:
-            run = latest if kind == "latest" else dataclasses.replace(
-                latest, saved=restore_policy(run_dir, kind, latest.cfg))
-
-            def score(walk, run=run) -> dict:
-                market = run.market
-                trace = walk(walk_bounds(market, "test"), jax.random.PRNGKey(0))
-                m = walk_metrics(trace, market.timestamps, run.cfg.env.prop_firm, market.sessions.day)
-                if "advice_valid" in trace:
-                    m.update(walk_advice_metrics(trace))
-                return m
-
-            walks = {"agent": score(agent_walk(run))}
+            run = at(latest, kind)
+            agent = agent_walk(run)
+            walks = {"agent": score(run, agent, "test"), "val_agent": score(run, agent, "val")}
             if run.walker is not None:
                 ablations = ablation_walks(run)
-                walks["llm_only"] = score(ablations["llm_only"].walk)
+                walks["llm_only"] = score(run, ablations["llm_only"].walk, "test")
+                walks["val_llm_only"] = score(run, ablations["llm_only"].walk, "val")
                 trained, switched = (("fused_veto", "fused_no_veto") if run.cfg.hybrid.veto.enabled
                                      else ("fused_no_veto", "fused_veto"))
                 walks[trained] = walks["agent"]
                 if kind == "latest":
-                    walks[switched] = score(ablations[switched].walk)
-            walks["val_agent"] = {"net_pnl": validation_pnl(run_dir, run.saved.step)}
+                    walks[switched] = score(run, ablations[switched].walk, "test")
             out[kind] = {"update": run.saved.step, "walks": walks}
     finally:
         latest.close()
+    if fresh_days:
+        fresh = load_run(run_dir, "latest", data=fresh_market(latest.cfg.data, fresh_days))
+        try:
+            for kind in CHECKPOINTS:
+                run = at(fresh, kind)
+                walks = out[kind]["walks"]
+                walks["fresh_agent"] = score(run, agent_walk(run), "all")
+                if run.walker is not None:
+                    walks["fresh_llm_only"] = score(run, ablation_walks(run)["llm_only"].walk, "all")
+        finally:
+            fresh.close()
     return out
 
 
 def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
-    """The run's scores: read back when saved, else trained (or resumed) and scored, then saved."""
+    """The run's scores: read back when saved, scored again (not trained) when an older scoring or another
+    --fresh-days saved them, else trained (or resumed) and scored, then saved."""
     path = plan.runs_dir / f"{arm}-s{seed}" / EVAL_FILE
     if path.exists():
-        return json.loads(path.read_text())
-    run_dir = train_run(plan, arm, seed)
-    scores = score_run(run_dir)
-    path.write_text(json.dumps(scores, indent=1))
+        scores = json.loads(path.read_text())
+        if scores.get("version") == EVAL_VERSION and scores.get("fresh_days", 0) == plan.fresh_days:
+            return scores
+        run_dir = path.parent
+    else:
+        run_dir = train_run(plan, arm, seed)
+    scores = score_run(run_dir, plan.fresh_days)
+    tmp = path.with_suffix(".tmp")  # a scoring cut short leaves the old file, never half a new one
+    tmp.write_text(json.dumps(scores, indent=1))
+    tmp.replace(path)
     return scores
 
 
@@ -210,47 +247,131 @@ def bootstrap(values: list[float | None], seed: int = 0) -> dict[str, Any]:
     return {"mean": float(v.mean()), "ci95": [float(min(lo, v.mean())), float(max(hi, v.mean()))], "n": len(v)}
 
 
+def seeds_and_days_interval(splits: list[np.ndarray], seed: int = 0) -> list[float]:
+    """95% interval of the mean over seeds of the P&L summed over the days walked, from a bootstrap that resamples
+    the seeds and, within each split, circular blocks of DAY_BLOCK consecutive days: training's noise and the
+    market's. `splits` holds one seeds × days matrix of daily P&L per split walked; the splits' sums add up."""
+    rng = np.random.default_rng(seed)
+    n_seeds = splits[0].shape[0]
+    picked_seeds = rng.integers(0, n_seeds, (RESAMPLES, n_seeds))
+    totals = np.zeros(RESAMPLES)
+    for daily in splits:
+        days = daily.shape[1]
+        block = min(DAY_BLOCK, days)
+        starts = rng.integers(0, days, (RESAMPLES, -(-days // block)))
+        picked_days = ((starts[:, :, None] + np.arange(block)) % days).reshape(RESAMPLES, -1)[:, :days]
+        sums = daily[:, picked_days].sum(2)  # seeds × resamples: each seed's total on each resample of the days
+        totals += np.take_along_axis(sums.T, picked_seeds, 1).mean(1)
+    mean = sum(float(d.sum(1).mean()) for d in splits)
+    lo, hi = np.percentile(totals, [2.5, 97.5])
+    return [float(min(lo, mean)), float(max(hi, mean))]
+
+
+def day_matrix(series: list[dict[str, float] | None]) -> np.ndarray | None:
+    """Seeds × days from each seed's {day: P&L}; None when a seed has no daily P&L (scored by an older version)."""
+    if any(d is None for d in series):
+        return None
+    days = sorted(series[0])
+    if any(sorted(d) != days for d in series):
+        raise ValueError("the runs walked different trading days: were they trained on the same data?")
+    return np.asarray([[d[day] for day in days] for d in series], np.float64)
+
+
+def daily_difference(a: dict[str, float] | None, b: dict[str, float] | None) -> dict[str, float] | None:
+    if a is None or b is None:
+        return None
+    if sorted(a) != sorted(b):
+        raise ValueError("the runs walked different trading days: were they trained on the same data?")
+    return {day: a[day] - b[day] for day in a}
+
+
+def with_days(figure: dict[str, Any], splits: list[list[dict[str, float] | None]]) -> dict[str, Any]:
+    """The figure with `ci95_days`, its interval over seeds and market days (None where a run lacks daily P&L)."""
+    matrices = [day_matrix(per_seed) for per_seed in splits]
+    figure["ci95_days"] = None if any(m is None for m in matrices) else seeds_and_days_interval(matrices)
+    return figure
+
+
+# figures that are a walk's P&L, whose daily P&L the scoring keeps -> the walk
+DAILY_FIGURES = {"test_pnl": "agent", "val_pnl": "val_agent", "llm_only_test_pnl": "llm_only",
+                 "llm_only_val_pnl": "val_llm_only", "fresh_pnl": "fresh_agent", "llm_only_fresh_pnl": "fresh_llm_only"}
+
+
 def per_seed_figures(scores: dict[str, Any], kind: str) -> dict[str, float | None]:
     walks = scores[kind]["walks"]
     return {name: walks.get(walk, {}).get(metric) for name, (walk, metric) in FIGURES.items()}
 
 
+def per_seed_daily(scores: dict[str, Any], kind: str) -> dict[str, dict[str, float] | None]:
+    walks = scores[kind]["walks"]
+    return {name: walks.get(walk, {}).get("daily_pnl") for name, walk in DAILY_FIGURES.items()}
+
+
 def summarize(results: dict[str, dict[int, dict]], seeds: list[int]) -> dict[str, Any]:
-    """{arm: {"latest": {figure: {mean, ci95, n}, "paired_test_pnl_vs": {other arm: {mean, ci95, n}}}, "best": {...},
-    "runs": {seed: {...}}}}."""
+    """{arm: {"latest": {figure: {mean, ci95, n[, ci95_days]}, "paired_test_pnl_vs": {other arm: {...}}},
+    "best": {...}, "runs": {seed: {...}}}}. `ci95` is over seeds; `ci95_days`, where daily P&L was kept, over seeds
+    and market days (seeds_and_days_interval)."""
     arms: dict[str, Any] = {}
+    daily: dict[tuple[str, str], dict[int, dict]] = {}  # (arm, checkpoint) -> seed -> figure -> {day: P&L}
     for arm, by_seed in results.items():
         arms[arm] = {"runs": {}}
         for kind in CHECKPOINTS:
             rows = {s: per_seed_figures(by_seed[s], kind) for s in seeds}
+            days = {s: per_seed_daily(by_seed[s], kind) for s in seeds}
             base = {s: per_seed_figures(results[BASELINE][s], kind) for s in seeds}
+            base_days = {s: per_seed_daily(results[BASELINE][s], kind) for s in seeds}
             for s in seeds:
-                rows[s]["paired_test_pnl_vs_rl_only"] = rows[s]["test_pnl"] - base[s]["test_pnl"]
+                for split in ("test", "val", "fresh"):
+                    x, y = rows[s][f"{split}_pnl"], base[s][f"{split}_pnl"]
+                    rows[s][f"paired_{split}_pnl_vs_rl_only"] = None if x is None or y is None else x - y
+                    days[s][f"paired_{split}_pnl_vs_rl_only"] = daily_difference(days[s][f"{split}_pnl"],
+                                                                                 base_days[s][f"{split}_pnl"])
                 for name, (a, b) in PAIRED_WITHIN.items():
                     x, y = rows[s][a], rows[s][b]
                     rows[s][name] = None if x is None or y is None else x - y
+                    if a in DAILY_FIGURES and b in DAILY_FIGURES:
+                        days[s][name] = daily_difference(days[s][a], days[s][b])
+                x, y = rows[s]["paired_val_pnl_vs_llm_only"], rows[s]["paired_test_pnl_vs_llm_only"]
+                rows[s]["paired_val_test_pnl_vs_llm_only"] = None if x is None or y is None else x + y
             figures = {name: bootstrap([rows[s][name] for s in seeds]) for name in rows[seeds[0]]}
+            for name in days[seeds[0]]:
+                with_days(figures[name], [[days[s][name] for s in seeds]])
+            with_days(figures["paired_val_test_pnl_vs_llm_only"],
+                      [[days[s][f"paired_{split}_pnl_vs_llm_only"] for s in seeds] for split in ("val", "test")])
             off, on = figures["veto_off_test_pnl"]["mean"], figures["veto_on_test_pnl"]["mean"]
             figures["veto_pnl_cost"] = None if off is None or on is None else (off - on) / abs(off)
             figures["updates"] = [by_seed[s][kind]["update"] for s in seeds]
             arms[arm][kind] = figures
+            daily[arm, kind] = days
             for s in seeds:
                 arms[arm]["runs"].setdefault(str(s), {})[kind] = rows[s]
     # Arm against arm, seed by seed: what the informed advice earns over a control that shares all the machinery.
     for arm, a in arms.items():
         for kind in CHECKPOINTS:
             a[kind]["paired_test_pnl_vs"] = {
-                other: bootstrap([a["runs"][str(s)][kind]["test_pnl"] - arms[other]["runs"][str(s)][kind]["test_pnl"]
-                                  for s in seeds])
+                other: with_days(
+                    bootstrap([a["runs"][str(s)][kind]["test_pnl"] - arms[other]["runs"][str(s)][kind]["test_pnl"]
+                               for s in seeds]),
+                    [[daily_difference(daily[arm, kind][s]["test_pnl"], daily[other, kind][s]["test_pnl"])
+                      for s in seeds]])
                 for other in arms if other not in (arm, BASELINE)}
     return arms
 
 
-def _cell(f: dict[str, Any], money: bool = True) -> str:
-    if f["mean"] is None:
+def _cell(f: dict[str, Any], money: bool = True, interval: str = "ci95") -> str:
+    if f["mean"] is None or f.get(interval) is None:
         return "–"
     fmt = (lambda x: f"{x:,.0f}") if money else (lambda x: f"{x:.3f}")
-    return f"{fmt(f['mean'])} [{fmt(f['ci95'][0])}, {fmt(f['ci95'][1])}]"
+    return f"{fmt(f['mean'])} [{fmt(f[interval][0])}, {fmt(f[interval][1])}]"
+
+
+# the table of intervals over seeds and market days: column -> figure
+DAY_COLUMNS = {"vs rl_only, test": "paired_test_pnl_vs_rl_only", "vs rl_only, val": "paired_val_pnl_vs_rl_only",
+               "− advice alone, test": "paired_test_pnl_vs_llm_only",
+               "− advice alone, val": "paired_val_pnl_vs_llm_only",
+               "− advice alone, val + test": "paired_val_test_pnl_vs_llm_only",
+               "P&L, fresh": "fresh_pnl", "advice alone, fresh": "llm_only_fresh_pnl",
+               "vs rl_only, fresh": "paired_fresh_pnl_vs_rl_only", "− advice alone, fresh": "paired_fresh_pnl_vs_llm_only"}
 
 
 def table(summary: dict[str, Any], command: str) -> str:
@@ -274,6 +395,19 @@ def table(summary: dict[str, Any], command: str) -> str:
                      _cell(f["wait_rate"], False)]
             lines.append("| " + " | ".join(cells) + " |")
     others = [arm for arm in summary["arms"] if arm != BASELINE]
+    columns = {column: figure for column, figure in DAY_COLUMNS.items()  # those some arm has
+               if any(summary["arms"][arm][kind][figure].get("ci95_days") for arm in others for kind in CHECKPOINTS)}
+    if columns:
+        fresh = summary.get("fresh_days")
+        lines += ["", f"P&L and paired differences with intervals over seeds and market days (a bootstrap resampling "
+                  f"the seeds and blocks of {DAY_BLOCK} trading days; the seed-only interval above sees one market "
+                  "path per split)" + (f"; fresh: {fresh} days of a path no run trained on" if fresh else "") + ":",
+                  "", "| arm | checkpoint | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 2)]
+        for arm in others:
+            for kind in CHECKPOINTS:
+                f = summary["arms"][arm][kind]
+                lines.append(f"| {arm} | {kind} | "
+                             + " | ".join(_cell(f[figure], interval="ci95_days") for figure in columns.values()) + " |")
     if len(others) > 1:
         lines += ["", "Arm against arm (row − column), test P&L at the latest checkpoint, paired by seed:", "",
                   "| row − column | " + " | ".join(others) + " |", "|" + "---|" * (len(others) + 1)]
@@ -370,6 +504,7 @@ def saved_results(plan: Plan) -> dict[str, dict[int, dict]]:
 def report(plan: Plan, command: str, results: dict[str, dict[int, dict]]) -> dict[str, Any]:
     """Writes the JSON, table.md and plot.png of the runs' scores."""
     summary = {"command": command, "config": plan.config, "seeds": plan.seeds, "partial": plan.partial,
+               "fresh_days": plan.fresh_days,
                "overrides": plan.overrides, "arm_overrides": {arm: ARMS[arm] for arm in plan.arms}, "resamples": RESAMPLES,
                "arms": summarize(results, plan.seeds)}
     plan.json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -391,9 +526,11 @@ def plan_from_args(args) -> Plan:
                 Path(args.runs) if args.runs else json_path.parent / "runs",
                 [*(QUICK_OVERRIDES if args.quick else []), *(["log.progress=false"] if args.no_progress else []),
                  *args.overrides],
-                QUICK_UPDATES if args.quick else args.updates, args.partial)
+                QUICK_UPDATES if args.quick else args.updates, args.partial, args.fresh_days)
     for arm in plan.arms:  # every run's config is checked before the first one trains
-        run_config(plan, arm, plan.seeds[0])
+        source = run_config(plan, arm, plan.seeds[0]).data.source
+        if plan.fresh_days and not source.startswith("synthetic:"):
+            raise ValueError(f"--fresh-days: the runs trade {source}; a fresh path needs a synthetic:PRESET market")
     return plan
 
 
@@ -415,11 +552,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="override one config key of every run (after the arm's), as in train.py; repeatable")
     ap.add_argument("--partial", action="store_true",
                     help="report the seeds every arm has finished so far (e.g. while the experiment runs); trains nothing")
+    ap.add_argument("--fresh-days", type=int, default=0, metavar="N",
+                    help="also score every run on N days of a fresh path of its synthetic preset, bars no run trained "
+                         "on: market intervals from N days instead of the test split's few (default: off)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars (the experiment's and its runs')")
     args = ap.parse_args(argv)
     try:
         if args.updates is not None and args.updates < 1:
             raise ValueError("--updates: must be at least 1")
+        if args.fresh_days < 0:
+            raise ValueError("--fresh-days: must be 0 (off) or a number of days")
         plan = plan_from_args(args)
     except (ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -6,6 +6,8 @@ Presets:
 - `signal`: trend regimes whose drift persists for hundreds of bars, a learnable edge after costs.
 - `headlines`: a per-bar headline whose sentiment tracks a hidden drift regime that the prices alone reveal
   only slowly; numeric features carry no direct trace of it.
+- `headlines_trend`: `headlines` plus the trend regimes of `signal`, independent of the news: the headline names
+  one edge, the prices show another.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ PRESETS: dict[str, SyntheticPreset] = {
     # A hidden news regime drifts prices; 95% of headlines name its direction (the fusion experiment's advisor
     # reads them; at 80% the headline alone earned less than a policy reading prices).
     "headlines": SyntheticPreset(trend_drift_sigma=0.0, headline_drift_sigma=0.12, headline_accuracy=0.95),
+    # The same news, and trends a policy can read from prices that the headline knows nothing of: a hybrid's case.
+    "headlines_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
+                                       headline_accuracy=0.95),
 }
 
 _POSITIVE = [
@@ -158,7 +163,7 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
         index=index,
     )
     frame.index.name = "timestamp"
-    if preset == "headlines":
+    if p.headline_drift_sigma:  # a preset with a news regime writes its headlines
         frame["headline"] = _headlines(rng, news, p.headline_accuracy)
     return frame
 

@@ -235,6 +235,23 @@ def test_headline_sentiment_tracks_future_drift_in_headlines_preset():
     assert fwd[ok & positive].mean() > fwd[ok & ~positive].mean()
 
 
+def test_headlines_trend_adds_a_price_trend_the_headlines_do_not_name():
+    """The successor of `headlines`: the same news edge, and trends that past prices reveal (an hour's return
+    predicts the next hour's far better than under `headlines`)."""
+    def hour_momentum_and_news_spread(preset: str) -> tuple[float, float]:
+        frame = generate_bars(preset, get_contract("NQ"), days=60, seed=0)
+        log_close = np.log(frame["close"])
+        past, fwd = log_close.diff(60).values, log_close.diff(60).shift(-60).values  # test-only: future returns
+        ok = np.isfinite(past) & np.isfinite(fwd)
+        bullish = np.array([headline_sentiment(h) for h in frame["headline"]]) > 0
+        return np.corrcoef(past[ok], fwd[ok])[0, 1], fwd[ok & bullish].mean() - fwd[ok & ~bullish].mean()
+
+    momentum, news = hour_momentum_and_news_spread("headlines")
+    trend_momentum, trend_news = hour_momentum_and_news_spread("headlines_trend")
+    assert trend_momentum > momentum + 0.15
+    assert trend_news > 0.5 * news > 0
+
+
 def test_feature_table_documents_every_feature():
     table = feature_table_markdown()
     assert len(FEATURES) == 11 + 28

@@ -28,8 +28,8 @@ def _check_schema(summary: dict, arms: list[str]) -> None:
                     lo, hi = f["ci95"]
                     assert lo <= f["mean"] <= hi
     for kind in fusion.CHECKPOINTS:  # the baseline against itself
-        assert summary["arms"]["rl_only"][kind]["paired_test_pnl_vs_rl_only"] == {"mean": 0.0, "ci95": [0.0, 0.0],
-                                                                                   "n": len(summary["seeds"])}
+        assert summary["arms"]["rl_only"][kind]["paired_test_pnl_vs_rl_only"] == {
+            "mean": 0.0, "ci95": [0.0, 0.0], "n": len(summary["seeds"]), "ci95_days": [0.0, 0.0]}
 
 
 def test_seeds_and_arms_parse():
@@ -67,15 +67,24 @@ def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_seeds():
     assert fusion.bootstrap([None, None]) == {"mean": None, "ci95": None, "n": 0}
 
 
+DAYS = ["2024-03-04", "2024-03-05", "2024-03-06", "2024-03-07"]
+
+
+def _pnl_walk(pnl: float, **others) -> dict:
+    """A walk's figures with its P&L earned on the first of DAYS (the others flat)."""
+    return {"net_pnl": pnl, "daily_pnl": {day: pnl if i == 0 else 0.0 for i, day in enumerate(DAYS)}, **others}
+
+
 def _fake_scores(pnl: float, advised: bool) -> dict:
-    walk = {"net_pnl": pnl, "sharpe_daily": 1.0, "max_drawdown": 500.0, "breaches": 0, "trades": 10}
+    walk = _pnl_walk(pnl, sharpe_daily=1.0, max_drawdown=500.0, breaches=0, trades=10)
     if advised:
         walk.update(mean_trust=0.5, advice_coverage=0.1, wait_rate=0.01)
-        walks = {"val_agent": walk, "agent": walk, "fused_no_veto": walk, "llm_only": {**walk, "net_pnl": pnl / 2},
+        walks = {"val_agent": walk, "agent": walk, "fused_no_veto": walk, "llm_only": {**walk, **_pnl_walk(pnl / 2)},
+                 "val_llm_only": {**walk, **_pnl_walk(pnl / 4)},
                  "fused_veto": {**walk, "net_pnl": pnl - 100, "breaches": 0, "max_drawdown": 400.0}}
     else:
         walks = {"val_agent": walk, "agent": walk}
-    return {kind: {"update": 3, "walks": walks} for kind in fusion.CHECKPOINTS}
+    return {"version": fusion.EVAL_VERSION, **{kind: {"update": 3, "walks": walks} for kind in fusion.CHECKPOINTS}}
 
 
 def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
@@ -95,7 +104,12 @@ def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
     summary = fusion.run(plan, "python scripts/experiment.py ...", progress=False)
     _check_schema(summary, arms)
     news = summary["arms"]["news"]["latest"]
-    assert news["paired_test_pnl_vs_rl_only"] == {"mean": 300.0, "ci95": [300.0, 300.0], "n": 3}
+    assert news["paired_test_pnl_vs_rl_only"] == {"mean": 300.0, "ci95": [300.0, 300.0], "n": 3,
+                                                  "ci95_days": [0.0, 600.0]}  # earned on one day of four, drawn 0-2 times
+    # the advice alone, on validation too, and the two splits together
+    assert news["paired_val_pnl_vs_llm_only"]["mean"] == pytest.approx(0.75 * news["val_pnl"]["mean"])
+    assert news["paired_val_test_pnl_vs_llm_only"]["mean"] == pytest.approx(
+        news["paired_val_pnl_vs_llm_only"]["mean"] + news["paired_test_pnl_vs_llm_only"]["mean"])
     # arm against arm, seed by seed (news − random: 200, 400, 0), both ways, never against itself or the baseline
     assert news["paired_test_pnl_vs"]["random"]["mean"] == pytest.approx(200.0)
     assert news["paired_test_pnl_vs"]["random"]["ci95"][0] >= 0.0
@@ -109,7 +123,90 @@ def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
     text = (tmp_path / "table.md").read_text()
     assert "| news | latest | 2,300 [" in text and "python scripts/experiment.py" in text
     assert "| news |  | 200 [" in text  # the arm-against-arm table: news − random
+    assert "| news | latest | 300 [0, 600] |" in text  # the table over seeds and market days
     assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_a_run_scored_by_an_older_version_is_scored_again_not_trained(tmp_path, monkeypatch):
+    """Runs scored before daily P&L was kept are scored again from their checkpoints, and the new scores saved."""
+    runs = tmp_path / "runs"
+    for arm in ("rl_only", "news"):
+        (runs / f"{arm}-s0").mkdir(parents=True)
+        old = _fake_scores(100.0, arm == "news")
+        del old["version"]
+        (runs / f"{arm}-s0" / fusion.EVAL_FILE).write_text(json.dumps(old))
+    scored = []
+    monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(fusion, "score_run",
+                        lambda run_dir, fresh_days: scored.append(run_dir.name) or _fake_scores(7.0, True))
+    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "experiment.json", runs, [], None)
+    fusion.run(plan, "python scripts/experiment.py ...", progress=False)
+    assert sorted(scored) == ["news-s0", "rl_only-s0"]
+    assert json.loads((runs / "news-s0" / fusion.EVAL_FILE).read_text()) == _fake_scores(7.0, True)
+    fusion.run(plan, "python scripts/experiment.py ...", progress=False)
+    assert len(scored) == 2  # the new scores are read back
+    # asked for a fresh market path the saved scores lack: scored again, with it
+    monkeypatch.setattr(fusion, "score_run", lambda run_dir, fresh_days: scored.append(fresh_days) or {
+        **_fake_scores(7.0, True), "fresh_days": fresh_days})
+    fusion.run(dataclasses.replace(plan, fresh_days=40), "python scripts/experiment.py ...", progress=False)
+    assert scored[2:] == [40, 40]
+
+
+def test_a_fresh_path_is_the_same_preset_on_bars_no_run_trained_on(tmp_path):
+    from jaxenv.market import load_market
+
+    cfg = load_config("configs/headlines.yaml")
+    fresh = fusion.fresh_market(cfg.data, 25)
+    assert (fresh.source, fresh.synthetic_days) == (cfg.data.source, 25)
+    trained, unseen = load_market(cfg.data), load_market(fresh)
+    assert not np.array_equal(unseen.close[:1000], trained.close[:1000])  # another path, not the training bars
+    assert 20 <= len(np.unique(unseen.sessions.day)) <= 25
+    # a file market has no fresh path: one line naming the flag
+    csv = tmp_path / "bars.csv"
+    csv.write_text("timestamp,open,high,low,close,volume\n")
+    assert fusion.main(["--json", str(tmp_path / "experiment.json"), "--fresh-days", "30", "--set",
+                        f"data.source={csv}"]) == 2
+
+
+def test_the_table_shows_the_fresh_path_when_scored(tmp_path):
+    runs = tmp_path / "runs"
+    for arm, pnl in (("rl_only", 100.0), ("news", 400.0)):
+        scores = _fake_scores(pnl, arm == "news")
+        for kind in fusion.CHECKPOINTS:
+            walks = scores[kind]["walks"]
+            walks["fresh_agent"] = _pnl_walk(pnl * 10)
+            if arm == "news":
+                walks["fresh_llm_only"] = _pnl_walk(pnl * 5)
+        (runs / f"{arm}-s0").mkdir(parents=True)
+        (runs / f"{arm}-s0" / fusion.EVAL_FILE).write_text(json.dumps({**scores, "fresh_days": 4}))
+    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "experiment.json", runs, [],
+                       None, fresh_days=4)
+    news = fusion.run(plan, "python scripts/experiment.py ...", progress=False)["arms"]["news"]["latest"]
+    assert news["paired_fresh_pnl_vs_rl_only"]["mean"] == 3000.0
+    assert news["paired_fresh_pnl_vs_llm_only"]["mean"] == 2000.0
+    text = (tmp_path / "table.md").read_text()
+    assert "fresh: 4 days" in text and "| − advice alone, fresh |" in text
+
+
+def test_the_market_interval_sees_an_edge_that_one_day_made():
+    """Every seed earning the same on the same one day: the seed-only interval is a point, the interval over seeds
+    and days reaches 0. An edge earned every day keeps an interval above 0, and noise between seeds still widens it."""
+    days = 18
+    one_day = np.zeros((5, days))
+    one_day[:, 4] = 1000.0
+    assert fusion.bootstrap(list(one_day.sum(1)))["ci95"] == [1000.0, 1000.0]
+    lo, hi = fusion.seeds_and_days_interval([one_day])
+    assert lo == 0.0 and hi >= 1000.0
+    rng = np.random.default_rng(1)
+    steady = 100.0 + rng.normal(0, 20, (5, days))
+    lo, hi = fusion.seeds_and_days_interval([steady])
+    assert 1500 < lo < steady.sum(1).mean() < hi < 2100
+    noisy_seeds = steady + rng.normal(0, 100, (5, 1))  # a seed's level shifts all its days
+    wide = fusion.seeds_and_days_interval([noisy_seeds])
+    assert wide[1] - wide[0] > hi - lo
+    # two splits add up: val and test together
+    both = fusion.seeds_and_days_interval([steady, steady[:, :10]])
+    assert both[0] < steady.sum(1).mean() + steady[:, :10].sum(1).mean() < both[1]
 
 
 @pytest.mark.parametrize("args, flag", [
@@ -118,6 +215,7 @@ def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
     (["--config", "configs/nope.yaml"], "--config"),
     (["--json", "out/results.json"], "--json"),
     (["--set", "ppo.lr=oops"], "ppo.lr"),
+    (["--fresh-days", "-3"], "--fresh-days"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, flag, capsys):
     argv = ["--json", str(tmp_path / "experiment.json"), *args]
@@ -132,13 +230,14 @@ def test_quick_experiment_trains_scores_and_resumes(tmp_path):
     invocation trains nothing."""
     out = tmp_path / "experiment.json"
     cmd = [sys.executable, "scripts/experiment.py", "--quick", "--arms", "rl_only,news", "--json", str(out),
-           "--no-progress"]
+           "--fresh-days", "5", "--no-progress"]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=2400, check=False)
     assert first.returncode == 0, first.stderr[-3000:]
     summary = json.loads(out.read_text())
     _check_schema(summary, ["rl_only", "news"])
     assert summary["seeds"] == [0, 1]
     assert summary["arms"]["news"]["latest"]["llm_only_test_pnl"]["n"] == 2
+    assert summary["arms"]["news"]["latest"]["paired_fresh_pnl_vs_llm_only"]["ci95_days"] is not None
     stamps = {p: p.stat().st_mtime for p in (tmp_path / "runs").glob("*/metrics.jsonl")}
     assert len(stamps) == 4
     second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)

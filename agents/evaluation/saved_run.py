@@ -41,6 +41,7 @@ from agents.evaluation.policies import flat_policy, make_act, random_valid_polic
 from agents.rl.ppo import PPO, make_train
 from agents.runs.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
 from jaxenv import Market, TradingEnv, load_market, walk_split
+from jaxenv.config import DataConfig
 from jaxenv.contracts import describe
 from jaxenv.evaluate import buy_and_hold
 from jaxenv.metrics import METRICS, Trace, walk_metrics
@@ -83,14 +84,17 @@ class LoadedRun:
             self.walker.close()
 
 
-def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | None = None, sample: bool = False) -> LoadedRun:
+def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | DataConfig | None = None,
+             sample: bool = False) -> LoadedRun:
     """Restores params and observation normaliser of a run's checkpoint and rebuilds its env from its config
-    (on `data` instead of the run's own data when given). Fails with a message saying what differs when the
-    checkpoint does not fit the current code, config or data."""
+    (on `data` instead of the run's own data when given: a source, or a whole data config). Fails with a message
+    saying what differs when the checkpoint does not fit the current code, config or data."""
     cfg = load_run_config(run_dir)
     if cfg.env_name != "trading":
         raise ConfigError(f"{run_dir}: evaluation walks the trading env; this run trained on {cfg.env_name!r}")
-    if data is not None:
+    if isinstance(data, DataConfig):
+        cfg = dataclasses.replace(cfg, data=data)
+    elif data is not None:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=data))
     env = TradingEnv(cfg.env)
     market = load_market(cfg.data)
