@@ -219,13 +219,13 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
 
 
 def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
-    """The run's scores: read back when saved, scored again (not trained) when an older scoring or another
-    --fresh-days saved them, else trained (or resumed) and scored, then saved."""
+    """The run's scores: read back when saved, scored again (not trained) when an older scoring saved them or they
+    lack the fresh path asked for, else trained (or resumed) and scored, then saved."""
     path = plan.runs_dir / f"{arm}-s{seed}" / EVAL_FILE
     if path.exists():
         scores = json.loads(path.read_text())
-        if scores.get("version") == EVAL_VERSION and scores.get("fresh_days", 0) == plan.fresh_days:
-            return scores
+        if scores.get("version") == EVAL_VERSION and plan.fresh_days in (0, scores.get("fresh_days", 0)):
+            return without_unasked_fresh(scores, plan)
         run_dir = path.parent
     else:
         run_dir = train_run(plan, arm, seed)
@@ -234,6 +234,18 @@ def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
     tmp.write_text(json.dumps(scores, indent=1))
     tmp.replace(path)
     return scores
+
+
+def without_unasked_fresh(scores: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """Scores of a run that another experiment walked on a fresh path, as this one (without --fresh-days) reports
+    them: a report's fresh figures all come from the N days it names."""
+    if plan.fresh_days:
+        return scores
+    out = {**scores, "fresh_days": 0}
+    for kind in CHECKPOINTS:
+        walks = {name: w for name, w in scores[kind]["walks"].items() if not name.startswith("fresh_")}
+        out[kind] = {**scores[kind], "walks": walks}
+    return out
 
 
 def bootstrap(values: list[float | None], seed: int = 0) -> dict[str, Any]:
@@ -498,7 +510,8 @@ def saved_results(plan: Plan) -> dict[str, dict[int, dict]]:
     if not seeds:
         raise ValueError(f"--partial: no seed of {plan.seeds} has finished every arm in {plan.runs_dir}")
     plan.seeds = seeds
-    return {arm: {s: json.loads(paths[arm, s].read_text()) for s in seeds} for arm in plan.arms}
+    return {arm: {s: without_unasked_fresh(json.loads(paths[arm, s].read_text()), plan) for s in seeds}
+            for arm in plan.arms}
 
 
 def report(plan: Plan, command: str, results: dict[str, dict[int, dict]]) -> dict[str, Any]:

@@ -150,6 +150,10 @@ def test_a_run_scored_by_an_older_version_is_scored_again_not_trained(tmp_path, 
         **_fake_scores(7.0, True), "fresh_days": fresh_days})
     fusion.run(dataclasses.replace(plan, fresh_days=40), "python scripts/experiment.py ...", progress=False)
     assert scored[2:] == [40, 40]
+    # an experiment without a fresh path reads them back (without the fresh walks); one with another N scores again
+    fusion.run(plan, "python scripts/experiment.py ...", progress=False)
+    fusion.run(dataclasses.replace(plan, fresh_days=60), "python scripts/experiment.py ...", progress=False)
+    assert scored[4:] == [60, 60]
 
 
 def test_a_fresh_path_is_the_same_preset_on_bars_no_run_trained_on(tmp_path):
@@ -186,6 +190,10 @@ def test_the_table_shows_the_fresh_path_when_scored(tmp_path):
     assert news["paired_fresh_pnl_vs_llm_only"]["mean"] == 2000.0
     text = (tmp_path / "table.md").read_text()
     assert "fresh: 4 days" in text and "| − advice alone, fresh |" in text
+    # the same runs in an experiment that did not ask for a fresh path: no fresh figures in its report
+    summary = fusion.run(dataclasses.replace(plan, fresh_days=0), "python scripts/experiment.py ...", progress=False)
+    assert summary["arms"]["news"]["latest"]["fresh_pnl"]["mean"] is None
+    assert "fresh" not in (tmp_path / "table.md").read_text()
 
 
 def test_the_market_interval_sees_an_edge_that_one_day_made():
