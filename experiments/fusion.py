@@ -182,11 +182,13 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
                           for day, pnl in daily_pnl(trace, market.timestamps, market.sessions.day).items()}
         return m
 
-    def at(run, kind: str):
-        return run if kind == "latest" else dataclasses.replace(run, saved=restore_policy(run_dir, kind, run.cfg))
-
     out: dict[str, Any] = {"version": EVAL_VERSION, "fresh_days": fresh_days}
     latest = load_run(run_dir, "latest")  # its walker (compiled walks, advisor sidecar) serves both checkpoints
+    policies = {"latest": latest.saved, "best": restore_policy(run_dir, "best", latest.cfg)}  # restored once
+
+    def at(run, kind: str):
+        return dataclasses.replace(run, saved=policies[kind])
+
     try:
         for kind in CHECKPOINTS:
             run = at(latest, kind)
