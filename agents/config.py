@@ -149,7 +149,7 @@ class ReasoningConfig:
 class HybridConfig:
     """The LLM advisor and how its advice is used (`--llm` other than none)."""
 
-    fusion: str = "learned"  # none | rules | learned
+    fusion: str = "learned"  # none | rules | learned | pooled
     llm_mode: str = "score"  # score | generate (transformers backends)
     quantization: str = "none"  # none | int8 | int4 (bitsandbytes; GPU)
     llm_adapter: str = ""  # a peft LoRA adapter directory applied to a transformers advisor (--llm-adapter)
@@ -161,7 +161,7 @@ class HybridConfig:
     latency: str = "auto"
     strict_timeout_s: float = 120.0  # strict mode gives up on an answer after this long (counted as timeouts)
     llm_weight: float = 0.3  # rules fusion: the weight of the LLM's confidence
-    gate_lr_scale: float = 10.0  # learned fusion: the trust gate's learning rate is ppo.lr times this
+    gate_lr_scale: float = 10.0  # learned/pooled fusion: the trust gate's learning rate is ppo.lr times this
     sidecar_threads: int = 1  # torch threads in the sidecar: the trainer needs the other cores
     # advisor processes, each with its own torch device and shared memory: a number, or auto (one per GPU, 1 on CPU)
     sidecar_workers: str = "auto"
@@ -172,7 +172,7 @@ class HybridConfig:
     # learned/rules fusion: the policy and value also read the advice state (probabilities, confidence, age, valid,
     # question pending), so the policy itself can learn to wait for and to follow informed advice
     advice_input: bool = False
-    gate_init_logit: float = GATE_INIT_LOGIT  # learned fusion: the trust gate's logit before training
+    gate_init_logit: float = GATE_INIT_LOGIT  # learned/pooled fusion: the trust gate's logit before training
     sidecar_batch_size: int = 64
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
@@ -231,8 +231,9 @@ class TrainConfig:
 
 
 LLM_CHOICES = ("none", "mock", "smollm2", "PATH_OR_HUB_ID")
-FUSION_MODES = ("none", "rules", "learned")
-ADVISED_FUSIONS = ("rules", "learned")  # the modes in which advice changes what the agent does
+FUSION_MODES = ("none", "rules", "learned", "pooled")
+ADVISED_FUSIONS = ("rules", "learned", "pooled")  # the modes in which advice changes what the agent does
+GATED_FUSIONS = ("learned", "pooled")  # the modes with a trust gate, trained with the policy
 LATENCY_MODES = ("strict", "async", "auto")
 ACTIVATIONS = ("tanh", "relu")
 
@@ -301,7 +302,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
         (0 <= cfg.hybrid.query.wait_min_trust < 1, "hybrid.query.wait_min_trust", "must be in [0, 1) (0: always wait)"),
         (not cfg.hybrid.advice_input or cfg.hybrid.fusion in ADVISED_FUSIONS, "hybrid.advice_input",
-         "needs hybrid.fusion learned or rules (with fusion none the policy acts without advice)"),
+         "needs hybrid.fusion learned, pooled or rules (with fusion none the policy acts without advice)"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),

@@ -33,7 +33,8 @@ import numpy as np
 from agents.config import ConfigError, load_config
 from jaxenv.config import DataConfig
 
-# arm -> config overrides (`--set` syntax); every arm but rl_only trains with the learned trust gate on the mock advisor
+# arm -> config overrides (`--set` syntax); every arm but rl_only trains with a trust gate on the mock advisor: the
+# learned mixture, or the log-linear pool for the *_pooled arms
 ARMS: dict[str, list[str]] = {
     # the policy alone: the baseline of every paired difference (on any config, one whose advisor learns included)
     "rl_only": ["llm=none", "hybrid.learning.enabled=false"],
@@ -43,6 +44,10 @@ ARMS: dict[str, list[str]] = {
     "news_veto": ["llm=mock", "hybrid.mock_answers=news", "hybrid.veto.enabled=true"],  # trained with the veto on
     # news, and the policy and value read the advice state (probabilities, confidence, age, valid, pending)
     "news_input": ["llm=mock", "hybrid.mock_answers=news", "hybrid.advice_input=true"],
+    # the pooled fusion (p ∝ π_rl · π_llm^g: evidence adds) with informed advice and its two controls
+    "news_pooled": ["llm=mock", "hybrid.mock_answers=news", "hybrid.fusion=pooled"],
+    "random_pooled": ["llm=mock", "hybrid.mock_answers=random", "hybrid.fusion=pooled"],
+    "shuffled_pooled": ["llm=mock", "hybrid.mock_answers=shuffled", "hybrid.fusion=pooled"],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],

@@ -8,6 +8,8 @@ Presets:
   only slowly; numeric features carry no direct trace of it.
 - `headlines_trend`: `headlines` plus the trend regimes of `signal`, independent of the news: the headline names
   one edge, the prices show another.
+- `headlines_quiet_trend`: the same, with the news quiet half of the time (no drift, headlines without sentiment):
+  the two edges come at different times.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class SyntheticPreset:
     headline_drift_sigma: float = 0.0  # drift of the hidden news regime (headlines preset)
     headline_regime_mean_bars: float = 60.0
     headline_accuracy: float = 0.8  # share of headlines whose sentiment matches the hidden regime
+    # half of the time the news is quiet (a regime of its own, as long on average): no drift, and headlines with no
+    # sentiment, so the news edge and a price trend can come at different times
+    headline_quiet: bool = False
 
 
 PRESETS: dict[str, SyntheticPreset] = {
@@ -50,6 +55,12 @@ PRESETS: dict[str, SyntheticPreset] = {
     # The same news, and trends a policy can read from prices that the headline knows nothing of: a hybrid's case.
     "headlines_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
                                        headline_accuracy=0.95),
+    # The same news, quiet half of the time, and the same trends. With one contract, an agent that knows both drifts
+    # earns little more than the headline alone on `headlines_trend` (the news always drifts, so it always decides
+    # the side; knowing the trend only says when to stand aside); here the trends are the only edge while the news
+    # is quiet, so one that uses both can earn more than either.
+    "headlines_quiet_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
+                                             headline_accuracy=0.95, headline_quiet=True),
 }
 
 _POSITIVE = [
@@ -67,6 +78,14 @@ _NEGATIVE = [
     "{co} downgraded to sell on slowing growth",
     "Tech stocks slump as yields spike",
     "Consumer confidence falls to a two-year low",
+]
+_QUIET = [  # no sentiment: none of the mock advisor's bullish or bearish words
+    "{co} to present at an industry conference next week",
+    "Markets await the Fed's minutes",
+    "Trading volumes thin ahead of the holiday",
+    "{co} names a new chief financial officer",
+    "Treasury publishes its auction schedule",
+    "Analysts split on the outlook for {co}",
 ]
 _COMPANIES = ["Apple", "Microsoft", "Nvidia", "Amazon", "Alphabet", "Meta", "Tesla", "Broadcom"]
 
@@ -112,6 +131,8 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
     shocks = rng.standard_t(p.tail_df, size=n) / np.sqrt(p.tail_df / (p.tail_df - 2.0))
     regime = _markov_regimes(rng, n, p.regime_mean_bars, 3)
     news = _markov_regimes(rng, n, p.headline_regime_mean_bars, 2) * 2 - 1  # -1 or +1
+    if p.headline_quiet:  # drawn after the others: the presets without quiet news keep their bars
+        news = news * _markov_regimes(rng, n, p.headline_regime_mean_bars, 2)  # 0: quiet
 
     log_ret = np.empty(n)
     log_close = np.empty(n)
@@ -176,8 +197,10 @@ def _headlines(rng: np.random.Generator, news: np.ndarray, accuracy: float) -> l
     for i in range(n):
         if i == 0 or rng.random() < 0.2:
             truthful = rng.random() < accuracy
-            sentiment = news[i] if truthful else -news[i]
-            current = random_headline(rng, bullish=sentiment > 0)
+            if news[i] == 0:  # quiet news: a headline without sentiment, or (untruthful) a random bullish or bearish
+                current = quiet_headline(rng) if truthful else random_headline(rng, bullish=rng.random() < 0.5)
+            else:
+                current = random_headline(rng, bullish=(news[i] if truthful else -news[i]) > 0)
         out.append(current)
     return out
 
@@ -185,6 +208,10 @@ def _headlines(rng: np.random.Generator, news: np.ndarray, accuracy: float) -> l
 def random_headline(rng: np.random.Generator, bullish: bool) -> str:
     pool = _POSITIVE if bullish else _NEGATIVE
     return pool[rng.integers(len(pool))].format(co=_COMPANIES[rng.integers(len(_COMPANIES))])
+
+
+def quiet_headline(rng: np.random.Generator) -> str:
+    return _QUIET[rng.integers(len(_QUIET))].format(co=_COMPANIES[rng.integers(len(_COMPANIES))])
 
 
 def headline_sentiment(text: str) -> int:

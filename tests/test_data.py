@@ -252,6 +252,25 @@ def test_headlines_trend_adds_a_price_trend_the_headlines_do_not_name():
     assert trend_news > 0.5 * news > 0
 
 
+PINNED_HEADLINES_TREND_CLOSES = [17993.0, 18585.25, 19780.5]  # headlines_trend, 3 days, seed 4: bars 0, 500, last
+
+
+def test_headlines_quiet_trend_has_quiet_news_spells_without_changing_the_other_presets():
+    """About half of `headlines_quiet_trend`'s headlines carry no sentiment, in spells (a story lasts a few bars, a
+    regime ~60); the bullish-bearish spread of future returns stays. The presets without quiet news keep their bars."""
+    frame = generate_bars("headlines_quiet_trend", get_contract("NQ"), days=60, seed=0)
+    sentiment = np.array([headline_sentiment(h) for h in frame["headline"]])
+    quiet = sentiment == 0
+    assert 0.35 < quiet.mean() < 0.65
+    assert (quiet[1:] != quiet[:-1]).mean() < 0.1  # spells, not a coin flip per bar
+    fwd = np.log(frame["close"]).diff(30).shift(-30).values  # test-only: future returns as the label
+    ok = np.isfinite(fwd)
+    assert fwd[ok & (sentiment > 0)].mean() > fwd[ok & (sentiment < 0)].mean()
+    trend = generate_bars("headlines_trend", get_contract("NQ"), days=3, seed=4)
+    assert (np.array([headline_sentiment(h) for h in trend["headline"]]) != 0).all()
+    np.testing.assert_allclose(trend["close"].iloc[[0, 500, -1]].values, PINNED_HEADLINES_TREND_CLOSES)
+
+
 def test_feature_table_documents_every_feature():
     table = feature_table_markdown()
     assert len(FEATURES) == 11 + 28

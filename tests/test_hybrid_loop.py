@@ -126,6 +126,16 @@ def test_rules_fusion_and_no_veto_run(tmp_path):
     assert 0.0 <= m["override_rate"] <= 1.0
 
 
+def test_pooled_fusion_trains_its_gate_and_reports_trust(tmp_path):
+    """hybrid.fusion=pooled trains end to end: its gate weighs the valid advice (mean_trust > 0) and the advice
+    changes some decisions."""
+    result = train(load_config(None, SMALL + ["hybrid.fusion=pooled", "hybrid.veto.enabled=false", "total_steps=640"]),
+                   tmp_path / "pooled")
+    m = result.last_metrics
+    assert 0.0 < m["mean_trust"] < 1.0 and m["advice_coverage"] > 0.0
+    assert np.isfinite(m["policy_loss"]) and np.isfinite(m["entropy"])
+
+
 def test_ctrl_c_stops_training_sidecars_and_all(tmp_path):
     """Ctrl-C on `train.py --llm mock` (training sidecar and the validation walk's sidecar both up): the run
     saves a checkpoint and exits, no sidecar outlives it, no shared-memory segment is left."""

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
+from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, pool, rules_action
 from agents.advice.risk_veto import VetoState, apply_veto
 from agents.advice.table import AdviceTable, select_queries, view
 from agents.config import QueryConfig, VetoConfig
@@ -142,6 +142,30 @@ def test_learned_mixture_is_a_masked_distribution_and_gate_starts_low():
     assert 0.05 < float(g[0]) < 0.2
     wary = TrustGate(init_logit=-4.6)  # hybrid.gate_init_logit: a gate that starts at 0.01
     assert float(wary.apply(wary.init(jax.random.PRNGKey(0), features), features)[0]) == pytest.approx(0.01, abs=1e-3)
+
+
+@pytest.mark.nojit
+def test_pooled_fusion_adds_the_advices_log_odds_to_the_policys():
+    """p ∝ π_rl · π_llm^g: two independent signals for BUY make BUY likelier than either alone (a mixture would lie
+    between them); g = 0 is the policy; invalid actions stay at 0; the policy's gradient is not scaled by g."""
+    pi_rl = jnp.array([[0.5, 0.3, 0.1, 0.1, 0.0, 0.0]])
+    logits = jnp.where(pi_rl > 0, jnp.log(jnp.maximum(pi_rl, 1e-30)), -1e9)
+    mask = jnp.array([[True, True, True, True, False, False]])
+    news_buy = masked_advice_probs(jnp.array([[0.04, 0.8, 0.04, 0.04, 0.04, 0.04]]), mask)
+    p = jnp.exp(pool(logits, news_buy, jnp.array([1.0]), mask))
+    assert float(p.sum()) == pytest.approx(1.0, abs=1e-6) and float(p[0, 4:].max()) == 0.0
+    assert float(p[0, BUY]) > max(float(pi_rl[0, BUY]), float(news_buy[0, BUY]))
+    # BUY:HOLD odds multiply: 0.3/0.5 · (0.8/0.04)^g
+    assert float(p[0, BUY] / p[0, HOLD]) == pytest.approx(0.6 * 20, rel=1e-4)
+    half = jnp.exp(pool(logits, news_buy, jnp.array([0.5]), mask))
+    assert float(half[0, BUY] / half[0, HOLD]) == pytest.approx(0.6 * 20 ** 0.5, rel=1e-4)
+    np.testing.assert_allclose(jnp.exp(pool(logits, news_buy, jnp.array([0.0]), mask)), pi_rl, atol=1e-6)
+    # A zero-probability advice (a model's softmax can underflow) is floored, not −inf.
+    assert bool(jnp.isfinite(pool(logits, news_buy.at[0, SELL].set(0.0), jnp.array([1.0]), mask)[0, :4]).all())
+    # d log p(a) / d logits = onehot(a) − p: the full policy gradient at any g, never (1 − g) of it
+    grad = jax.grad(lambda lg: pool(lg, news_buy, jnp.array([0.9]), mask)[0, BUY])(logits)
+    p9 = jnp.exp(pool(logits, news_buy, jnp.array([0.9]), mask))
+    np.testing.assert_allclose(grad[0, :4], jax.nn.one_hot(BUY, 6)[:4] - p9[0, :4], atol=1e-5)
 
 
 @pytest.mark.nojit

@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from agents.advice.fusion import GATE_INIT_LOGIT, TrustGate, fusion_features, masked_advice_probs, mix, rules_action
+from agents.advice.fusion import (GATE_INIT_LOGIT, TrustGate, fusion_features, masked_advice_probs, mix, pool,
+                                  rules_action)
 from agents.advice.risk_veto import RULES, VetoState, apply_veto
 from agents.advice.table import AdviceTable, AdviceView, pending, view
-from agents.config import ADVISED_FUSIONS, QueryConfig, VetoConfig
+from agents.config import ADVISED_FUSIONS, GATED_FUSIONS, QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
 from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, NUM_ACTIONS, SELL, action_flags
 from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
@@ -72,7 +73,7 @@ class HybridActing:
     @property
     def waits_on_trust(self) -> bool:
         """Whether the wait depends on the env's running trust (HybridCarry.trust), which is kept up only then."""
-        return self.query.wait_for_answer and self.query.wait_min_trust > 0 and self.fusion == "learned"
+        return self.query.wait_for_answer and self.query.wait_min_trust > 0 and self.fusion in GATED_FUSIONS
 
     @property
     def advice_features(self) -> int:
@@ -93,11 +94,11 @@ class HybridActing:
 
     @property
     def gate_features(self) -> int:
-        return (2 * NUM_ACTIONS + 5 + N_FUSION_CONTEXT) if self.fusion == "learned" else 0
+        return (2 * NUM_ACTIONS + 5 + N_FUSION_CONTEXT) if self.fusion in GATED_FUSIONS else 0
 
     def trust_gate(self) -> tuple[TrustGate | None, int]:
-        """The network's trust gate and the width of its input (learned fusion only)."""
-        if self.fusion != "learned":
+        """The network's trust gate and the width of its input (learned and pooled fusion only)."""
+        if self.fusion not in GATED_FUSIONS:
             return None, 0
         return TrustGate(init_logit=self.gate_init_logit), self.gate_features
 
@@ -168,10 +169,10 @@ class HybridActing:
         k_rl, k_mix = jax.random.split(key)
         gate = jnp.zeros(pi_rl.shape[0])
         pg_weight = jnp.ones(pi_rl.shape[0])
-        if self.fusion == "learned":
+        if self.fusion in GATED_FUSIONS:
             gate = trust_where_valid(network, params, fusion_features(pi_rl, advice, context), advice.valid)
-            p = mix(pi_rl, masked_advice_probs(advice.probs, mask), gate, mask)
-            log_p = jnp.log(jnp.maximum(p, 1e-30))
+            log_p = self.fused_log_probs(logits, pi_rl, advice, gate, mask)
+            p = jnp.exp(log_p)
             action = jnp.argmax(log_p, -1) if self.greedy else jax.random.categorical(k_mix, log_p)
             learn_action = action
             log_prob = jnp.take_along_axis(log_p, action[:, None], -1)[:, 0]
@@ -214,6 +215,14 @@ class HybridActing:
         carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1), trust=trust)
         return action, learn_action, log_prob, mask, extras, carry
 
+    def fused_log_probs(self, logits, pi_rl, advice: AdviceView, gate, mask) -> jax.Array:
+        """[N, A] log-probabilities of the acting distribution of a gated fusion: the mixture (learned) or the
+        log-linear pool (pooled) of the policy and the valid advice, with invalid actions at probability 0."""
+        pi_llm = masked_advice_probs(advice.probs, mask)
+        if self.fusion == "pooled":
+            return pool(logits, pi_llm, gate, mask)
+        return jnp.log(jnp.maximum(mix(pi_rl, pi_llm, gate, mask), 1e-30))
+
     @staticmethod
     def trade_events(info: dict) -> dict[str, jax.Array]:
         return {"entered": info["entry_side"] != 0, "exited": info["exit_reason"] > 0, "trade_pnl": info["trade_pnl"]}
@@ -226,14 +235,14 @@ class HybridActing:
     def log_prob_entropy(self, network, params, logits, mask, extras: StepExtras, action):
         """Log-prob of `action`, entropy, and policy-loss weight under the current parameters."""
         logits = masked_logits(logits, mask)
-        if self.fusion != "learned":
+        if self.fusion not in GATED_FUSIONS:
             log_prob, entropy = log_probs_and_entropy(logits, action)
             return log_prob, entropy, extras.pg_weight
         pi_rl = jax.nn.softmax(logits)
         gate = trust_where_valid(network, params, fusion_features(pi_rl, extras.advice, extras.context),
                                  extras.advice.valid)
-        p = mix(pi_rl, masked_advice_probs(extras.advice.probs, mask), gate, mask)
-        logp_all = jnp.log(jnp.maximum(p, 1e-30))
+        logp_all = self.fused_log_probs(logits, pi_rl, extras.advice, gate, mask)
+        p = jnp.exp(logp_all)
         log_prob = jnp.take_along_axis(logp_all, action[..., None], -1)[..., 0]
         entropy = -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), -1)
         return log_prob, entropy, extras.pg_weight

@@ -15,8 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from agents.config import LLM_CHOICES, RUN_CONFIG_FILE, ConfigError, load_config
+from agents.config import FUSION_MODES, LLM_CHOICES, RUN_CONFIG_FILE, ConfigError, load_config
 from bridge.protocol import NUM_ACTIONS
+from jaxenv.synthetic import PRESETS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--total-steps", type=int, help="environment steps to train, all envs together (total_steps)")
     ap.add_argument("--seed", type=int, help="random seed for init, envs and sampling (seed)")
     ap.add_argument("--data", help="market data: a CSV/Parquet file or synthetic:PRESET "
-                    "(default, signal, headlines); sets data.source")
+                    f"({', '.join(PRESETS)}); sets data.source")
     ap.add_argument("--llm", help=f"LLM advisor: {', '.join(LLM_CHOICES)} (default smollm2, the embedded model; none: RL only, the fastest path)")
     ap.add_argument("--llm-mode", choices=["score", "generate"], help=f"score: one forward pass scores the "
                     f"{NUM_ACTIONS} actions; generate: text answers parsed (hybrid.llm_mode)")
@@ -36,8 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "advisor (GPU) (hybrid.quantization)")
     ap.add_argument("--llm-adapter", metavar="PATH", help="a peft LoRA adapter directory for the advisor; saved in "
                     "the run's config, so evaluation loads it too (hybrid.llm_adapter)")
-    ap.add_argument("--fusion", choices=["none", "rules", "learned"], help="how advice changes actions: learned "
-                    "trust gate (default), the seeds' priority rules, or none (queries for statistics only)")
+    ap.add_argument("--fusion", choices=FUSION_MODES, help="how advice changes actions: learned trust gate mixing "
+                    "the two distributions (default), pooled (the gate weighs the advice's log-probabilities added to "
+                    "the policy's), the seeds' priority rules, or none (queries for statistics only)")
     ap.add_argument("--query-interval", type=int, help="env steps between LLM query steps, k (hybrid.query.interval)")
     ap.add_argument("--llm-budget", help="most envs asked per query step: a number or auto (hybrid.budget)")
     ap.add_argument("--latency", choices=["strict", "async", "auto"], help="strict: wait for the previous query "
