@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.config import ConfigError, load_config
+from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
 from jaxenv.config import DataConfig
 
 # arm -> config overrides (`--set` syntax); every arm but rl_only trains with a trust gate on the mock advisor: the
@@ -48,6 +48,10 @@ ARMS: dict[str, list[str]] = {
     "news_pooled": ["llm=mock", "hybrid.mock_answers=news", "hybrid.fusion=pooled"],
     "random_pooled": ["llm=mock", "hybrid.mock_answers=random", "hybrid.fusion=pooled"],
     "shuffled_pooled": ["llm=mock", "hybrid.mock_answers=shuffled", "hybrid.fusion=pooled"],
+    # pooled, and a flat env does not wait for the answer in flight: where the policy has an edge of its own, waiting
+    # costs it entries
+    "news_pooled_no_wait": ["llm=mock", "hybrid.mock_answers=news", "hybrid.fusion=pooled",
+                            "hybrid.query.wait_for_answer=false"],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],
@@ -145,6 +149,38 @@ def run_config(plan: Plan, arm: str, seed: int):
     if plan.updates is not None:
         cfg = load_config(plan.config, [*overrides, f"total_steps={plan.updates * cfg.steps_per_update}"])
     return cfg
+
+
+REPORTING_KEYS = ("log.progress",)  # config keys that change how a run reports, not what it learns
+
+
+def flat_config(cfg) -> dict[str, Any]:
+    """A config as {dotted key: value}."""
+    def walk(d: dict, prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(walk(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+    return walk(to_dict(cfg), "")
+
+
+def check_saved_runs(plan: Plan) -> None:
+    """Every run folder this experiment would read back or resume was started with the config it asks for (the arm's
+    overrides, the seed, --set, --quick/--updates): a run trained on another market or setting would make the
+    results silently wrong. Raises ValueError naming the folder and the first differing key."""
+    for seed in plan.seeds:
+        for arm in plan.arms:
+            path = plan.runs_dir / f"{arm}-s{seed}" / RUN_CONFIG_FILE
+            if not path.exists():
+                continue
+            saved, wanted = flat_config(load_config(path)), flat_config(run_config(plan, arm, seed))
+            differ = [k for k in wanted if k not in REPORTING_KEYS and saved.get(k) != wanted[k]
+                      and not (k.startswith("hybrid.") and wanted["llm"] == "none")]  # no advisor: no hybrid
+            if differ:
+                k = differ[0]
+                more = f" (and {len(differ) - 1} more keys)" if len(differ) > 1 else ""
+                raise ValueError(f"{path.parent}: trained with {k}={saved.get(k)!r} but this experiment asks for "
+                                 f"{k}={wanted[k]!r}{more}; pass the settings it was trained with, or another --runs")
 
 
 def train_run(plan: Plan, arm: str, seed: int) -> Path:
@@ -488,6 +524,7 @@ def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
 
     from agents.runs.lock import RunLocked
 
+    check_saved_runs(plan)
     if plan.partial:
         return report(plan, command, saved_results(plan))
     results: dict[str, dict[int, dict]] = {arm: {} for arm in plan.arms}
@@ -589,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python scripts/experiment.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     try:
         summary = run(plan, command, progress=not args.no_progress)
-    except ValueError as e:  # --partial with nothing finished
+    except ValueError as e:  # --partial with nothing finished, or runs trained with other settings
         print(f"error: {e}", file=sys.stderr)
         return 2
     print((plan.json_path.parent / "table.md").read_text())

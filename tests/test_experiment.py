@@ -127,6 +127,32 @@ def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
 
+def test_runs_trained_with_other_settings_are_refused_not_read_back(tmp_path, monkeypatch, capsys):
+    """A runs folder reused with another market (or any other setting) would mix results silently: the experiment
+    exits 2 with one line naming the run and the key, before it trains or writes anything. The policy alone has no
+    advisor, so its hybrid settings do not count."""
+    from agents.config import save_config
+
+    runs = tmp_path / "runs"
+    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "out" / "experiment.json",
+                       runs, [], None)
+    for arm in plan.arms:
+        (runs / f"{arm}-s0").mkdir(parents=True)
+        (runs / f"{arm}-s0" / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(100.0, arm == "news")))
+    other = fusion.run_config(dataclasses.replace(plan, overrides=["data.source=synthetic:headlines_trend"]), "news", 0)
+    save_config(other, runs / "news-s0" / "config.yaml")
+    save_config(fusion.run_config(dataclasses.replace(plan, overrides=["hybrid.fusion=rules"]), "rl_only", 0),
+                runs / "rl_only-s0" / "config.yaml")
+    monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("trained"))
+    argv = ["--arms", "news", "--seeds", "0", "--json", str(plan.json_path), "--runs", str(runs), "--no-progress"]
+    assert fusion.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "news-s0" in err and "data.source" in err and "headlines_trend" in err
+    assert not plan.json_path.parent.exists()
+    save_config(fusion.run_config(plan, "news", 0), runs / "news-s0" / "config.yaml")  # the settings asked for
+    assert fusion.main(argv) == 0
+
+
 def test_a_run_scored_by_an_older_version_is_scored_again_not_trained(tmp_path, monkeypatch):
     """Runs scored before daily P&L was kept are scored again from their checkpoints, and the new scores saved."""
     runs = tmp_path / "runs"
