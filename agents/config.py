@@ -169,7 +169,7 @@ class HybridConfig:
     # the most of the wall time the advisor may work: after each answered submission (L seconds from submit to
     # collect) it rests L × (1 − share) / share before the next; auto = 1 (no rest: docs/advisor.md says why)
     advisor_share: str = "auto"
-    # learned/rules fusion: the policy and value also read the advice state (probabilities, confidence, age, valid,
+    # learned/pooled/rules fusion: the policy and value also read the advice state (probabilities, confidence, age, valid,
     # question pending), so the policy itself can learn to wait for and to follow informed advice
     advice_input: bool = False
     gate_init_logit: float = GATE_INIT_LOGIT  # learned/pooled fusion: the trust gate's logit before training
