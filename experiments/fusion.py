@@ -322,22 +322,30 @@ def seeds_and_days_interval(splits: list[np.ndarray], seed: int = 0) -> list[flo
     return [float(min(lo, mean)), float(max(hi, mean))]
 
 
+def same_days(series: list[dict[str, float]]) -> list[str]:
+    """The trading days every one of `series` walked, sorted; ValueError when they differ."""
+    days = sorted(series[0])
+    if any(sorted(d) != days for d in series):
+        raise ValueError("the runs walked different trading days: were they trained on the same data?")
+    return days
+
+
 def day_matrix(series: list[dict[str, float] | None]) -> np.ndarray | None:
     """Seeds × days from each seed's {day: P&L}; None when a seed has no daily P&L (scored by an older version)."""
     if any(d is None for d in series):
         return None
-    days = sorted(series[0])
-    if any(sorted(d) != days for d in series):
-        raise ValueError("the runs walked different trading days: were they trained on the same data?")
-    return np.asarray([[d[day] for day in days] for d in series], np.float64)
+    return np.asarray([[d[day] for day in same_days(series)] for d in series], np.float64)
+
+
+def difference(x: float | None, y: float | None) -> float | None:
+    """x − y; None where either is undefined."""
+    return None if x is None or y is None else x - y
 
 
 def daily_difference(a: dict[str, float] | None, b: dict[str, float] | None) -> dict[str, float] | None:
     if a is None or b is None:
         return None
-    if sorted(a) != sorted(b):
-        raise ValueError("the runs walked different trading days: were they trained on the same data?")
-    return {day: a[day] - b[day] for day in a}
+    return {day: a[day] - b[day] for day in same_days([a, b])}
 
 
 def with_days(figure: dict[str, Any], splits: list[list[dict[str, float] | None]]) -> dict[str, Any]:
@@ -377,13 +385,11 @@ def summarize(results: dict[str, dict[int, dict]], seeds: list[int]) -> dict[str
             base_days = {s: per_seed_daily(results[BASELINE][s], kind) for s in seeds}
             for s in seeds:
                 for split in ("test", "val", "fresh"):
-                    x, y = rows[s][f"{split}_pnl"], base[s][f"{split}_pnl"]
-                    rows[s][f"paired_{split}_pnl_vs_rl_only"] = None if x is None or y is None else x - y
-                    days[s][f"paired_{split}_pnl_vs_rl_only"] = daily_difference(days[s][f"{split}_pnl"],
-                                                                                 base_days[s][f"{split}_pnl"])
+                    pnl = f"{split}_pnl"
+                    rows[s][f"paired_{pnl}_vs_rl_only"] = difference(rows[s][pnl], base[s][pnl])
+                    days[s][f"paired_{pnl}_vs_rl_only"] = daily_difference(days[s][pnl], base_days[s][pnl])
                 for name, (a, b) in PAIRED_WITHIN.items():
-                    x, y = rows[s][a], rows[s][b]
-                    rows[s][name] = None if x is None or y is None else x - y
+                    rows[s][name] = difference(rows[s][a], rows[s][b])
                     if a in DAILY_FIGURES and b in DAILY_FIGURES:
                         days[s][name] = daily_difference(days[s][a], days[s][b])
                 x, y = rows[s]["paired_val_pnl_vs_llm_only"], rows[s]["paired_test_pnl_vs_llm_only"]

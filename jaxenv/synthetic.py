@@ -205,13 +205,17 @@ def _headlines(rng: np.random.Generator, news: np.ndarray, accuracy: float) -> l
     return out
 
 
-def random_headline(rng: np.random.Generator, bullish: bool) -> str:
-    pool = _POSITIVE if bullish else _NEGATIVE
+def _headline_from(rng: np.random.Generator, pool: list[str]) -> str:
+    """A template of `pool` (drawn first), filled with a company (drawn second)."""
     return pool[rng.integers(len(pool))].format(co=_COMPANIES[rng.integers(len(_COMPANIES))])
 
 
+def random_headline(rng: np.random.Generator, bullish: bool) -> str:
+    return _headline_from(rng, _POSITIVE if bullish else _NEGATIVE)
+
+
 def quiet_headline(rng: np.random.Generator) -> str:
-    return _QUIET[rng.integers(len(_QUIET))].format(co=_COMPANIES[rng.integers(len(_COMPANIES))])
+    return _headline_from(rng, _QUIET)
 
 
 def headline_sentiment(text: str) -> int:
