@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from bridge.learning import LearningOptions
+from bridge.protocol import MOCK_ANSWERS
 from jaxenv.config import DataConfig, EnvConfig, check_rules, resolve_data_config
 
 
@@ -177,8 +178,9 @@ class HybridConfig:
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
     mock_latency_s: float = 0.0  # mock advisor: injected latency per batch (for tests)
-    # mock advisor: rules (indicators and headline) | news (the headline alone) | random | shuffled (news answers
-    # of other envs and bars: the news advice's statistics without its information)
+    # mock advisor: rules (indicators and headline) | news (the headline alone; HOLD without news) | news_pass (the
+    # same, PASS without news: no view) | random | shuffled (news answers of other envs and bars: the news advice's
+    # statistics without its information)
     mock_answers: str = "rules"
     eval_with_advice: bool = True  # validation walks query the advisor and act fused (else: the RL policy alone)
     query: QueryConfig = field(default_factory=QueryConfig)
@@ -313,8 +315,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "hybrid.learning.move_bars", f"the move objective measures moves inside one rollout: must be <= ppo.num_steps "
          f"= {p.num_steps}"),
         (cfg.hybrid.reasoning.per_episode >= 0, "hybrid.reasoning.per_episode", "must be >= 0"),
-        (cfg.hybrid.mock_answers in ("rules", "news", "random", "shuffled"), "hybrid.mock_answers",
-         "must be rules, news, random or shuffled"),
+        (cfg.hybrid.mock_answers in MOCK_ANSWERS, "hybrid.mock_answers", f"must be one of {', '.join(MOCK_ANSWERS)}"),
         (cfg.transfer.checkpoint in ("best", "latest") or cfg.transfer.checkpoint.isdigit(), "transfer.checkpoint",
          "must be best, latest or an update number"),
         (cfg.transfer.freeze_steps >= 0, "transfer.freeze_steps", "must be >= 0"),

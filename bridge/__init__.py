@@ -28,6 +28,7 @@ from bridge.protocol import (
     PROMPT_FIELDS,
     STATUS_BACKEND_ERROR,
     STATUS_NAMES,
+    STATUS_NO_VIEW,
     STATUS_OK,
     STATUS_PARSE_ERROR,
     STATUS_TIMEOUT,
@@ -35,7 +36,7 @@ from bridge.protocol import (
 
 __all__ = [
     "ACTIONS", "NUM_ACTIONS", "PROMPT_FIELDS", "STATUS_OK", "STATUS_PARSE_ERROR", "STATUS_TIMEOUT",
-    "STATUS_BACKEND_ERROR", "STATUS_NAMES", "BridgeConfig", "SidecarClient", "SidecarError", "Answers",
+    "STATUS_BACKEND_ERROR", "STATUS_NO_VIEW", "STATUS_NAMES", "BridgeConfig", "SidecarClient", "SidecarError", "Answers",
     "PromptRenderer", "DEFAULT_PROMPTS_PATH", "parse_answer", "ParsedAnswer", "answer_probabilities",
     "DEFAULT_CONFIDENCE", "SIDECAR_COMMAND", "ECHO_PEER_COMMAND",
 ]  # fmt: skip

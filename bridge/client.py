@@ -24,6 +24,7 @@ from bridge.protocol import (
     NUM_ACTIONS,
     STATUS_BACKEND_ERROR,
     STATUS_NAMES,
+    STATUS_NO_VIEW,
     STATUS_OK,
     STATUS_PARSE_ERROR,
     STATUS_TIMEOUT,
@@ -140,8 +141,8 @@ def answer_problems(status: np.ndarray, probs: np.ndarray, confidence: np.ndarra
                     env_ids: np.ndarray, submitted: np.ndarray) -> np.ndarray:
     """Why each row's answer cannot be used ('' where it can): shared memory is written by another process, so an
     answer is checked before it reaches the advice table. A status outside the known ones, or an ok row whose
-    probabilities are not a finite distribution, whose confidence is not in [0, 1], whose action is out of range
-    or whose env id is not the one asked about."""
+    probabilities are not a finite distribution, whose confidence is not in [0, 1], whose action is out of range,
+    or an ok or no-view row whose env id is not the one asked about."""
     problems = np.full(len(status), "", dtype=object)
     known = (status >= -1) & (status < len(STATUS_NAMES))
     ok = status == STATUS_OK
@@ -153,7 +154,7 @@ def answer_problems(status: np.ndarray, probs: np.ndarray, confidence: np.ndarra
             (ok & (np.abs(probs.sum(axis=1) - 1) > 1e-3), "probabilities do not sum to 1"),
             (ok & ~(np.isfinite(confidence) & (confidence >= 0) & (confidence <= 1)), "confidence outside [0, 1]"),
             (ok & ((action < 0) | (action >= NUM_ACTIONS)), "action out of range"),
-            (ok & (env_ids != submitted), "env id differs from the one asked about"),
+            ((ok | (status == STATUS_NO_VIEW)) & (env_ids != submitted), "env id differs from the one asked about"),
         )
     for bad, why in reversed(checks):  # the first failed check names the row
         problems[bad] = why

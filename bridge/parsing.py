@@ -1,7 +1,8 @@
 """Reads `ACTION | confidence | reason` answers out of generated text.
 
 Language models wrap the protocol in markdown, JSON, prose and percentages. The parser accepts those, but
-an answer naming no action, or two different ones, is a parse error: never a silent HOLD. Chain-of-thought
+an answer naming no action, or two different ones, is a parse error: never a silent HOLD. An answer whose first
+field is PASS says the advisor has no view (a status of its own, not an error). Chain-of-thought
 answers (numbered steps ending in that line) are split into their steps by `parse_reasoning`.
 
 The sidecar's transformers advisor decides by scoring the action labels (after any generated text), so there
@@ -17,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bridge.protocol import ACTIONS, NUM_ACTIONS, STATUS_OK, STATUS_PARSE_ERROR
+from bridge.protocol import ACTIONS, NO_VIEW_ANSWER, NUM_ACTIONS, STATUS_NO_VIEW, STATUS_OK, STATUS_PARSE_ERROR
 
 DEFAULT_CONFIDENCE = 0.5  # used when an answer names an action but no confidence
 
@@ -44,9 +45,9 @@ _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 @dataclass(frozen=True)
 class ParsedAnswer:
-    status: int  # STATUS_OK or STATUS_PARSE_ERROR
-    action: int  # -1 on a parse error
-    confidence: float  # 0 on a parse error
+    status: int  # STATUS_OK, STATUS_PARSE_ERROR or STATUS_NO_VIEW
+    action: int  # -1 on a parse error or no view
+    confidence: float  # 0 on a parse error or no view
     reason: str  # the model's reason, or why parsing failed
 
 
@@ -119,9 +120,13 @@ def _checked(action: int, confidence: float, reason: str) -> ParsedAnswer:
 
 
 def parse_answer(raw: str) -> ParsedAnswer:
-    """Parses one generated answer. Missing confidence → DEFAULT_CONFIDENCE; no or conflicting action → error."""
+    """Parses one generated answer. Missing confidence → DEFAULT_CONFIDENCE; no or conflicting action → error;
+    a first field of PASS → no view."""
     if not raw or not raw.strip():
         return _error("empty answer")
+    first_field, _, reason = raw.strip().splitlines()[0].partition("|")
+    if _normalise(first_field) == NO_VIEW_ANSWER.lower():
+        return ParsedAnswer(STATUS_NO_VIEW, -1, 0.0, reason.strip())
     if "{" in raw:
         parsed = _from_json(raw)
         if parsed is not None:

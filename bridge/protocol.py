@@ -18,7 +18,14 @@ STATUS_OK = 0
 STATUS_PARSE_ERROR = 1  # the model answered, but no action could be read from it
 STATUS_TIMEOUT = 2  # no answer within collect()'s timeout
 STATUS_BACKEND_ERROR = 3  # the sidecar died, hung or raised
-STATUS_NAMES: tuple[str, ...] = ("ok", "parse_error", "timeout", "backend_error")
+# The advisor answered PASS: it has no view on this prompt. Not a failure: the agent acts as without advice (the
+# trust gate is 0, the policy alone), where a HOLD answer would pull the agent out of the market.
+STATUS_NO_VIEW = 4
+STATUS_NAMES: tuple[str, ...] = ("ok", "parse_error", "timeout", "backend_error", "no_view")
+NO_VIEW_ANSWER = "PASS"  # the answer's first field that says "no view"
+
+# The mock advisor's answer modes (llm_sidecar.backends.MockBackend), chosen by the agent's config.
+MOCK_ANSWERS: tuple[str, ...] = ("rules", "news", "news_pass", "random", "shuffled")
 
 # The columns of the float32 prompt-field array, one row per env, in this order.
 # Categorical fields are stored as floats holding small integers.

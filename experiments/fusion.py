@@ -52,6 +52,10 @@ ARMS: dict[str, list[str]] = {
     # costs it entries
     "news_pooled_no_wait": ["llm=mock", "hybrid.mock_answers=news", "hybrid.fusion=pooled",
                             "hybrid.query.wait_for_answer=false"],
+    # the news advisor that says PASS (no view) where it has no news, so the policy acts alone there instead of
+    # being pulled out of the market by a HOLD: mixture and pool
+    "news_pass": ["llm=mock", "hybrid.mock_answers=news_pass"],
+    "news_pass_pooled": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=pooled"],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],

@@ -17,7 +17,7 @@ import numpy as np
 from bridge import ACTIONS, NUM_ACTIONS, PROMPT_FIELDS, STATUS_NAMES, PromptRenderer
 from bridge.peer import add_transport_arguments
 from bridge.prompts import DEFAULT_PROMPTS_PATH
-from llm_sidecar.backends import MOCK_ANSWERS
+from bridge.protocol import MOCK_ANSWERS
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +50,9 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     mock.add_argument("--garbage-rate", type=float, default=0.0, help="fraction of unparseable answers")
     mock.add_argument("--crash-after", type=int, default=None, help="exit with code 70 after this many prompts")
     mock.add_argument("--mock-answers", choices=MOCK_ANSWERS, default="rules",
-                      help="rules: read the prompt (indicators, position, headline); news: trade the headline alone; "
-                      "random: ignore it")
+                      help="rules: read the prompt (indicators, position, headline); news: trade the headline alone "
+                      "(HOLD without news); news_pass: the same, PASS (no view) without news; random: ignore it; "
+                      "shuffled: the news answer of another env and bar")
 
 
 def make_backend(args: argparse.Namespace, system: str, answer_prefix: str):

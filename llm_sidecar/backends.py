@@ -15,7 +15,7 @@ import numpy as np
 
 from bridge.parsing import answer_probabilities, parse_answer
 from bridge.prompts import DEFAULT_ACTION_LABELS
-from bridge.protocol import ACTIONS, NUM_ACTIONS, STATUS_OK
+from bridge.protocol import ACTIONS, MOCK_ANSWERS, NO_VIEW_ANSWER, NUM_ACTIONS, STATUS_OK
 from llm_sidecar.models import log, resolve_model
 
 
@@ -89,7 +89,6 @@ def _side_and_sentiment(context: str) -> tuple[str, int]:
     return side, len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
 
 
-MOCK_ANSWERS = ("rules", "news", "random", "shuffled")
 SHUFFLE_BUFFER = 4096  # `shuffled`: flat answers kept to draw from ...
 SHUFFLE_LAG = 256  # ... skipping the newest: a recent answer still knows the news regime (it lasts ~60 bars)
 
@@ -103,6 +102,8 @@ class MockBackend:
     with profit, MOVE_TO_BE with profit, DISABLE_TRAIL when the trend fades, else HOLD.
     With `answers="news"` it trades the headline alone: flat → BUY on bullish news, SELL on bearish (confidence
     0.8), HOLD otherwise: an advisor whose information the prices show only slowly (synthetic:headlines).
+    With `answers="news_pass"` it is the same advisor, but says PASS (no view) instead of HOLD when flat without
+    news: an advisor that knows when it knows nothing, so the agent acts alone there (synthetic:headlines_quiet_trend).
     With `answers="random"` it ignores the prompt and names a random action with a random confidence (seeded by
     the prompt's hash, so runs stay reproducible): an advisor with no information, for checking that the
     learned trust learns to ignore it.
@@ -133,16 +134,16 @@ class MockBackend:
         return f"{ACTIONS[rng.integers(NUM_ACTIONS)]} | {rng.uniform(0.5, 0.95):.2f} | a coin flip"
 
     @staticmethod
-    def news_text(context: str) -> str:
-        return MockBackend.news_answer(*_side_and_sentiment(context))
+    def news_text(context: str, passes: bool = False) -> str:
+        return MockBackend.news_answer(*_side_and_sentiment(context), passes=passes)
 
     @staticmethod
-    def news_answer(side: str, sentiment: int) -> str:
+    def news_answer(side: str, sentiment: int, passes: bool = False) -> str:
         if side != "flat":
             return "HOLD | 0.60 | let the bracket work"
         if sentiment:
             return f"{'BUY' if sentiment > 0 else 'SELL'} | 0.80 | {'bullish' if sentiment > 0 else 'bearish'} news"
-        return "HOLD | 0.60 | no news"
+        return f"{NO_VIEW_ANSWER} | no news" if passes else "HOLD | 0.60 | no news"
 
     def shuffled_text(self, context: str, digest: bytes) -> str:
         answer = self.news_text(context)
@@ -194,8 +195,8 @@ class MockBackend:
         digest = hashlib.blake2b(context.encode(), digest_size=8).digest()
         if self.answers == "random":
             clean = self.random_text(digest[::-1])  # reversed: independent of the garbage draw
-        elif self.answers == "news":
-            clean = self.news_text(context)
+        elif self.answers in ("news", "news_pass"):
+            clean = self.news_text(context, passes=self.answers == "news_pass")
         elif self.answers == "shuffled":
             clean = self.shuffled_text(context, digest[::-1])
         else:

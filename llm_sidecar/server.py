@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from bridge import peer
-from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_OK, STATUS_PARSE_ERROR
+from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_NO_VIEW, STATUS_OK, STATUS_PARSE_ERROR
 from bridge.transport import (
     PEER_FAILED,
     PEER_READY,
@@ -36,11 +36,12 @@ class CachedAnswer:
     action: int
     confidence: float
     reason: bytes
+    status: int = STATUS_OK  # ok, or no view (the advisor's PASS is as repeatable as its advice)
     hits: int = 0
 
 
 class AnswerCache:
-    """LRU cache of ok answers keyed by a 64-bit hash of the prompt bytes, with hit counts."""
+    """LRU cache of ok and no-view answers keyed by a 64-bit hash of the prompt bytes, with hit counts."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -75,7 +76,7 @@ def answer_request(endpoint: PeerEndpoint, backend, cache: AnswerCache, request:
                    reasoner=None) -> np.ndarray:
     """Answers one submission; stops early if the client abandons it (collect timed out). Rows marked `think`
     get a chain-of-thought answer from `reasoner` (when there is one). Returns the answers' probabilities
-    [n, 6] (NaN rows: not answered or failed), which learning joins to outcomes."""
+    [n, 6] (NaN rows: not answered, failed or no view), which learning joins to outcomes."""
     prompts = [bytes(row[:n]) for row, n in zip(request.prompts, request.lengths)]
     answered = np.full((len(prompts), NUM_ACTIONS), np.nan, dtype=np.float32)
     if reasoner is not None and request.think.any():
@@ -100,13 +101,14 @@ def answer_request(endpoint: PeerEndpoint, backend, cache: AnswerCache, request:
     endpoint.add_counter(RESP_CACHE_MISSES, cache.misses - misses_before)
     if cached_rows:
         rows = np.array([r for r, _ in cached_rows])
-        answered[rows] = np.stack([e.probs for _, e in cached_rows])
+        ok = np.array([e.status == STATUS_OK for _, e in cached_rows])
+        answered[rows[ok]] = np.stack([e.probs for _, e in cached_rows])[ok]
         endpoint.write_answers(
             request, rows,
             np.stack([e.probs for _, e in cached_rows]),
             np.array([e.action for _, e in cached_rows], dtype=np.int8),
             np.array([e.confidence for _, e in cached_rows], dtype=np.float32),
-            np.full(len(rows), STATUS_OK, dtype=np.int8),
+            np.array([e.status for _, e in cached_rows], dtype=np.int8),
             [e.reason for _, e in cached_rows],
         )  # fmt: skip
     # Length-sorted micro-batches: similar lengths waste little compute on padding.
@@ -117,9 +119,9 @@ def answer_request(endpoint: PeerEndpoint, backend, cache: AnswerCache, request:
         batch_keys = unique[start : start + batch_size]
         answers = _advise(backend.advise, [prompts[todo[k][0]].decode("utf-8", errors="replace") for k in batch_keys])
         for i, key in enumerate(batch_keys):
-            if answers.status[i] == STATUS_OK:
+            if answers.status[i] in (STATUS_OK, STATUS_NO_VIEW):
                 cache.put(key, CachedAnswer(answers.probs[i].copy(), int(answers.action[i]),
-                                            float(answers.confidence[i]), answers.reasons[i]))
+                                            float(answers.confidence[i]), answers.reasons[i], int(answers.status[i])))
         counts = [len(todo[k]) for k in batch_keys]
         rows = np.concatenate([todo[k] for k in batch_keys])
         expand = np.repeat(np.arange(len(batch_keys)), counts)

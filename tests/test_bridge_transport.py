@@ -15,7 +15,9 @@ import pytest
 from bridge import (
     ECHO_PEER_COMMAND,
     STATUS_BACKEND_ERROR,
+    STATUS_NO_VIEW,
     STATUS_OK,
+    STATUS_PARSE_ERROR,
     STATUS_TIMEOUT,
     BridgeConfig,
     SidecarClient,
@@ -77,6 +79,18 @@ def test_prompts_longer_than_the_slab_are_an_error_or_counted_truncations():
         answers = client.collect(timeout_s=5.0)
         assert answers.reasons.tolist() == [b"a" * 10, b"b" * 16, ("ünïcode".encode() * 2)[:16]]
         assert client.stats()["truncated"] == 2
+
+
+def test_a_no_view_answer_is_accepted_but_only_for_the_env_asked_about():
+    """A no-view row carries no distribution to check, but it is written to its env's advice: its env id must be the
+    one asked about, as an ok row's. Errors and unknown statuses are refused as before."""
+    from bridge.client import answer_problems
+
+    uniform = np.full((4, 6), 1 / 6, np.float32)
+    status = np.array([STATUS_NO_VIEW, STATUS_NO_VIEW, STATUS_PARSE_ERROR, 9], np.int8)
+    problems = answer_problems(status, uniform, np.zeros(4, np.float32), np.full(4, -1, np.int8),
+                               env_ids=np.array([3, 7, 8, 5]), submitted=np.array([3, 5, 5, 5]))
+    assert problems.tolist() == ["", "env id differs from the one asked about", "", "unknown status"]
 
 
 def test_unanswered_rows_time_out_and_late_answers_are_never_taken_as_new():

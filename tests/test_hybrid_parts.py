@@ -169,6 +169,51 @@ def test_pooled_fusion_adds_the_advices_log_odds_to_the_policys():
 
 
 @pytest.mark.nojit
+@pytest.mark.parametrize("fusion", ["learned", "pooled"])
+def test_an_advisor_with_no_view_leaves_the_policy_acting_alone_where_hold_would_pull_it_out(fusion):
+    """The news advisor flat without news: its HOLD (status ok) is advice in force that moves probability onto HOLD;
+    its PASS (no_view) is no advice: the gate is 0, the acting distribution is the policy's, and the env is asked
+    again at the next query step."""
+    from agents.advice.acting import HybridActing, trust_where_valid
+    from bridge.protocol import STATUS_NO_VIEW
+    from llm_sidecar.backends import MockBackend
+
+    quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
+    hold = MockBackend(answers="news").advise([quiet])
+    no_view = MockBackend(answers="news_pass").advise([quiet])
+    assert no_view.status.tolist() == [STATUS_NO_VIEW]
+    cfg = QueryConfig(interval=5, cooldown=0)
+    flat = jnp.zeros(2, jnp.int32)
+    table = AdviceTable.create(2).mark_queried(jnp.arange(2), jnp.ones(2, bool), flat).tick()
+    table = table.write(jnp.arange(2), jnp.asarray(np.concatenate([hold.probs, no_view.probs])),
+                        jnp.asarray(np.concatenate([hold.confidence, no_view.confidence])),
+                        jnp.asarray(np.concatenate([hold.status, no_view.status]), jnp.int32), jnp.ones(2, bool))
+    advice = view(table, cfg, flat)
+    assert advice.valid.tolist() == [True, False]
+    pi_rl = jnp.tile(jnp.array([[0.2, 0.5, 0.3, 0.0, 0.0, 0.0]]), (2, 1))
+    mask = jnp.tile(jnp.array([[True, True, True, False, False, False]]), (2, 1))
+    logits = jnp.where(mask, jnp.log(jnp.maximum(pi_rl, 1e-30)), -1e9)
+    acting = HybridActing(fusion, cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    gate_half = constant_gate(0.5)
+    gate = trust_where_valid(gate_half, None, fusion_features(pi_rl, advice, jnp.zeros((2, 6))), advice.valid)
+    assert gate.tolist() == [0.5, 0.0]
+    p = jnp.exp(acting.fused_log_probs(logits, pi_rl, advice, gate, mask))
+    assert float(p[0, HOLD]) > 0.2 + 0.1 and float(p[0, BUY]) < 0.5  # HOLD advice pulls the env out of the market
+    np.testing.assert_allclose(p[1], pi_rl[1], atol=1e-6)  # no view: the policy alone
+    for _ in range(cfg.interval):
+        table = table.tick()
+    ids, ok = select_queries(table, cfg, 2, pi_rl, flat, jnp.zeros(2, bool))
+    assert sorted(ids[ok].tolist()) == [0, 1]  # both are asked again at the next query step
+
+
+def constant_gate(g: float):
+    """A stand-in network whose trust gate is `g` on every row (trust_where_valid calls network.apply)."""
+    import types
+
+    return types.SimpleNamespace(apply=lambda params, features, method=None: jnp.full(features.shape[:-1], g))
+
+
+@pytest.mark.nojit
 def test_rules_fusion_priorities():
     def advice_for(action, conf):
         probs = jax.nn.one_hot(jnp.array([action]), 6)

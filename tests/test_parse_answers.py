@@ -4,7 +4,7 @@ or to a parse error — never to a silent HOLD."""
 import numpy as np
 import pytest
 
-from bridge import DEFAULT_CONFIDENCE, STATUS_OK, STATUS_PARSE_ERROR, answer_probabilities, parse_answer
+from bridge import DEFAULT_CONFIDENCE, STATUS_NO_VIEW, STATUS_OK, STATUS_PARSE_ERROR, answer_probabilities, parse_answer
 
 HOLD, BUY, SELL, MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL = range(6)
 D = DEFAULT_CONFIDENCE
@@ -50,6 +50,16 @@ def test_messy_answers_parse_to_the_right_action_or_to_an_error(raw, action, con
         assert parsed.status == STATUS_OK, parsed
         assert parsed.action == action
         assert parsed.confidence == pytest.approx(confidence)
+
+
+@pytest.mark.parametrize("raw", ["PASS | no news", "pass", "**PASS** | nothing to go on\nBUY | 0.9"])
+def test_pass_is_no_view_not_an_error_and_not_hold(raw):
+    parsed = parse_answer(raw)
+    assert parsed.status == STATUS_NO_VIEW and parsed.action == -1 and parsed.confidence == 0.0
+    assert parse_answer("PASS | no news").reason == "no news"
+    # a word that merely starts with it, or PASS later in the line, is read as usual
+    assert parse_answer("Passing on it: HOLD | 0.6").status == STATUS_OK
+    assert parse_answer("HOLD | 0.6 | pass").action == HOLD
 
 
 def test_table_has_at_least_twenty_rows_and_both_outcomes():

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from bridge import ACTIONS, STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, PromptRenderer, SidecarClient
+from bridge import ACTIONS, STATUS_NO_VIEW, STATUS_OK, STATUS_PARSE_ERROR, BridgeConfig, PromptRenderer, SidecarClient
 from llm_sidecar.__main__ import example_fields
 from llm_sidecar.backends import MockBackend
 
@@ -52,10 +52,30 @@ def test_news_mock_trades_the_headline_alone_and_random_mock_ignores_the_prompt(
     ])
     assert [ACTIONS[a] for a in news.action] == ["BUY", "SELL", "HOLD", "HOLD"]
     assert np.allclose(news.confidence, [0.8, 0.8, 0.6, 0.6])
+    # news_pass: the same advisor, but flat without news it has no view (PASS) instead of saying HOLD
+    passing = MockBackend(answers="news_pass").advise([flat + " News: stocks rally", flat, flat.replace("flat", "long 1")])
+    assert passing.status.tolist() == [STATUS_OK, STATUS_NO_VIEW, STATUS_OK]
+    assert ACTIONS[passing.action[0]] == "BUY" and passing.action[1] == -1 and np.allclose(passing.probs[1], 1 / 6)
     prompts = [flat.replace("RSI20", f"RSI{r}") for r in range(100)]
     coin = MockBackend(answers="random").advise(prompts)
     assert len(set(coin.action.tolist())) == 6 and (coin.confidence >= 0.5).all()
     assert (MockBackend(answers="random").advise(prompts).action == coin.action).all()  # seeded by the prompt
+
+
+def test_no_view_answers_cross_the_bridge_counted_and_cached():
+    """PASS answers reach the agent as no_view (not parse errors), are counted as such, and a repeated prompt is
+    answered from the cache with its status."""
+    quiet = b"10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
+    prompts = [quiet, quiet + b" News: stocks rally"]
+    with SidecarClient(client_config()) as client:
+        client.start(backend="mock", mock_answers="news_pass")
+        for _ in range(2):
+            client.submit(np.arange(2), prompts)
+            answers = client.collect(timeout_s=10.0)
+            assert answers.status.tolist() == [STATUS_NO_VIEW, STATUS_OK]
+            assert ACTIONS[answers.action[1]] == "BUY"
+        assert client.counters["no_view"] == 2 and client.counters["parse_error"] == 0
+        assert client.stats()["cache_hits"] == 2
 
 
 def test_garbage_answers_become_counted_parse_errors_never_hold():
