@@ -56,6 +56,8 @@ ARMS: dict[str, list[str]] = {
     # being pulled out of the market by a HOLD: mixture and pool
     "news_pass": ["llm=mock", "hybrid.mock_answers=news_pass"],
     "news_pass_pooled": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=pooled"],
+    "news_pass_pooled_no_wait": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=pooled",
+                                 "hybrid.query.wait_for_answer=false"],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],
