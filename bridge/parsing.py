@@ -124,14 +124,14 @@ def parse_answer(raw: str) -> ParsedAnswer:
     a first field of PASS → no view."""
     if not raw or not raw.strip():
         return _error("empty answer")
-    first_field, _, reason = raw.strip().splitlines()[0].partition("|")
+    first_line = raw.strip().splitlines()[0]
+    first_field, _, reason = first_line.partition("|")
     if _normalise(first_field) == NO_VIEW_ANSWER.lower():
         return ParsedAnswer(STATUS_NO_VIEW, -1, 0.0, reason.strip())
     if "{" in raw:
         parsed = _from_json(raw)
         if parsed is not None:
             return parsed
-    first_line = raw.strip().splitlines()[0]
     if "|" in first_line:
         raw_fields = first_line.split("|")
         fields = [_normalise(f) for f in raw_fields]

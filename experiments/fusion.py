@@ -340,7 +340,8 @@ def day_matrix(series: list[dict[str, float] | None]) -> np.ndarray | None:
     """Seeds × days from each seed's {day: P&L}; None when a seed has no daily P&L (scored by an older version)."""
     if any(d is None for d in series):
         return None
-    return np.asarray([[d[day] for day in same_days(series)] for d in series], np.float64)
+    days = same_days(series)
+    return np.asarray([[d[day] for day in days] for d in series], np.float64)
 
 
 def difference(x: float | None, y: float | None) -> float | None:

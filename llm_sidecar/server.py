@@ -100,17 +100,15 @@ def answer_request(endpoint: PeerEndpoint, backend, cache: AnswerCache, request:
     endpoint.add_counter(RESP_CACHE_HITS, cache.hits - hits_before)
     endpoint.add_counter(RESP_CACHE_MISSES, cache.misses - misses_before)
     if cached_rows:
-        rows = np.array([r for r, _ in cached_rows])
-        ok = np.array([e.status == STATUS_OK for _, e in cached_rows])
-        answered[rows[ok]] = np.stack([e.probs for _, e in cached_rows])[ok]
-        endpoint.write_answers(
-            request, rows,
-            np.stack([e.probs for _, e in cached_rows]),
-            np.array([e.action for _, e in cached_rows], dtype=np.int8),
-            np.array([e.confidence for _, e in cached_rows], dtype=np.float32),
-            np.array([e.status for _, e in cached_rows], dtype=np.int8),
-            [e.reason for _, e in cached_rows],
+        entries = [e for _, e in cached_rows]
+        cached = BackendAnswers(
+            np.stack([e.probs for e in entries]),
+            np.array([e.action for e in entries], dtype=np.int8),
+            np.array([e.confidence for e in entries], dtype=np.float32),
+            np.array([e.status for e in entries], dtype=np.int8),
+            [e.reason for e in entries],
         )  # fmt: skip
+        _publish(endpoint, request, np.array([r for r, _ in cached_rows]), cached, answered)
     # Length-sorted micro-batches: similar lengths waste little compute on padding.
     unique = sorted(todo, key=lambda k: len(prompts[todo[k][0]]))
     for start in range(0, len(unique), batch_size):
