@@ -58,6 +58,8 @@ ARMS: dict[str, list[str]] = {
     "news_pass_pooled": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=pooled"],
     "news_pass_pooled_no_wait": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=pooled",
                                  "hybrid.query.wait_for_answer=false"],
+    # PASS, and the policy and value read the advice state: whether advice is in force tells a quiet spell from news
+    "news_pass_input": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.advice_input=true"],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],

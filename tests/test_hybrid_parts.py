@@ -299,6 +299,41 @@ def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
     assert gated.waiting(exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
 
 
+@pytest.mark.nojit
+def test_a_flat_env_whose_advisor_passed_does_not_wait_for_its_next_answer():
+    """query.wait_for_answer with an advisor that can say PASS: a flat env whose latest answer was HOLD waits for the
+    answer to its next question, but one whose latest answer was PASS does not: the advisor said it has no view,
+    and the agent would otherwise sit out every quiet spell waiting for passes. Once the advisor answers with a
+    view again, the env waits as before."""
+    from agents.advice.acting import HybridActing
+    from agents.advice.table import pending
+    from llm_sidecar.backends import MockBackend
+
+    quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
+    hold, no_view = MockBackend(answers="news").advise([quiet]), MockBackend(answers="news_pass").advise([quiet])
+    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True)
+    acting = HybridActing("pooled", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    flat, both = jnp.zeros(2, jnp.int32), jnp.ones(2, bool)
+
+    def answer(table, answers):
+        return table.write(jnp.arange(2), jnp.asarray(np.concatenate([a.probs for a in answers])),
+                           jnp.asarray(np.concatenate([a.confidence for a in answers])),
+                           jnp.asarray(np.concatenate([a.status for a in answers]), jnp.int32), both)
+
+    def ask_again(table):
+        for _ in range(cfg.interval):
+            table = table.tick()
+        return table.mark_queried(jnp.arange(2), both, flat).tick()
+
+    table = ask_again(answer(AdviceTable.create(2).mark_queried(jnp.arange(2), both, flat).tick(), [hold, no_view]))
+    assert pending(table, cfg).tolist() == [True, True]
+    carry = acting.init_carry(2).replace(advice=table)
+    assert acting.waiting(carry, flat, view(table, cfg, flat)).tolist() == [True, False]
+    # the advisor has a view again (HOLD for env 1 this time): its next question is waited for
+    table = ask_again(answer(table, [hold, hold]))
+    assert acting.waiting(carry.replace(advice=table), flat, view(table, cfg, flat)).tolist() == [True, True]
+
+
 def act_on_window_one(learned, n_envs: int):
     """`act(acting, carry, side) -> (mask, carry)`: an acting step with all actions valid, on a network with the
     trust gate of `learned`, for window-1 observations of zeros (the fusion context reads the bar's and the

@@ -19,7 +19,7 @@ from flax import struct
 from agents.advice.fusion import (GATE_INIT_LOGIT, TrustGate, fusion_features, masked_advice_probs, mix, pool,
                                   rules_action)
 from agents.advice.risk_veto import RULES, VetoState, apply_veto
-from agents.advice.table import AdviceTable, AdviceView, pending, view
+from agents.advice.table import AdviceTable, AdviceView, passed, pending, view
 from agents.config import ADVISED_FUSIONS, GATED_FUSIONS, QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
 from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, NUM_ACTIONS, SELL, action_flags
@@ -128,11 +128,14 @@ class HybridActing:
     def waiting(self, carry: HybridCarry, side: jax.Array, advice: AdviceView) -> jax.Array:
         """[N] bool: flat envs held out of the market until advice arrives (`query.wait_for_answer`; only for an
         agent that acts on advice): their question is in flight, or they have just exited a trade, have no advice
-        for being flat, and will be asked at a coming query step (an exit marks them as changed). With
-        `query.wait_min_trust`, only envs whose running trust is above it wait."""
+        for being flat, and will be asked at a coming query step (an exit marks them as changed). An env whose
+        latest answer for being flat was PASS does not wait: its advisor has said it has no view there, and the
+        question in flight would most likely be passed on too. With `query.wait_min_trust`, only envs whose
+        running trust is above it wait."""
         if not self.query.wait_for_answer or self.fusion not in ADVISED_FUSIONS:
             return jnp.zeros(side.shape, bool)
         wait = (pending(carry.advice, self.query) | (carry.changed & ~advice.valid)) & (side == 0)
+        wait &= ~passed(carry.advice, self.query, side)
         return wait & self.trusted(carry) if self.waits_on_trust else wait
 
     def trusted(self, carry: HybridCarry) -> jax.Array:

@@ -15,10 +15,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from agents.config import QueryConfig
-from bridge.protocol import NUM_ACTIONS
+from bridge.protocol import NUM_ACTIONS, STATUS_NO_VIEW, STATUS_OK
 
-STATUS_NONE = -1  # no answer yet (the bridge's statuses are 0 ok, 1 parse_error, 2 timeout, 3 backend_error)
-STATUS_OK = 0
+STATUS_NONE = -1  # no answer yet; the others are the bridge's (bridge.protocol.STATUS_NAMES)
 
 
 @struct.dataclass
@@ -79,10 +78,15 @@ class AdviceView:
     age_frac: jax.Array
 
 
+def in_force(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> jax.Array:
+    """[N] bool: the env's latest answer is about its side `side` [N] now and has not expired."""
+    return (table.age <= cfg.interval * cfg.max_age_intervals) & (table.side == side)
+
+
 def view(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> AdviceView:
     """The advice in force for envs whose position side is `side` [N] now."""
     max_age = cfg.interval * cfg.max_age_intervals
-    valid = (table.status == STATUS_OK) & (table.age <= max_age) & (table.side == side)
+    valid = (table.status == STATUS_OK) & in_force(table, cfg, side)
     decayed = table.confidence * jnp.power(cfg.decay, table.age / cfg.interval)
     return AdviceView(
         probs=table.probs,
@@ -90,6 +94,12 @@ def view(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> AdviceView:
         valid=valid,
         age_frac=jnp.where(valid, table.age / max_age, 1.0),
     )
+
+
+def passed(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> jax.Array:
+    """[N] bool: the env's latest answer, for its side `side` [N] now and not expired, was "no view" (PASS): the
+    advisor said it has nothing to say here, so there is nothing to wait for until it says otherwise."""
+    return (table.status == STATUS_NO_VIEW) & in_force(table, cfg, side)
 
 
 def pending(table: AdviceTable, cfg: QueryConfig) -> jax.Array:
