@@ -106,6 +106,11 @@ class QueryConfig:
     # and a device round trip, and one that cannot ask anything buys nothing. 1: always every k steps.
     max_stretch: int = 8
 
+    @property
+    def max_age(self) -> int:
+        """Env steps after which an answer has expired."""
+        return self.interval * self.max_age_intervals
+
 
 @dataclass
 class VetoConfig:

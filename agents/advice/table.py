@@ -80,19 +80,18 @@ class AdviceView:
 
 def in_force(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> jax.Array:
     """[N] bool: the env's latest answer is about its side `side` [N] now and has not expired."""
-    return (table.age <= cfg.interval * cfg.max_age_intervals) & (table.side == side)
+    return (table.age <= cfg.max_age) & (table.side == side)
 
 
 def view(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> AdviceView:
     """The advice in force for envs whose position side is `side` [N] now."""
-    max_age = cfg.interval * cfg.max_age_intervals
     valid = (table.status == STATUS_OK) & in_force(table, cfg, side)
     decayed = table.confidence * jnp.power(cfg.decay, table.age / cfg.interval)
     return AdviceView(
         probs=table.probs,
         confidence=jnp.where(valid, decayed, 0.0),
         valid=valid,
-        age_frac=jnp.where(valid, table.age / max_age, 1.0),
+        age_frac=jnp.where(valid, table.age / cfg.max_age, 1.0),
     )
 
 
