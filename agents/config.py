@@ -203,6 +203,10 @@ class TransferConfig:
     # Env steps at the start during which the copied weights stay frozen and only the new input columns (and
     # layers the source lacks) learn; 0 = no warm-up. It must end before the run does.
     freeze_steps: int = 0
+    # The copied policy (the actor) never learns, nor does the observation normaliser it reads: the critic and the
+    # layers the source lacks (the trust gate) do. A gate trained on a fixed policy, which cannot drift toward or
+    # away from the advice while the gate learns how far to trust it.
+    freeze_actor: bool = False
 
 
 @dataclass
@@ -330,6 +334,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"a warm-up of {cfg.transfer.freeze_steps} steps ({freeze_updates(cfg)} updates of {cfg.steps_per_update}) "
          f"would freeze the copied layers for the whole run of {cfg.total_steps} steps ({cfg.num_updates} updates); "
          "use fewer freeze steps or more total_steps"),
+        (not cfg.transfer.freeze_actor or bool(cfg.transfer.init_from), "transfer.freeze_actor",
+         "freezes the copied policy, so it needs transfer.init_from (--init-from RUN)"),
+        (not (cfg.transfer.freeze_actor and cfg.transfer.freeze_steps), "transfer.freeze_actor",
+         "freezes the policy for the whole run: leave transfer.freeze_steps at 0"),
+        (not (cfg.transfer.freeze_actor and cfg.hybrid.advice_input), "transfer.freeze_actor",
+         "a frozen policy cannot learn to read the advice state: leave hybrid.advice_input off"),
     ]
     for ok, key, msg in checks:
         if not ok:

@@ -31,8 +31,13 @@ from typing import Any
 import numpy as np
 
 from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
+from agents.runs.lock import RunLocked
 from jaxenv.config import DataConfig
 
+# in an arm's overrides: the run folder of the same seed's rl_only run, which the arm starts from (trained first)
+BASELINE_RUN = "{rl_only_run}"
+# the policy of the same seed's rl_only run at its latest checkpoint, frozen: only the critic and the trust gate learn
+FROZEN_POLICY = [f"transfer.init_from={BASELINE_RUN}", "transfer.checkpoint=latest", "transfer.freeze_actor=true"]
 # arm -> config overrides (`--set` syntax); every arm but rl_only trains with a trust gate on the mock advisor: the
 # learned mixture, or the log-linear pool for the *_pooled arms
 ARMS: dict[str, list[str]] = {
@@ -60,6 +65,10 @@ ARMS: dict[str, list[str]] = {
                                  "hybrid.query.wait_for_answer=false"],
     # PASS, and the policy and value read the advice state: whether advice is in force tells a quiet spell from news
     "news_pass_input": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.advice_input=true"],
+    # the gate trained on the frozen policy of the same seed's rl_only run: the policy cannot drift toward the advice
+    # or away from it while the gate learns how far to trust it (HOLD and PASS advisors)
+    "news_frozen_policy": ["llm=mock", "hybrid.mock_answers=news", *FROZEN_POLICY],
+    "news_pass_frozen_policy": ["llm=mock", "hybrid.mock_answers=news_pass", *FROZEN_POLICY],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],
@@ -151,8 +160,13 @@ def parse_arms(text: str) -> list[str]:
     return list(dict.fromkeys(arms))
 
 
+def starts_from_baseline(arm: str) -> bool:
+    return any(BASELINE_RUN in o for o in ARMS[arm])
+
+
 def run_config(plan: Plan, arm: str, seed: int):
-    overrides = [*ARMS[arm], f"seed={seed}", *plan.overrides]
+    baseline_run = str(plan.runs_dir / f"{BASELINE}-s{seed}")
+    overrides = [*(o.replace(BASELINE_RUN, baseline_run) for o in ARMS[arm]), f"seed={seed}", *plan.overrides]
     cfg = load_config(plan.config, overrides)
     if plan.updates is not None:
         cfg = load_config(plan.config, [*overrides, f"total_steps={plan.updates * cfg.steps_per_update}"])
@@ -279,6 +293,9 @@ def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
             return without_unasked_fresh(scores, plan)
         run_dir = path.parent
     else:
+        if starts_from_baseline(arm) and not (plan.runs_dir / f"{BASELINE}-s{seed}" / EVAL_FILE).exists():
+            # its source is another process's run in training: taken up again after the other jobs
+            raise RunLocked(f"{arm}-s{seed} starts from {BASELINE}-s{seed}, not finished yet")
         run_dir = train_run(plan, arm, seed)
     scores = score_run(run_dir, plan.fresh_days)
     tmp = path.with_suffix(".tmp")  # a scoring cut short leaves the old file, never half a new one
@@ -536,8 +553,6 @@ def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
     """Every arm × seed (seed-major: a stopped experiment leaves whole seeds), then the JSON, table and plot. A run
     another experiment process is training (its folder is locked) is taken up again after the others."""
     from tqdm import tqdm
-
-    from agents.runs.lock import RunLocked
 
     check_saved_runs(plan)
     if plan.partial:

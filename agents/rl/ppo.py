@@ -354,7 +354,8 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         rs = rs.replace(
             params=params,
             opt_state=opt_state,
-            obs_norm=rs.obs_norm.update(traj.obs) if p.normalize_obs else rs.obs_norm,
+            # a frozen policy keeps the statistics it learned with, or its inputs would drift under it
+            obs_norm=rs.obs_norm.update(traj.obs) if p.normalize_obs and not cfg.transfer.freeze_actor else rs.obs_norm,
             ret_norm=rs.ret_norm.update(traj.disc_return) if p.scale_rewards else rs.ret_norm,
             key=key,
             update=rs.update + 1,
