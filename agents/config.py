@@ -175,7 +175,7 @@ class HybridConfig:
     # the most of the wall time the advisor may work: after each answered submission (L seconds from submit to
     # collect) it rests L × (1 − share) / share before the next; auto = 1 (no rest: docs/advisor.md says why)
     advisor_share: str = "auto"
-    # learned/pooled/rules fusion: the policy and value also read the advice state (probabilities, confidence, age, valid,
+    # an advised fusion: the policy and value also read the advice state (probabilities, confidence, age, valid,
     # question pending), so the policy itself can learn to wait for and to follow informed advice
     advice_input: bool = False
     gate_init_logit: float = GATE_INIT_LOGIT  # learned/pooled fusion: the trust gate's logit before training
@@ -242,8 +242,8 @@ class TrainConfig:
 
 
 LLM_CHOICES = ("none", "mock", "smollm2", "PATH_OR_HUB_ID")
-FUSION_MODES = ("none", "rules", "learned", "pooled")
-ADVISED_FUSIONS = ("rules", "learned", "pooled")  # the modes in which advice changes what the agent does
+FUSION_MODES = ("none", "rules", "switch", "learned", "pooled")
+ADVISED_FUSIONS = ("rules", "switch", "learned", "pooled")  # the modes in which advice changes what the agent does
 GATED_FUSIONS = ("learned", "pooled")  # the modes with a trust gate, trained with the policy
 LATENCY_MODES = ("strict", "async", "auto")
 ACTIVATIONS = ("tanh", "relu")

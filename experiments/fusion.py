@@ -69,6 +69,11 @@ ARMS: dict[str, list[str]] = {
     # or away from it while the gate learns how far to trust it (HOLD and PASS advisors)
     "news_frozen_policy": ["llm=mock", "hybrid.mock_answers=news", *FROZEN_POLICY],
     "news_pass_frozen_policy": ["llm=mock", "hybrid.mock_answers=news_pass", *FROZEN_POLICY],
+    # no trust to learn: the PASS advisor's view acts where it has one, the policy everywhere else (fusion switch);
+    # trained with the policy, and on the frozen policy of the same seed's rl_only run
+    "news_pass_switch": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch"],
+    "news_pass_switch_frozen_policy": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
+                                       *FROZEN_POLICY],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],
@@ -659,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # --partial with nothing finished, or runs trained with other settings
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C: the run in training keeps its latest checkpoint, finished runs their scores
+        print(f"stopped: {e or 'interrupted'}; the same command resumes", file=sys.stderr)
+        return 130
     print((plan.json_path.parent / "table.md").read_text())
     print(f"wrote {plan.json_path}, table.md and plot.png beside it; runs in {plan.runs_dir}")
     return 0 if summary else 1

@@ -236,6 +236,43 @@ def test_rules_fusion_priorities():
     assert run(ENABLE_TRAIL, pi(BUY, 0.3), invalid) == ENABLE_TRAIL  # no advice: the policy's sample
 
 
+def test_switch_fusion_lets_valid_advice_act_and_the_policy_everywhere_else():
+    """fusion switch: a flat env with a view in force takes the advice's action; one whose advisor passed, or that has
+    no advice, takes the policy's. The steps the advice decided carry no policy gradient."""
+    import dataclasses
+    import types
+
+    from agents.advice.acting import HybridActing
+    from agents.config import NetworkConfig
+    from agents.rl.networks import make_network
+    from jaxenv.env import N_BAR_FEATURES, N_POSITION
+    from llm_sidecar.backends import MockBackend
+
+    quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
+    no_view = MockBackend(answers="news_pass").advise([quiet])
+    cfg = QueryConfig(interval=5, cooldown=0)
+    acting = dataclasses.replace(HybridActing("switch", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False),
+                                 greedy=True)
+    flat = jnp.zeros(3, jnp.int32)
+    asked = jnp.array([0, 1])  # env 2 has no advice
+    probs = jnp.concatenate([jax.nn.one_hot(jnp.array([BUY]), 6) * 0.9 + 0.1 / 6, jnp.asarray(no_view.probs)])
+    status = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.asarray(no_view.status, jnp.int32)])
+    advice = AdviceTable.create(3).mark_queried(asked, jnp.ones(2, bool), flat).tick()
+    advice = advice.write(asked, probs, jnp.full(2, 0.8), status, jnp.ones(2, bool))
+    assert view(advice, cfg, flat).valid.tolist() == [True, False, False]
+
+    n_obs = N_BAR_FEATURES + N_POSITION
+    network = make_network(NetworkConfig(), 6)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
+    policy_sells = jnp.tile(jnp.log(jnp.array([[0.1, 0.1, 0.8, 1e-9, 1e-9, 1e-9]])), (3, 1))
+    action, learn_action, _, _, extras, _ = acting.act(
+        network, params, acting.init_carry(3).replace(advice=advice), policy_sells, jnp.ones((3, 6), bool),
+        jnp.zeros((3, n_obs)), types.SimpleNamespace(side=flat), None, jax.random.PRNGKey(1))
+    assert action.tolist() == [BUY, SELL, SELL] and learn_action.tolist() == [SELL] * 3
+    assert extras.pg_weight.tolist() == [0.0, 1.0, 1.0]
+    assert not acting.gate_features  # nothing is learned about trust
+
+
 @pytest.mark.nojit
 def test_win_rate_rule_fires_below_the_brackets_break_even_less_the_margin():
     """A 1.5-ATR stop / 3-ATR target bracket breaks even at 1.5 / 4.5 = 33% wins: 3 wins in 10 (which the old fixed

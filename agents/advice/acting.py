@@ -190,9 +190,11 @@ class HybridActing:
             log_prob = jnp.take_along_axis(logp_rl, learn_action[:, None], -1)[:, 0]
             if self.fusion == "rules":
                 action = rules_action(learn_action, pi_rl, advice, mask, self.llm_weight)
-                pg_weight = (action == learn_action).astype(jnp.float32)
+            elif self.fusion == "switch":
+                action = jnp.where(advice.valid, jnp.argmax(masked_advice_probs(advice.probs, mask), -1), learn_action)
             else:
                 action = learn_action
+            pg_weight = (action == learn_action).astype(jnp.float32)
             changed_by_advice = action != learn_action
         advice_action = jnp.argmax(advice.probs, -1)
         valid = advice.valid.astype(jnp.float32)

@@ -9,6 +9,9 @@
   learn what the prices say beyond the advice.
 - `rules`: the seeds' priority rules pick between the policy's sample and the advice's action; a step where
   the rules override the sample carries no policy gradient (the policy did not choose it).
+- `switch`: valid advice acts (its most probable valid action) and the policy acts everywhere else; nothing is
+  learned about trust. With an advisor that passes where it has no view, each part acts where it knows something.
+  As in `rules`, a step the advice decided carries no policy gradient.
 - `none`: the policy alone.
 """
 
