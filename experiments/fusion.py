@@ -664,8 +664,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # --partial with nothing finished, or runs trained with other settings
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:  # Ctrl-C: the run in training keeps its latest checkpoint, finished runs their scores
-        print(f"stopped: {e or 'interrupted'}; the same command resumes", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C: the run in training keeps its checkpoints, finished runs their scores
+        print(f"stopped: {e or 'interrupted; the same command resumes'}", file=sys.stderr)
         return 130
     print((plan.json_path.parent / "table.md").read_text())
     print(f"wrote {plan.json_path}, table.md and plot.png beside it; runs in {plan.runs_dir}")

@@ -176,14 +176,15 @@ def test_a_frozen_policy_arm_starts_from_its_seeds_finished_rl_only_run_and_ctrl
     (runs / "rl_only-s0" / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(100.0, False)))
 
     def interrupted(plan, arm, seed):
-        raise KeyboardInterrupt(f"{plan.runs_dir / f'{arm}-s{seed}'}: training was interrupted")
+        raise KeyboardInterrupt(f"{plan.runs_dir / f'{arm}-s{seed}'}: training was interrupted; run the same "
+                                "command again to resume")  # as train_run says it
 
     monkeypatch.setattr(fusion, "train_run", interrupted)
     argv = ["--arms", "news_frozen_policy", "--seeds", "0", "--json", str(plan.json_path), "--runs", str(runs),
             "--no-progress"]
     assert fusion.main(argv) == 130
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "news_frozen_policy-s0" in err and "resumes" in err
+    assert len(err.splitlines()) == 1 and "news_frozen_policy-s0" in err and "resume" in err
 
 
 def test_a_run_scored_by_an_older_version_is_scored_again_not_trained(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """A warm-up stage for the optimiser that keeps chosen weights frozen for its first steps (`transfer.freeze_steps`),
-or for the whole run (`transfer.freeze_actor`): their gradients are zeroed, so only what the mask lets learn does. What may learn is optimiser state
-(`FreezeState`), so it is checkpointed and a resumed run keeps it."""
+or for the whole run (`transfer.freeze_actor`): their gradients are zeroed, so only what the mask lets learn does.
+What may learn is optimiser state (`FreezeState`), so it is checkpointed and a resumed run keeps it."""
 
 from __future__ import annotations
 

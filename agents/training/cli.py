@@ -39,8 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "the run's config, so evaluation loads it too (hybrid.llm_adapter)")
     ap.add_argument("--fusion", choices=FUSION_MODES, help="how advice changes actions: learned trust gate mixing "
                     "the two distributions (default), pooled (the gate weighs the advice's log-probabilities added to "
-                    "the policy's), the seeds' priority rules, switch (valid advice acts, the policy elsewhere), or none (queries "
-                    "for statistics only)")
+                    "the policy's), the seeds' priority rules, switch (valid advice acts, the policy elsewhere), or "
+                    "none (queries for statistics only)")
     ap.add_argument("--query-interval", type=int, help="env steps between LLM query steps, k (hybrid.query.interval)")
     ap.add_argument("--llm-budget", help="most envs asked per query step: a number or auto (hybrid.budget)")
     ap.add_argument("--latency", choices=["strict", "async", "auto"], help="strict: wait for the previous query "

@@ -8,9 +8,10 @@ to use them. Layers the source lacks (the trust gate, when a hybrid run starts f
 fresh init. The observation normaliser's statistics of the shared features are copied too.
 
 `transfer.freeze_steps` keeps the copied weights frozen for a warm-up (agents.rl.freeze); this module marks
-which weights learn during it. `transfer.freeze_actor` keeps the copied policy frozen for the whole run instead:
-the critic and the trust gate learn (a hybrid run started from the policy alone, to train the gate on it). A warm-up that would last the whole run is refused by the config check (the
-seeds' failure: a 100K-step warm-up in an 82K-step run froze the policy throughout).
+which weights learn during it. A warm-up that would last the whole run is refused by the config check (the
+seeds' failure: a 100K-step warm-up in an 82K-step run froze the policy throughout). `transfer.freeze_actor` does
+that on purpose: the copied policy stays frozen for the whole run while the critic and the trust gate learn (a
+hybrid run started from the policy alone, to train its gate on that policy).
 """
 
 from __future__ import annotations
