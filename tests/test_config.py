@@ -86,7 +86,7 @@ def test_cross_field_validation():
         load_config(None, ["num_envs=3", "ppo.num_steps=5", "ppo.num_minibatches=4"])
     with pytest.raises(ConfigError, match="total_steps"):
         load_config(None, ["num_envs=64", "ppo.num_steps=64", "total_steps=100"])
-    with pytest.raises(ConfigError, match="hybrid.fusion: must be one of none, rules, learned"):
+    with pytest.raises(ConfigError, match="hybrid.fusion: must be one of none, rules, switch, learned, pooled"):
         load_config(None, ["llm=mock", "hybrid.fusion=trust-me"])
     with pytest.raises(ConfigError, match="hybrid.query.interval: must be between 1 and ppo.num_steps = 64"):
         load_config(None, ["llm=mock", "hybrid.query.interval=70"])
