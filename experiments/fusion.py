@@ -524,16 +524,21 @@ def table(summary: dict[str, Any], command: str) -> str:
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    """Test P&L per arm at both checkpoints (fused agent and advice alone), means with their 95% intervals."""
+    """P&L per arm (fused agent and advice alone), means with their 95% intervals: on test at both checkpoints and,
+    with --fresh-days, on the fresh path at the latest (its own scale: many more days than a split holds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     arms = list(summary["arms"])
-    fig, axes = plt.subplots(1, len(CHECKPOINTS), figsize=(5 + 1.4 * len(arms), 4), sharey=True)
-    for ax, kind in zip(axes, CHECKPOINTS):
-        for offset, (figure, label) in zip((-0.2, 0.2), (("test_pnl", "agent"), ("llm_only_test_pnl", "advice alone"))):
+    panels = [(kind, "test", f"{kind} checkpoint, test split") for kind in CHECKPOINTS]
+    if summary.get("fresh_days"):
+        panels.append(("latest", "fresh", f"latest checkpoint, fresh path (--fresh-days {summary['fresh_days']})"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(1 + (2 + 1.4 * len(arms)) * len(panels) / 2, 4))
+    for ax, (kind, where, title) in zip(axes, panels):
+        for offset, (figure, label) in zip((-0.2, 0.2), ((f"{where}_pnl", "agent"),
+                                                          (f"llm_only_{where}_pnl", "advice alone"))):
             xs, means, errs = [], [], [[], []]
             for i, arm in enumerate(arms):
                 f = summary["arms"][arm][kind][figure]
@@ -546,8 +551,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             ax.bar(xs, means, width=0.38, yerr=errs, capsize=3, label=label)
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_xticks(range(len(arms)), arms, rotation=20)
-        ax.set_title(f"{kind} checkpoint")
-    axes[0].set_ylabel("test net P&L, $ (mean over seeds, 95% CI)")
+        ax.set_title(title)
+    axes[0].set_ylabel("net P&L, $ (mean over seeds, 95% CI)")
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
