@@ -141,6 +141,10 @@ class Plan:
     partial: bool = False  # report the seeds every arm has finished; train and score nothing
     fresh_days: int = 0  # > 0: also score on this many days of a fresh path of the config's synthetic preset
 
+    def run_dir(self, arm: str, seed: int) -> Path:
+        """The folder of the run of `arm` with training seed `seed`."""
+        return self.runs_dir / f"{arm}-s{seed}"
+
 
 def parse_seeds(text: str) -> list[int]:
     """`0-4` or `0,2,3` (or a mix: `0-2,5`) → sorted distinct seeds."""
@@ -170,8 +174,7 @@ def starts_from_baseline(arm: str) -> bool:
 
 
 def run_config(plan: Plan, arm: str, seed: int):
-    baseline_run = str(plan.runs_dir / f"{BASELINE}-s{seed}")
-    overrides = [*(o.replace(BASELINE_RUN, baseline_run) for o in ARMS[arm]), f"seed={seed}", *plan.overrides]
+    overrides = [*(o.replace(BASELINE_RUN, str(plan.run_dir(BASELINE, seed))) for o in ARMS[arm]), f"seed={seed}", *plan.overrides]
     cfg = load_config(plan.config, overrides)
     if plan.updates is not None:
         cfg = load_config(plan.config, [*overrides, f"total_steps={plan.updates * cfg.steps_per_update}"])
@@ -197,7 +200,7 @@ def check_saved_runs(plan: Plan) -> None:
     results silently wrong. Raises ValueError naming the folder and the first differing key."""
     for seed in plan.seeds:
         for arm in plan.arms:
-            path = plan.runs_dir / f"{arm}-s{seed}" / RUN_CONFIG_FILE
+            path = plan.run_dir(arm, seed) / RUN_CONFIG_FILE
             if not path.exists():
                 continue
             saved, wanted = flat_config(load_config(path)), flat_config(run_config(plan, arm, seed))
@@ -214,7 +217,7 @@ def train_run(plan: Plan, arm: str, seed: int) -> Path:
     """Trains the run to its end: from scratch, or resumed from its latest checkpoint when its folder holds one."""
     from agents.training.loop import train
 
-    run_dir = plan.runs_dir / f"{arm}-s{seed}"
+    run_dir = plan.run_dir(arm, seed)
     resume = (run_dir / "config.yaml").exists()
     result = train(None if resume else run_config(plan, arm, seed), run_dir, resume=resume)
     if result.interrupted:
@@ -291,14 +294,14 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
 def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
     """The run's scores: read back when saved, scored again (not trained) when an older scoring saved them or they
     lack the fresh path asked for, else trained (or resumed) and scored, then saved."""
-    path = plan.runs_dir / f"{arm}-s{seed}" / EVAL_FILE
+    path = plan.run_dir(arm, seed) / EVAL_FILE
     if path.exists():
         scores = json.loads(path.read_text())
         if scores.get("version") == EVAL_VERSION and plan.fresh_days in (0, scores.get("fresh_days", 0)):
             return without_unasked_fresh(scores, plan)
         run_dir = path.parent
     else:
-        if starts_from_baseline(arm) and not (plan.runs_dir / f"{BASELINE}-s{seed}" / EVAL_FILE).exists():
+        if starts_from_baseline(arm) and not (plan.run_dir(BASELINE, seed) / EVAL_FILE).exists():
             # its source is another process's run in training: taken up again after the other jobs
             raise RunLocked(f"{arm}-s{seed} starts from {BASELINE}-s{seed}, not finished yet")
         run_dir = train_run(plan, arm, seed)
@@ -589,7 +592,7 @@ def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
 
 def saved_results(plan: Plan) -> dict[str, dict[int, dict]]:
     """The saved scores of the seeds that every arm has finished (a pairing needs them all)."""
-    paths = {(arm, seed): plan.runs_dir / f"{arm}-s{seed}" / EVAL_FILE for arm in plan.arms for seed in plan.seeds}
+    paths = {(arm, seed): plan.run_dir(arm, seed) / EVAL_FILE for arm in plan.arms for seed in plan.seeds}
     seeds = [s for s in plan.seeds if all(paths[arm, s].exists() for arm in plan.arms)]
     if not seeds:
         raise ValueError(f"--partial: no seed of {plan.seeds} has finished every arm in {plan.runs_dir}")

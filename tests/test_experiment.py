@@ -176,7 +176,7 @@ def test_a_frozen_policy_arm_starts_from_its_seeds_finished_rl_only_run_and_ctrl
     (runs / "rl_only-s0" / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(100.0, False)))
 
     def interrupted(plan, arm, seed):
-        raise KeyboardInterrupt(f"{plan.runs_dir / f'{arm}-s{seed}'}: training was interrupted; run the same "
+        raise KeyboardInterrupt(f"{plan.run_dir(arm, seed)}: training was interrupted; run the same "
                                 "command again to resume")  # as train_run says it
 
     monkeypatch.setattr(fusion, "train_run", interrupted)

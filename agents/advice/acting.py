@@ -181,8 +181,7 @@ class HybridActing:
             log_prob = jnp.take_along_axis(log_p, action[:, None], -1)[:, 0]
             changed_by_advice = advice.valid & (jnp.argmax(p, -1) != jnp.argmax(pi_rl, -1))
         elif self.fusion == "advice_only":
-            advised = jnp.argmax(masked_advice_probs(advice.probs, mask), -1)
-            action = learn_action = jnp.where(advice.valid, advised, 0)
+            action = learn_action = jnp.where(advice.valid, advised_action(advice, mask), 0)
             log_prob = jnp.zeros(pi_rl.shape[0])
             changed_by_advice = action != jnp.argmax(pi_rl, -1)
         else:
@@ -191,7 +190,7 @@ class HybridActing:
             if self.fusion == "rules":
                 action = rules_action(learn_action, pi_rl, advice, mask, self.llm_weight)
             elif self.fusion == "switch":
-                action = jnp.where(advice.valid, jnp.argmax(masked_advice_probs(advice.probs, mask), -1), learn_action)
+                action = jnp.where(advice.valid, advised_action(advice, mask), learn_action)
             else:
                 action = learn_action
             pg_weight = (action == learn_action).astype(jnp.float32)
@@ -251,6 +250,11 @@ class HybridActing:
         log_prob = jnp.take_along_axis(logp_all, action[..., None], -1)[..., 0]
         entropy = -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), -1)
         return log_prob, entropy, extras.pg_weight
+
+
+def advised_action(advice: AdviceView, mask: jax.Array) -> jax.Array:
+    """[N] the advice's most probable valid action (HOLD where none of its actions is valid)."""
+    return jnp.argmax(masked_advice_probs(advice.probs, mask), -1)
 
 
 def trust_where_valid(network, params, features: jax.Array, valid: jax.Array) -> jax.Array:
