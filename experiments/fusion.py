@@ -537,7 +537,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     arms = list(summary["arms"])
     panels = [(kind, "test", f"{kind} checkpoint, test split") for kind in CHECKPOINTS]
     if summary.get("fresh_days"):
-        panels.append(("latest", "fresh", f"latest checkpoint, fresh path (--fresh-days {summary['fresh_days']})"))
+        panels.append(("latest", "fresh", f"latest checkpoint, fresh path\n(--fresh-days {summary['fresh_days']})"))
     fig, axes = plt.subplots(1, len(panels), figsize=(1 + (2 + 1.4 * len(arms)) * len(panels) / 2, 4))
     for ax, (kind, where, title) in zip(axes, panels):
         for offset, (figure, label) in zip((-0.2, 0.2), ((f"{where}_pnl", "agent"),

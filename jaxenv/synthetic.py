@@ -10,6 +10,8 @@ Presets:
   one edge, the prices show another.
 - `headlines_quiet_trend`: the same, with the news quiet half of the time (no drift, headlines without sentiment):
   the two edges come at different times.
+- `headlines_then_trend`: the news drifts in the session's first half only and the trends in its second half only,
+  so the two edges never overlap and the clock says which one is on.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class SyntheticPreset:
     # half of the time the news is quiet (a regime of its own, as long on average): no drift, and headlines with no
     # sentiment, so the news edge and a price trend can come at different times
     headline_quiet: bool = False
+    # the news drifts (and its headlines carry sentiment) in the session's first half only, the trends in its second
+    # half only: the two edges never drift the same bar, and the time of day says which one is on
+    split_session: bool = False
 
 
 PRESETS: dict[str, SyntheticPreset] = {
@@ -61,6 +66,11 @@ PRESETS: dict[str, SyntheticPreset] = {
     # is quiet, so one that uses both can earn more than either.
     "headlines_quiet_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
                                              headline_accuracy=0.95, headline_quiet=True),
+    # The same news in the morning and the same trends in the afternoon: no bar has both drifts, so an agent that
+    # follows the headline in the morning and the prices in the afternoon adds the two edges, with no position that
+    # one edge opens standing in the other's way for long.
+    "headlines_then_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
+                                            headline_accuracy=0.95, split_session=True),
 }
 
 _POSITIVE = [
@@ -133,6 +143,11 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
     news = _markov_regimes(rng, n, p.headline_regime_mean_bars, 2) * 2 - 1  # -1 or +1
     if p.headline_quiet:  # drawn after the others: the presets without quiet news keep their bars
         news = news * _markov_regimes(rng, n, p.headline_regime_mean_bars, 2)  # 0: quiet
+    trend_on = np.ones(n, dtype=bool)
+    if p.split_session:  # masks, no draws: the other presets keep their bars
+        morning = np.tile(np.arange(BARS_PER_SESSION) < BARS_PER_SESSION // 2, days)
+        news = news * morning
+        trend_on = ~morning
 
     log_ret = np.empty(n)
     log_close = np.empty(n)
@@ -148,11 +163,11 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
             anchor = level
         sig = bar_sigma * smile[i]
         r = sig * shocks[i]
-        if regime[i] == TREND_UP:
+        if regime[i] == TREND_UP and trend_on[i]:
             r += p.trend_drift_sigma * sig + p.trend_momentum * prev_ret
-        elif regime[i] == TREND_DOWN:
+        elif regime[i] == TREND_DOWN and trend_on[i]:
             r += -p.trend_drift_sigma * sig + p.trend_momentum * prev_ret
-        else:
+        elif regime[i] == RANGE:  # a trend regime while trends are off (split_session) is plain noise
             r += p.range_reversion * (anchor - level)
         r += p.headline_drift_sigma * sig * news[i]
         log_open[i] = level

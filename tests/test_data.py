@@ -15,7 +15,7 @@ from jaxenv.data import DataValidationError, read_bars, validate_bars
 from jaxenv.env import TradingEnv
 from jaxenv.features import FEATURES, N_BAR_FEATURES, N_CONTEXT_FEATURES, feature_table_markdown
 from jaxenv.market import load_market, market_from_frame
-from jaxenv.synthetic import PRESETS, generate_bars, headline_sentiment
+from jaxenv.synthetic import BARS_PER_SESSION, PRESETS, generate_bars, headline_sentiment
 from tests.conftest import bar_at, flat_frame
 
 
@@ -269,6 +269,26 @@ def test_headlines_quiet_trend_has_quiet_news_spells_without_changing_the_other_
     trend = generate_bars("headlines_trend", get_contract("NQ"), days=3, seed=4)
     assert (np.array([headline_sentiment(h) for h in trend["headline"]]) != 0).all()
     np.testing.assert_allclose(trend["close"].iloc[[0, 500, -1]].values, PINNED_HEADLINES_TREND_CLOSES)
+
+
+def test_headlines_then_trend_has_news_in_the_morning_only():
+    """`headlines_then_trend`: the morning's headlines name the news drift; the afternoon's carry almost no sentiment
+    (a 5% untruthful one, or a morning story still the latest) and say nothing of future returns."""
+    frame = generate_bars("headlines_then_trend", get_contract("NQ"), days=60, seed=0)
+    sentiment = np.array([headline_sentiment(h) for h in frame["headline"]])
+    minute = np.tile(np.arange(BARS_PER_SESSION), 60)
+    morning, afternoon = minute < BARS_PER_SESSION // 2, minute >= BARS_PER_SESSION // 2
+    assert (sentiment[morning] != 0).mean() > 0.9
+    assert (sentiment[afternoon] != 0).mean() < 0.15
+    fwd = np.log(frame["close"]).diff(30).shift(-30).values  # test-only: future returns as the label
+    in_session = np.isfinite(fwd) & (minute % (BARS_PER_SESSION // 2) < BARS_PER_SESSION // 2 - 30)
+
+    def spread(half: np.ndarray) -> float:  # bullish minus bearish future return, in units of its spread
+        ok = in_session & half
+        return (fwd[ok & (sentiment > 0)].mean() - fwd[ok & (sentiment < 0)].mean()) / fwd[ok].std()
+
+    assert spread(morning) > 0.3
+    assert abs(spread(afternoon)) < 0.15
 
 
 def test_feature_table_documents_every_feature():
