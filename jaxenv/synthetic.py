@@ -24,6 +24,7 @@ import pandas as pd
 from jaxenv.contracts import ContractSpec
 
 BARS_PER_SESSION = 390  # 09:30 to 15:59 bar opens
+NEWS_BARS = BARS_PER_SESSION // 2  # split_session: the session's first bars, where only the news drifts
 
 # Hidden regimes.
 RANGE, TREND_UP, TREND_DOWN = 0, 1, 2
@@ -145,7 +146,7 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
         news = news * _markov_regimes(rng, n, p.headline_regime_mean_bars, 2)  # 0: quiet
     trend_on = np.ones(n, dtype=bool)
     if p.split_session:  # masks, no draws: the other presets keep their bars
-        morning = np.tile(np.arange(BARS_PER_SESSION) < BARS_PER_SESSION // 2, days)
+        morning = np.tile(np.arange(BARS_PER_SESSION) < NEWS_BARS, days)
         news = news * morning
         trend_on = ~morning
 

@@ -15,7 +15,7 @@ from jaxenv.data import DataValidationError, read_bars, validate_bars
 from jaxenv.env import TradingEnv
 from jaxenv.features import FEATURES, N_BAR_FEATURES, N_CONTEXT_FEATURES, feature_table_markdown
 from jaxenv.market import load_market, market_from_frame
-from jaxenv.synthetic import BARS_PER_SESSION, PRESETS, generate_bars, headline_sentiment
+from jaxenv.synthetic import BARS_PER_SESSION, NEWS_BARS, PRESETS, generate_bars, headline_sentiment
 from tests.conftest import bar_at, flat_frame
 
 
@@ -277,11 +277,11 @@ def test_headlines_then_trend_has_news_in_the_morning_only():
     frame = generate_bars("headlines_then_trend", get_contract("NQ"), days=60, seed=0)
     sentiment = np.array([headline_sentiment(h) for h in frame["headline"]])
     minute = np.tile(np.arange(BARS_PER_SESSION), 60)
-    morning, afternoon = minute < BARS_PER_SESSION // 2, minute >= BARS_PER_SESSION // 2
+    morning, afternoon = minute < NEWS_BARS, minute >= NEWS_BARS
     assert (sentiment[morning] != 0).mean() > 0.9
     assert (sentiment[afternoon] != 0).mean() < 0.15
     fwd = np.log(frame["close"]).diff(30).shift(-30).values  # test-only: future returns as the label
-    in_session = np.isfinite(fwd) & (minute % (BARS_PER_SESSION // 2) < BARS_PER_SESSION // 2 - 30)
+    in_session = np.isfinite(fwd) & (minute % NEWS_BARS < NEWS_BARS - 30)  # the label ends in the same half
 
     def spread(half: np.ndarray) -> float:  # bullish minus bearish future return, in units of its spread
         ok = in_session & half
