@@ -181,7 +181,10 @@ def load_market(cfg: DataConfig | None = None) -> Market:
     contract: ContractSpec = cfg.contract
     if cfg.source.startswith("synthetic:"):
         preset = cfg.source.split(":", 1)[1] or "default"
-        frame = generate_bars(preset, contract, cfg.synthetic_days, cfg.synthetic_seed)
+        try:
+            frame = generate_bars(preset, contract, cfg.synthetic_days, cfg.synthetic_seed)
+        except ValueError as error:  # an unknown preset or too few days: the config's fault, one line
+            raise DataValidationError(f"data.source {cfg.source}: {error}") from None
         note = f"synthetic regular-hours minute bars in {contract.timezone}"
         return market_from_frame(frame, cfg.source, cfg, stamps_note=note)
     frame, note = read_bars_noted(cfg.source, contract.timezone, cfg.date_format, cfg.text_column,

@@ -126,7 +126,7 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
     if preset not in PRESETS:
         raise ValueError(f"unknown synthetic preset {preset!r}; choose one of {', '.join(PRESETS)}")
     if days < 2:
-        raise ValueError(f"synthetic markets need at least 2 days, got {days}")
+        raise ValueError(f"synthetic markets need at least 2 days (data.synthetic_days), got {days}")
     p = PRESETS[preset]
     rng = np.random.default_rng(seed)
     n = days * BARS_PER_SESSION

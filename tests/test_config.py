@@ -129,6 +129,15 @@ def test_cli_rejects_bad_hybrid_values_and_bad_keys(capsys):
     assert e.value.code == 0 and "--total-steps" in out and "ppo.lr=1e-4" in out and "--resume RUN_DIR" in out
 
 
+def test_an_unknown_synthetic_preset_exits_2_with_one_line_and_leaves_no_run_folder(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert cli_main()(["--llm", "none", "--data", "synthetic:nope", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: data.source synthetic:nope: unknown synthetic preset 'nope'")
+    assert "headlines_then_trend" in err[-1] and not any("Traceback" in line for line in err)
+    assert not run_dir.exists()
+
+
 def test_a_lora_adapter_goes_to_a_transformers_sidecar_and_is_checked(tmp_path):
     from agents.advisor.sidecar import sidecar_options
 
