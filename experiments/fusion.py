@@ -38,6 +38,9 @@ from jaxenv.config import DataConfig
 BASELINE_RUN = "{rl_only_run}"
 # the policy of the same seed's rl_only run at its latest checkpoint, frozen: only the critic and the trust gate learn
 FROZEN_POLICY = [f"transfer.init_from={BASELINE_RUN}", "transfer.checkpoint=latest", "transfer.freeze_actor=true"]
+# the advice's entries keep their bracket; an env that trusts its advice enters only where it names that side, or on
+# its own after a PASS given since its last trade
+ADVISED_ENTRIES = ["hybrid.query.keep_advised_bracket=true", "hybrid.query.advised_entries_only=true"]
 # arm -> config overrides (`--set` syntax); every arm but rl_only trains with a trust gate on the mock advisor: the
 # learned mixture, or the log-linear pool for the *_pooled arms
 ARMS: dict[str, list[str]] = {
@@ -69,11 +72,21 @@ ARMS: dict[str, list[str]] = {
     # or away from it while the gate learns how far to trust it (HOLD and PASS advisors)
     "news_frozen_policy": ["llm=mock", "hybrid.mock_answers=news", *FROZEN_POLICY],
     "news_pass_frozen_policy": ["llm=mock", "hybrid.mock_answers=news_pass", *FROZEN_POLICY],
+    # PASS, the advice's entries keep their bracket, and an env that trusts its advice enters on its own only after a
+    # PASS given since its last trade (ADVISED_ENTRIES): the advisor's view decides the entries where it has one, the
+    # policy the rest; and its controls, whose advisors never pass: an env is bound to them until the gate stops
+    # trusting them
+    "news_pass_advised_entries": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES],
+    "random_advised_entries": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES],
+    "shuffled_advised_entries": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES],
     # no trust to learn: the PASS advisor's view acts where it has one, the policy everywhere else (fusion switch);
     # trained with the policy, and on the frozen policy of the same seed's rl_only run
     "news_pass_switch": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch"],
     "news_pass_switch_frozen_policy": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
                                        *FROZEN_POLICY],
+    # the switch with ADVISED_ENTRIES: no trust to learn, so every env is bound to its advisor's view
+    "news_pass_switch_advised_entries": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
+                                         *ADVISED_ENTRIES],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],

@@ -347,3 +347,20 @@ def test_partial_reports_the_seeds_every_arm_finished(tmp_path):
     assert summary["seeds"] == [0] and summary["partial"]
     assert "partial" in (tmp_path / "table.md").read_text()
     assert fusion.main([*argv[:-2], str(tmp_path / "empty"), "--no-progress"]) == 2  # nothing finished there
+
+
+def test_session_halves_put_the_split_sessions_news_bars_in_the_first_half():
+    """experiments/session_halves.py: on headlines_then_trend the first half is exactly the news bars of each
+    session, so its P&L by half says which edge was traded; a walk's P&L and entries are split by half."""
+    from experiments.session_halves import bar_halves, halves_of
+    from jaxenv.config import DataConfig
+    from jaxenv.market import load_market
+    from jaxenv.synthetic import BARS_PER_SESSION, NEWS_BARS
+
+    market = load_market(DataConfig(source="synthetic:headlines_then_trend", synthetic_days=4))
+    halves = bar_halves(market)
+    minute = np.tile(np.arange(BARS_PER_SESSION), 4)
+    assert (halves == (minute >= NEWS_BARS)).all()
+    trace = {"t": np.array([0, NEWS_BARS - 1, NEWS_BARS, BARS_PER_SESSION + 1]), "pnl": np.array([1.0, 2.0, 4.0, 8.0]),
+             "entry_side": np.array([1, 0, -1, 0])}
+    assert halves_of(trace, halves) == {"pnl_first": 11.0, "entries_first": 1, "pnl_second": 4.0, "entries_second": 1}

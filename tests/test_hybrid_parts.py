@@ -467,6 +467,24 @@ def test_an_env_that_trusts_its_advice_enters_only_on_the_side_the_advice_names(
         assert entries(other) == [[True, True]] * 4
 
 
+def test_an_env_bound_to_its_advice_enters_alone_after_a_pass_given_since_its_last_trade():
+    """query.advised_entries_only with a PASS advisor: where the answer in force is PASS (no view) the policy may enter
+    on its own, but not with a PASS from before the env's latest fill or exit; that env waits for a fresh answer."""
+    from agents.advice.acting import HybridActing
+    from bridge.protocol import STATUS_NO_VIEW
+
+    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True)
+    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    flat = jnp.zeros(2, jnp.int32)
+    both = jnp.array([0, 1])
+    advice = acting.init_carry(2).advice.mark_queried(both, jnp.ones(2, bool), flat)
+    advice = advice.tick().write(both, jnp.full((2, 6), 1 / 6), jnp.zeros(2), jnp.full(2, STATUS_NO_VIEW, jnp.int32),
+                                 jnp.ones(2, bool))
+    carry = acting.init_carry(2).replace(advice=advice, changed=jnp.array([False, True]))  # env 1 traded since
+    mask, _ = act_on_window_one(acting, 2)(acting, carry, flat)
+    assert np.asarray(mask)[:, [BUY, SELL]].tolist() == [[True, True], [False, False]]
+
+
 @pytest.mark.nojit
 @pytest.mark.parametrize("n_valid", [3, 40])  # 3 of 64 rows: the gathered block; 40: every row
 def test_trust_gate_on_the_valid_rows_alone_equals_the_gate_on_every_row(n_valid):

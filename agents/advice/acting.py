@@ -160,7 +160,11 @@ class HybridActing:
         if self.enters_on_advice_only:
             named = jax.nn.one_hot(jnp.argmax(advice.probs, -1), NUM_ACTIONS, dtype=bool)
             own_entry = entries[None, :] & ~(advice.valid[:, None] & named)
-            mask = mask & ~(self.trusted(carry)[:, None] & own_entry)
+            # where the advisor's answer in force is PASS, given since the env's latest fill or exit, it has said it
+            # has no view: the policy enters alone there. A PASS from before the env's last trade is not a view of now
+            alone = passed(carry.advice, self.query, env_state.side) & ~carry.changed
+            bound = self.trusted(carry) & ~alone
+            mask = mask & ~(bound[:, None] & own_entry)
         kept = jnp.zeros(env_mask.shape[0], bool)  # the env's open trade keeps its bracket
         if self.keeps_advised_bracket:
             kept = carry.advised_trade & (env_state.side != 0)
