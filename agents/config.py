@@ -100,7 +100,7 @@ class QueryConfig:
     # a flat env that trusts its advice (running trust above wait_min_trust) enters only where valid advice names
     # that side: the policy may still decline advice, but not trade on its own where its trades would take the
     # place of the advised ones (an env in a trade is not asked about entries). Where its answer in force is PASS (no
-    # view), the policy enters alone: the advisor has said the entry is not its to decide
+    # view), the policy enters alone, except after a fill or an exit until the env is asked again
     advised_entries_only: bool = False
     # async latency only: after an update in which the advisor was still busy at most query steps (it could take
     # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary

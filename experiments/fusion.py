@@ -39,7 +39,7 @@ BASELINE_RUN = "{rl_only_run}"
 # the policy of the same seed's rl_only run at its latest checkpoint, frozen: only the critic and the trust gate learn
 FROZEN_POLICY = [f"transfer.init_from={BASELINE_RUN}", "transfer.checkpoint=latest", "transfer.freeze_actor=true"]
 # the advice's entries keep their bracket; an env that trusts its advice enters only where it names that side, or on
-# its own after a PASS given since its last trade
+# its own where its advisor passes (not after a fill or an exit until it is asked again)
 ADVISED_ENTRIES = ["hybrid.query.keep_advised_bracket=true", "hybrid.query.advised_entries_only=true"]
 # arm -> config overrides (`--set` syntax); every arm but rl_only trains with a trust gate on the mock advisor: the
 # learned mixture, or the log-linear pool for the *_pooled arms
@@ -72,8 +72,8 @@ ARMS: dict[str, list[str]] = {
     # or away from it while the gate learns how far to trust it (HOLD and PASS advisors)
     "news_frozen_policy": ["llm=mock", "hybrid.mock_answers=news", *FROZEN_POLICY],
     "news_pass_frozen_policy": ["llm=mock", "hybrid.mock_answers=news_pass", *FROZEN_POLICY],
-    # PASS, the advice's entries keep their bracket, and an env that trusts its advice enters on its own only after a
-    # PASS given since its last trade (ADVISED_ENTRIES): the advisor's view decides the entries where it has one, the
+    # PASS, the advice's entries keep their bracket, and an env that trusts its advice enters on its own only where its
+    # advisor passes (ADVISED_ENTRIES): the advisor's view decides the entries where it has one, the
     # policy the rest; and its controls, whose advisors never pass: an env is bound to them until the gate stops
     # trusting them
     "news_pass_advised_entries": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES],

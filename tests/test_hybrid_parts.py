@@ -467,9 +467,9 @@ def test_an_env_that_trusts_its_advice_enters_only_on_the_side_the_advice_names(
         assert entries(other) == [[True, True]] * 4
 
 
-def test_an_env_bound_to_its_advice_enters_alone_after_a_pass_given_since_its_last_trade():
+def test_an_env_bound_to_its_advice_enters_alone_where_its_advisor_passes_but_not_straight_after_a_trade():
     """query.advised_entries_only with a PASS advisor: where the answer in force is PASS (no view) the policy may enter
-    on its own, but not with a PASS from before the env's latest fill or exit; that env waits for a fresh answer."""
+    on its own, but not after a fill or an exit until the env is asked again."""
     from agents.advice.acting import HybridActing
     from bridge.protocol import STATUS_NO_VIEW
 
