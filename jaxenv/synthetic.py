@@ -68,8 +68,8 @@ PRESETS: dict[str, SyntheticPreset] = {
     "headlines_quiet_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
                                              headline_accuracy=0.95, headline_quiet=True),
     # The same news in the morning and the same trends in the afternoon: no bar has both drifts, so an agent that
-    # follows the headline in the morning and the prices in the afternoon could add the two edges (the fused agents
-    # did not: the policy's own trades leave few flat decisions for the advice; docs/advisor.md).
+    # follows the headline in the morning and the prices in the afternoon can add the two edges (the switch with the
+    # kept bracket and advised entries did, over a fresh path; docs/advisor.md).
     "headlines_then_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
                                             headline_accuracy=0.95, split_session=True),
 }
