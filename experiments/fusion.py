@@ -72,10 +72,8 @@ ARMS: dict[str, list[str]] = {
     # or away from it while the gate learns how far to trust it (HOLD and PASS advisors)
     "news_frozen_policy": ["llm=mock", "hybrid.mock_answers=news", *FROZEN_POLICY],
     "news_pass_frozen_policy": ["llm=mock", "hybrid.mock_answers=news_pass", *FROZEN_POLICY],
-    # PASS, the advice's entries keep their bracket, and an env that trusts its advice enters on its own only where its
-    # advisor passes (ADVISED_ENTRIES): the advisor's view decides the entries where it has one, the
-    # policy the rest; and its controls, whose advisors never pass: an env is bound to them until the gate stops
-    # trusting them
+    # PASS with ADVISED_ENTRIES: the advisor's view decides the entries where it has one, the policy the rest; and its
+    # controls, whose advisors never pass, so an env is bound to them until the gate stops trusting them
     "news_pass_advised_entries": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES],
     "random_advised_entries": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES],
     "shuffled_advised_entries": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES],

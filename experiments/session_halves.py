@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     table = ["| who | P&L, first half | P&L, second half | entries, first half | entries, second half |",
              "|---|---|---|---|---|"]
     means = {}
-    for arm, seeds in rows.items():
-        means[arm] = {k: float(np.mean([s[k] for s in seeds.values()])) for k in next(iter(seeds.values()))}
+    for arm, by_seed in rows.items():
+        means[arm] = {k: float(np.mean([s[k] for s in by_seed.values()])) for k in next(iter(by_seed.values()))}
     if advice_alone is not None:
         means["advice alone"] = advice_alone
     for who, m in means.items():
