@@ -111,7 +111,8 @@ def test_crash_mid_save_leaves_no_checkpoint_a_resume_would_pick(tmp_path):
     assert host == {"update": 1} and float(state["w"][0]) == 1.0
 
 
-def test_ctrl_c_saves_a_final_checkpoint_and_exits_cleanly(tmp_path):
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])  # Ctrl-C; timeout, a scheduler
+def test_ctrl_c_or_sigterm_saves_a_final_checkpoint_and_exits_cleanly(tmp_path, signum, code):
     run_dir = tmp_path / "run"
     args = [sys.executable, str(ROOT / "scripts" / "train.py"), "--run-dir", str(run_dir), "--total-steps", "10000000",
             "--set", "checkpoint.every_updates=100000", "--set", "checkpoint.eval_every_updates=0",
@@ -125,11 +126,11 @@ def test_ctrl_c_saves_a_final_checkpoint_and_exits_cleanly(tmp_path):
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             assert time.time() < deadline
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == code, err[-2000:]
     assert "Traceback" not in err and "checkpoint saved" in err
     last = metrics_lines(run_dir)[-1]["update"]
     ckpt = RunCheckpoints(run_dir, keep=3)

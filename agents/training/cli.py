@@ -11,6 +11,7 @@ the end, summary.json (the best checkpoint against flat and random-valid baselin
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -140,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     except RunWriteError as e:  # the run stopped; what was written before is whole and --resume continues it
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if result.interrupted:
-        return 130
+    if result.interrupted:  # 130 after Ctrl-C, 143 after SIGTERM: the shell's code for a process the signal ended
+        return 128 + (result.stop_signal or signal.SIGINT)
     if not is_writer():  # process 0 compares and writes summary.json
         return 0
     cfg = load_config(result.run_dir / RUN_CONFIG_FILE)

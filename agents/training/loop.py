@@ -6,7 +6,7 @@
 
 Between updates the host logs the update's metrics (metrics.jsonl, TensorBoard, progress bar), runs the
 validation-split evaluation every M updates (keeping the best checkpoint) and saves a checkpoint every N
-updates. Ctrl-C (SIGINT) finishes the update in flight, saves a checkpoint and returns.
+updates. Ctrl-C (SIGINT) or SIGTERM finishes the update in flight, saves a checkpoint and returns.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -49,29 +50,39 @@ class TrainResult:
     last_metrics: dict
     best_score: float | None
     setup: EnvSetup
+    stop_signal: int | None = None  # the signal that interrupted the run (SIGINT or SIGTERM)
+
+
+# Ctrl-C, and the polite stop of `timeout`, `kill` and cluster schedulers before they preempt a job
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _StopFlag:
-    """While installed, SIGINT sets a flag the loop checks between updates; a second Ctrl-C interrupts at once."""
+    """While installed, SIGINT or SIGTERM sets a flag the loop checks between updates; a second one (of either)
+    interrupts at once."""
 
     def __init__(self):
         self.set = False
-        self._previous = None
+        self.signum: int | None = None  # the signal that set it
+        self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
         def handler(signum, frame):
-            self.set = True
-            signal.signal(signal.SIGINT, self._previous)
-            tqdm.write("Ctrl-C: finishing this update and saving a checkpoint (press again to abort)", file=sys.stderr)
+            self.set, self.signum = True, signum
+            self.restore()
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            tqdm.write(f"{name}: finishing this update and saving a checkpoint (send it again to abort)",
+                       file=sys.stderr)
 
         try:
-            self._previous = signal.signal(signal.SIGINT, handler)
-        except ValueError:  # not the main thread: Ctrl-C keeps its usual meaning
-            self._previous = None
+            self._previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+        except ValueError:  # not the main thread: the signals keep their usual meaning
+            self._previous = {}
 
     def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        self._previous = {}
 
 
 def train(
@@ -179,7 +190,7 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
     failed = write_failed = False
     interrupted = False
     stop = _StopFlag()
-    stop.install()  # from here on Ctrl-C stops at the next update boundary, with a checkpoint
+    stop.install()  # from here on Ctrl-C or SIGTERM stops at the next update boundary, with a checkpoint
     query_loop = None
 
     def adapter_now(update: int) -> str | None:  # the learning advisor's adapter, saved for this update
@@ -281,7 +292,8 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
     update = int(state.update)
     if interrupted:
         print(f"interrupted at update {update}; checkpoint saved. Continue with: --resume {run_dir}", file=sys.stderr)
-    return TrainResult(run_dir, update, interrupted, state, metrics, best_score, setup)
+    return TrainResult(run_dir, update, interrupted, state, metrics, best_score, setup,
+                       stop.signum if interrupted else None)
 
 
 def _record(m: dict, update: int, cfg: TrainConfig, dt: float, flops: int) -> dict:
