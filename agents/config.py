@@ -102,6 +102,12 @@ class QueryConfig:
     # place of the advised ones (an env in a trade is not asked about entries). Where its answer in force is PASS (no
     # view), the policy enters alone, except after a fill or an exit until the env is asked again
     advised_entries_only: bool = False
+    # what binds an env to its advice (the wait with wait_min_trust, keep_advised_bracket, advised_entries_only): its
+    # running trust (`trust`), or the advice's record (`record`): its calls (BUY or SELL to a flat env), held on paper
+    # as long as advice lasts, less costs, have earned more than 0 by over 4 standard errors (until under 2), over
+    # every env's recent calls (agents.advice.acting.AdviceRecord). Where the bound policy already takes the advised side, the gate has
+    # little left to learn and drifts down (measured: from 0.66 to 0.11), so binding on it undoes the rules
+    bind_on: str = "trust"
     # async latency only: after an update in which the advisor was still busy at most query steps (it could take
     # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary
     # and a device round trip, and one that cannot ask anything buys nothing. 1: always every k steps.
@@ -246,6 +252,7 @@ LLM_CHOICES = ("none", "mock", "smollm2", "PATH_OR_HUB_ID")
 FUSION_MODES = ("none", "rules", "switch", "learned", "pooled")
 ADVISED_FUSIONS = ("rules", "switch", "learned", "pooled")  # the modes in which advice changes what the agent does
 GATED_FUSIONS = ("learned", "pooled")  # the modes with a trust gate, trained with the policy
+BIND_ON = ("trust", "record")  # hybrid.query.bind_on
 LATENCY_MODES = ("strict", "async", "auto")
 ACTIVATIONS = ("tanh", "relu")
 
@@ -313,6 +320,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
         (0 <= cfg.hybrid.query.wait_min_trust < 1, "hybrid.query.wait_min_trust", "must be in [0, 1) (0: always wait)"),
+        (cfg.hybrid.query.bind_on in BIND_ON, "hybrid.query.bind_on", f"must be one of {', '.join(BIND_ON)}"),
         (not cfg.hybrid.advice_input or cfg.hybrid.fusion in ADVISED_FUSIONS, "hybrid.advice_input",
          "needs hybrid.fusion learned, pooled or rules (with fusion none the policy acts without advice)"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),

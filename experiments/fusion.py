@@ -85,6 +85,11 @@ ARMS: dict[str, list[str]] = {
     # the switch with ADVISED_ENTRIES: no trust to learn, so every env is bound to its advisor's view
     "news_pass_switch_advised_entries": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
                                          *ADVISED_ENTRIES],
+    # the mixture with ADVISED_ENTRIES, bound by the advice's track record (its entries' P&L against the others') instead
+    # of the gate, which drifts down where the rules already bind: informed advice and its two controls
+    "news_pass_record": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES, "hybrid.query.bind_on=record"],
+    "random_record": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES, "hybrid.query.bind_on=record"],
+    "shuffled_record": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES, "hybrid.query.bind_on=record"],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],
@@ -121,6 +126,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "coverage": ("agent", "advice_coverage"),
     "wait_rate": ("agent", "wait_rate"),
     "bracket_kept_rate": ("agent", "bracket_kept_rate"),
+    "bound_rate": ("agent", "bound_rate"),
     "llm_only_test_pnl": ("llm_only", "net_pnl"),
     "veto_off_test_pnl": ("fused_no_veto", "net_pnl"),
     "veto_on_test_pnl": ("fused_veto", "net_pnl"),

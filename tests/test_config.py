@@ -90,6 +90,8 @@ def test_cross_field_validation():
         load_config(None, ["llm=mock", "hybrid.fusion=trust-me"])
     with pytest.raises(ConfigError, match="hybrid.query.interval: must be between 1 and ppo.num_steps = 64"):
         load_config(None, ["llm=mock", "hybrid.query.interval=70"])
+    with pytest.raises(ConfigError, match="hybrid.query.bind_on: must be one of trust, record"):
+        load_config(None, ["llm=mock", "hybrid.query.bind_on=gate"])
     with pytest.raises(ConfigError, match="hybrid.budget: must be a positive number or auto"):
         load_config(None, ["hybrid.budget=lots"])
     with pytest.raises(ConfigError, match="network.activation"):

@@ -171,3 +171,25 @@ def test_the_advised_walk_without_advice_is_the_plain_walk(hybrid_run_dir):
         np.testing.assert_array_equal(np.asarray(advised[column]), np.asarray(plain[column]), err_msg=column)
     assert not advised["advice_valid"].any()
     run.close()
+
+
+def test_a_checkpoint_keeps_the_advice_record_and_its_walks_start_from_it(tmp_path):
+    """hybrid.query.bind_on=record: the advice's track record is part of the trained agent. The checkpoint holds the
+    one training ended with, and a walk from it reproduces the training-time evaluation, which walked from it too."""
+    path = tmp_path / "record"
+    cfg = [c for c in TINY if not c.startswith(("llm=", "data.source="))]
+    result = train(load_config(None, cfg + ["llm=mock", "hybrid.budget=8", "data.source=synthetic:headlines",
+                                            "total_steps=1024", "hybrid.query.advised_entries_only=true",
+                                            "hybrid.query.bind_on=record"]), path)
+    trained = result.state.hybrid.record
+    saved = restore_policy(path, "latest")
+    assert float(trained.calls.weight) > 0  # the advice's calls settled in training (each after 30 steps)
+    for field in ("weight", "total", "squares"):
+        assert float(saved.advice_record["calls"][field]) == pytest.approx(float(getattr(trained.calls, field)))
+    assert bool(saved.advice_record["bound"]) == bool(trained.bound)
+    logged = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    run = load_run(path, "latest")
+    trace = agent_walk(run)("val", jax.random.PRNGKey(int(result.update)))
+    assert walk_metrics(trace, run.market.timestamps, run.cfg.env.prop_firm)["net_pnl"] == pytest.approx(
+        logged[-1]["val_net_pnl"], abs=1e-3)
+    run.close()

@@ -245,7 +245,7 @@ def test_switch_fusion_lets_valid_advice_act_and_the_policy_everywhere_else():
     from agents.advice.acting import HybridActing
     from agents.config import NetworkConfig
     from agents.rl.networks import make_network
-    from jaxenv.env import N_BAR_FEATURES, N_POSITION
+    from jaxenv.env import N_BAR_FEATURES, N_POSITION, EnvParams
     from llm_sidecar.backends import MockBackend
 
     quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
@@ -379,15 +379,18 @@ def act_on_window_one(learned, n_envs: int):
 
     from agents.config import NetworkConfig
     from agents.rl.networks import make_network
-    from jaxenv.env import N_BAR_FEATURES, N_POSITION
+    from jaxenv.env import N_BAR_FEATURES, N_POSITION, EnvParams
 
     n_obs = N_BAR_FEATURES + N_POSITION
     network = make_network(NetworkConfig(), 6, TrustGate(), learned.gate_features)
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
 
+    env_params = EnvParams(bars=jnp.zeros((2, 8)))  # the record reads the decision bar's close
+
     def act(acting, carry, side):
         out = acting.act(network, params, carry, jnp.zeros((n_envs, 6)), jnp.ones((n_envs, 6), bool),
-                         jnp.zeros((n_envs, n_obs)), types.SimpleNamespace(side=side), None, jax.random.PRNGKey(1))
+                         jnp.zeros((n_envs, n_obs)), types.SimpleNamespace(side=side, t=jnp.zeros_like(side)),
+                         env_params, jax.random.PRNGKey(1))
         return out[3], out[5]
 
     return act
@@ -509,3 +512,74 @@ def test_trust_gate_on_the_valid_rows_alone_equals_the_gate_on_every_row(n_valid
     # gradients reach the features (the policy's probabilities are among them) the same way
     grad = jax.grad(lambda f: trust_where_valid(network, params, f, valid).sum())(features)
     np.testing.assert_allclose(grad, jax.grad(lambda f: full(f).sum())(features), rtol=1e-5, atol=1e-7)
+
+
+def test_the_advice_record_settles_each_call_after_the_advice_lifetime_or_at_a_reset():
+    """query.bind_on=record: a call (+1/−1) is held on paper from its decision bar's close for `horizon` steps; its
+    P&L is side × move × value − cost, whatever the agent did meanwhile. A call whose env starts a new episode (after
+    a breach, say) is settled at the last close before it, not dropped: dropping it would drop the losers."""
+    from agents.advice.acting import AdviceRecord
+
+    r = AdviceRecord.create(3)
+    t, close = jnp.array([10, 50, 90]), jnp.array([100.0, 100.0, 100.0])
+    r = r.step(t, close, jnp.array([1, -1, 1]), horizon=2, value=20.0, cost=5.0)  # three calls start
+    assert np.asarray(r.side).tolist() == [1, -1, 1] and float(r.calls.weight) == 0
+    # one step on: env 2 was reset to bar 7 (a new episode): its call is settled at the close before, 100: −5; a new
+    # call (env 0's) waits for a free slot
+    r = r.step(jnp.array([11, 51, 7]), jnp.array([101.0, 99.0, 50.0]), jnp.array([-1, 0, 0]), 2, 20.0, 5.0)
+    assert np.asarray(r.side).tolist() == [1, -1, 0]
+    assert float(r.calls.weight) == 1.0 and float(r.calls.total) == pytest.approx(-5.0)
+    r = r.step(jnp.array([12, 52, 8]), jnp.array([103.0, 104.0, 50.0]), jnp.zeros(3, jnp.int32), 2, 20.0, 5.0)
+    # env 0: long 100 → 103: 3 × 20 − 5 = 55; env 1: short 100 → 104: −4 × 20 − 5 = −85
+    assert float(r.calls.weight) == pytest.approx(3.0, abs=1e-2)
+    assert float(r.calls.total) == pytest.approx(-5.0 + 55.0 - 85.0, abs=0.2)
+    assert np.asarray(r.side).tolist() == [0, 0, 0]
+
+
+def test_the_advice_binds_envs_once_its_calls_earn_by_four_standard_errors_until_under_two():
+    """query.bind_on=record: the advice's record, not the gate, binds envs to it. Once its calls' paper P&L is above 0
+    by over four standard errors, a flat env may enter only on the advice's side (advised entries only), until it is
+    above 0 by under two; otherwise on either side. A walk from a checkpoint starts from the record saved in it."""
+    from agents.advice.acting import RECORD_MIN_CALLS, HybridActing
+    from bridge.protocol import STATUS_OK
+
+    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, bind_on="record")
+    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    flat = jnp.zeros(2, jnp.int32)
+    env_0 = jnp.array([0])  # env 0 is advised to buy; env 1 has no advice
+    advice = acting.init_carry(2).advice.mark_queried(env_0, jnp.ones(1, bool), flat)
+    advice = advice.tick().write(env_0, jax.nn.one_hot(jnp.array([BUY]), 6), jnp.ones(1),
+                                 jnp.full(1, STATUS_OK, jnp.int32), jnp.ones(1, bool))
+    start = acting.init_carry(2).replace(advice=advice)
+    entries = [BUY, SELL]
+
+    def entries_allowed(carry) -> list:
+        mask, _ = act_on_window_one(acting, 2)(acting, carry, flat)
+        return np.asarray(mask)[:, entries].tolist()
+
+    def record_of(carry, pnl: list[float]):
+        """The carry's record after calls with these paper P&Ls settled (one env's calls, horizon 1)."""
+        r = carry.record
+        for i, x in enumerate(pnl):
+            r = r.step(jnp.array([2 * i, 0]), jnp.array([0.0, 0.0]), jnp.array([1, 0]), 1, 1.0, 0.0)
+            r = r.step(jnp.array([2 * i + 1, 0]), jnp.array([x, 0.0]), jnp.array([0, 0]), 1, 1.0, 0.0)
+        return carry.replace(record=r)
+
+    free, bound = [[True, True], [True, True]], [[True, False], [False, False]]
+    spread = [-40.0, 0.0, 40.0]
+    assert entries_allowed(start) == free  # no record yet
+    few = record_of(start, [100.0 + spread[i % 3] for i in range(RECORD_MIN_CALLS - 1)])
+    assert entries_allowed(few) == free
+    weak = record_of(start, [15.0 + spread[i % 3] for i in range(2 * RECORD_MIN_CALLS)])  # 3.5 standard errors
+    assert entries_allowed(weak) == free
+    paying = record_of(start, [100.0 + spread[i % 3] for i in range(2 * RECORD_MIN_CALLS)])
+    # bound: env 0 may enter only on the advised side, env 1 (no advice) not on its own
+    assert entries_allowed(paying) == bound
+    assert entries_allowed(record_of(paying, [-30.0 + spread[i % 3] for i in range(60)])) == bound  # still over 2
+    assert entries_allowed(record_of(paying, [-300.0 + spread[i % 3] for i in range(60)])) == free  # no longer
+
+    # a walk from a checkpoint (restored as dicts) starts bound, with no call in flight
+    saved = jax.tree.map(np.asarray, paying.record)
+    walk = acting.carry_for_walk({"calls": vars(saved.calls), "bound": saved.bound})
+    assert bool(walk.record.bound) and np.asarray(walk.record.side).tolist() == [0]
+    assert float(walk.record.calls.weight) == float(paying.record.calls.weight)

@@ -23,7 +23,7 @@ from agents.advice.table import AdviceTable, AdviceView, passed, pending, view
 from agents.config import ADVISED_FUSIONS, GATED_FUSIONS, QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
 from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, NUM_ACTIONS, SELL, action_flags
-from jaxenv.env import N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
+from jaxenv.env import CLOSE, N_BAR_FEATURES, N_CONTEXT_FEATURES, N_POSITION, N_VALIDITY
 
 N_FUSION_CONTEXT = 6  # regime (ADX), volatility (ATR %), win rate, consecutive losses, time of day, position
 N_ADVICE_INPUT = 10  # advice probabilities (6), decayed confidence, age, valid, question pending (advice_input)
@@ -33,6 +33,89 @@ N_ADVICE_INPUT = 10  # advice probabilities (6), decayed confidence, age, valid,
 GATE_ROWS_SHARE = 1 / 16
 STOP_MOVES = (MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL)  # what query.keep_advised_bracket holds back in an advised trade
 TRUST_STEP = 0.5  # an advised decision moves the env's running trust (HybridCarry.trust) this share to its gate
+# query.bind_on=record: the record weighs the advice's latest calls about this many at a time (exponentially) ...
+RECORD_CALLS = 1000
+RECORD_MIN_CALLS = 30  # ... binds once it holds at least this weight of calls ...
+# ... whose mean paper P&L is above 0 by this many standard errors, and lets go below RECORD_T_OFF. The record is looked
+# at every step, so a bar of 2 is crossed by chance sooner or later (measured: coin flips bound after 2 updates)
+RECORD_T_ON = 4.0
+RECORD_T_OFF = 2.0
+
+
+@struct.dataclass
+class TradeTally:
+    """Exponentially weighted count, sum and sum of squares of P&L figures (scalars, shared by all envs)."""
+
+    weight: jax.Array
+    total: jax.Array
+    squares: jax.Array
+
+    @classmethod
+    def create(cls) -> TradeTally:
+        return cls(jnp.zeros(()), jnp.zeros(()), jnp.zeros(()))
+
+    def add(self, done: jax.Array, pnl: jax.Array) -> TradeTally:
+        """Adds the figures where `done` ([N] bool) is set, each older one fading by 1 − 1/RECORD_CALLS a figure."""
+        n = done.sum()
+        fade = (1.0 - 1.0 / RECORD_CALLS) ** n
+        pnl = jnp.where(done, pnl, 0.0)
+        return TradeTally(fade * self.weight + n, fade * self.total + pnl.sum(), fade * self.squares + (pnl**2).sum())
+
+    def t_statistic(self) -> jax.Array:
+        """[] the mean over its standard error (0 below RECORD_MIN_CALLS of weight)."""
+        w = jnp.maximum(self.weight, 1.0)
+        mean = self.total / w
+        se = jnp.sqrt(jnp.maximum(self.squares / w - mean**2, 0.0) / w)
+        return jnp.where(self.weight >= RECORD_MIN_CALLS, mean / jnp.maximum(se, 1e-6), 0.0)
+
+
+@struct.dataclass
+class AdviceRecord:
+    """query.bind_on=record: what the advice's calls would have earned, and whether that binds the envs to it.
+
+    A call is valid advice naming BUY or SELL to a flat env. It is held on paper from the decision bar's close for as
+    long as advice lasts (query.max_age bars), less a round trip's costs, whatever the agent did: the record measures
+    the advice, not the policy's choice among its calls. (A record of the agent's trades on the advice's side did not:
+    bound to coin flips, the policy took the flips it liked, and those trades earned.) One call per env is in flight;
+    one cut short by the episode's end (a breach ends it too) is settled at the last close before it, since dropping
+    it would drop the losers that breached a bound agent. Part of the trained agent: a walk from a checkpoint starts
+    from it."""
+
+    side: jax.Array  # [N] the call in flight: +1 long, −1 short, 0 none
+    start: jax.Array  # [N] its decision bar
+    price: jax.Array  # [N] that bar's close
+    held: jax.Array  # [N] steps since
+    last: jax.Array  # [N] the close of the env's previous decision bar
+    calls: TradeTally
+    bound: jax.Array  # [] bool
+
+    @classmethod
+    def create(cls, n_envs: int) -> AdviceRecord:
+        zeros = jnp.zeros(n_envs, jnp.int32)
+        return cls(zeros, zeros, jnp.zeros(n_envs), zeros, jnp.zeros(n_envs), TradeTally.create(), jnp.zeros((), bool))
+
+    def carried(self, n_envs: int) -> AdviceRecord:
+        """This record (a training state's, or a checkpoint's) for a walk of n_envs with no call in flight."""
+        return AdviceRecord.create(n_envs).replace(calls=jax.tree.map(jnp.asarray, self.calls),
+                                                   bound=jnp.asarray(self.bound, bool))
+
+    def step(self, t: jax.Array, close: jax.Array, call: jax.Array, horizon: int, value: jax.Array,
+             cost: jax.Array) -> AdviceRecord:
+        """At decision bar t ([N]) with close ([N]): settles the calls held `horizon` steps (their P&L: side × move ×
+        `value` per point − `cost`) and those whose env was reset (at the last close before it), starts `call` ([N]
+        +1/−1/0) where none is in flight, and binds or lets go on the new tally."""
+        open_ = self.side != 0
+        held = self.held + open_
+        reset = open_ & (t - self.start != held)  # the env started a new episode since the call
+        due = open_ & ~reset & (held >= horizon)
+        settled_at = jnp.where(reset, self.last, close)
+        calls = self.calls.add(due | reset, self.side * (settled_at - self.price) * value - cost)
+        side = jnp.where(due | reset, 0, self.side)
+        new = (side == 0) & (call != 0)
+        t_stat = calls.t_statistic()
+        return AdviceRecord(side=jnp.where(new, call, side), start=jnp.where(new, t, self.start),
+                            price=jnp.where(new, close, self.price), held=jnp.where(new, 0, held), last=close,
+                            calls=calls, bound=jnp.where(self.bound, t_stat > RECORD_T_OFF, t_stat > RECORD_T_ON))
 
 
 @struct.dataclass
@@ -45,6 +128,7 @@ class HybridCarry:
     # [N] bool (query.keep_advised_bracket): set at each flat decision to "trusted advice is in force", then kept
     # through the trade that decision opens, so it says whether the open trade was entered on trusted advice
     advised_trade: jax.Array
+    record: AdviceRecord | None = None  # query.bind_on=record only (None: no leaves, so older checkpoints still fit)
 
 
 class StepExtras(NamedTuple):
@@ -74,6 +158,11 @@ class HybridActing:
     def waits_on_trust(self) -> bool:
         """Whether the wait depends on the env's running trust (HybridCarry.trust), which is kept up only then."""
         return self.query.wait_for_answer and self.query.wait_min_trust > 0 and self.fusion in GATED_FUSIONS
+
+    @property
+    def binds_on_record(self) -> bool:
+        """Whether the advice's track record (HybridCarry.record) decides which envs are bound to it."""
+        return self.query.bind_on == "record" and self.fusion in ADVISED_FUSIONS
 
     @property
     def advice_features(self) -> int:
@@ -110,7 +199,18 @@ class HybridActing:
             top_prob=jnp.ones(n_envs),
             trust=jnp.ones(n_envs),
             advised_trade=jnp.zeros(n_envs, bool),
+            record=AdviceRecord.create(n_envs) if self.binds_on_record else None,
         )
+
+    def carry_for_walk(self, record: Any = None) -> HybridCarry:
+        """The carry of a one-env walk: fresh, but with the trained agent's advice record where it binds on one (a
+        record from a checkpoint, restored as a dict, or the training state's)."""
+        carry = self.init_carry(1)
+        if not self.binds_on_record or record is None:
+            return carry
+        if isinstance(record, dict):
+            record = AdviceRecord.create(1).replace(calls=TradeTally(**record["calls"]), bound=record["bound"])
+        return carry.replace(record=record.carried(1))
 
     def context(self, obs: jax.Array) -> jax.Array:
         """Fusion context from the raw observation: the latest bar's ADX, ATR % and time of day, the
@@ -130,16 +230,19 @@ class HybridActing:
         agent that acts on advice): their question is in flight, or they have just exited a trade, have no advice
         for being flat, and will be asked at a coming query step (an exit marks them as changed). An env whose
         latest answer for being flat was PASS does not wait: its advisor has said it has no view there, and the
-        question in flight would most likely be passed on too. With `query.wait_min_trust`, only envs whose
-        running trust is above it wait."""
+        question in flight would most likely be passed on too. Only envs bound to their advice wait (`trusted`)."""
         if not self.query.wait_for_answer or self.fusion not in ADVISED_FUSIONS:
             return jnp.zeros(side.shape, bool)
         wait = (pending(carry.advice, self.query) | (carry.changed & ~advice.valid)) & (side == 0)
         wait &= ~passed(carry.advice, self.query, side)
-        return wait & self.trusted(carry) if self.waits_on_trust else wait
+        return wait & self.trusted(carry)
 
     def trusted(self, carry: HybridCarry) -> jax.Array:
-        """[N] bool: the env's running trust in its advice is above `query.wait_min_trust` (all, where it is not kept)."""
+        """[N] bool: the env is bound to its advice: with `query.bind_on=record`, while the advice's track record
+        binds (every env alike, AdviceRecord); otherwise while its running trust is above `query.wait_min_trust` (all, where that
+        is not kept)."""
+        if self.binds_on_record:
+            return jnp.broadcast_to(carry.record.bound, carry.trust.shape)
         return carry.trust > self.query.wait_min_trust if self.waits_on_trust else jnp.ones(carry.trust.shape, bool)
 
     @property
@@ -157,15 +260,15 @@ class HybridActing:
         waiting = self.waiting(carry, env_state.side, advice)
         entries = jnp.array(action_flags((BUY, SELL)))
         mask = veto_mask & ~(waiting[:, None] & entries[None, :])
+        bound = self.trusted(carry)
+        named = jax.nn.one_hot(jnp.argmax(advice.probs, -1), NUM_ACTIONS, dtype=bool)
         if self.enters_on_advice_only:
-            named = jax.nn.one_hot(jnp.argmax(advice.probs, -1), NUM_ACTIONS, dtype=bool)
             own_entry = entries[None, :] & ~(advice.valid[:, None] & named)
             # where the advisor's answer in force is PASS it has said it has no view: the policy enters alone there,
             # except after a fill or an exit, until the env is asked again. It need not wait for that answer: waiting
             # for it too cost the trained switch 13k of its 215k over 119 fresh days (docs/advisor.md)
             alone = passed(carry.advice, self.query, env_state.side) & ~carry.changed
-            bound = self.trusted(carry) & ~alone
-            mask = mask & ~(bound[:, None] & own_entry)
+            mask = mask & ~((bound & ~alone)[:, None] & own_entry)
         kept = jnp.zeros(env_mask.shape[0], bool)  # the env's open trade keeps its bracket
         if self.keeps_advised_bracket:
             kept = carry.advised_trade & (env_state.side != 0)
@@ -212,15 +315,23 @@ class HybridActing:
             "vetoed": (env_mask & ~veto_mask).any(-1).sum().astype(jnp.float32),  # blocked an otherwise valid action
             "waited": (waiting & (env_mask & entries[None, :]).any(-1)).sum().astype(jnp.float32),
             "bracket_kept": (kept & env_mask[:, jnp.array(STOP_MOVES)].any(-1)).sum().astype(jnp.float32),
+            "bound": jnp.asarray(bound.sum() if self.fusion in ADVISED_FUSIONS else 0, jnp.float32),
             **{f"veto_fired_{r}": fired[:, i].sum().astype(jnp.float32) for i, r in enumerate(RULES)},
         }
         extras = StepExtras(advice=advice, context=context, pg_weight=pg_weight, stats=stats)
         trust = carry.trust  # kept up only where the wait reads it (rules fusion has no gate: its envs keep 1)
         if self.waits_on_trust:
             trust = jnp.where(advice.valid, trust + TRUST_STEP * (gate - trust), trust)
-        if self.keeps_advised_bracket:  # entries need a flat env, so a trade's flag is that of its entry decision
-            advised = advice.valid & self.trusted(carry)
-            carry = carry.replace(advised_trade=jnp.where(env_state.side == 0, advised, carry.advised_trade))
+        flat = env_state.side == 0  # entries need a flat env, so a trade's flag is that of its entry decision
+        if self.keeps_advised_bracket:
+            carry = carry.replace(advised_trade=jnp.where(flat, advice.valid & bound, carry.advised_trade))
+        if self.binds_on_record:
+            call = (advice.valid & flat) * (named[:, BUY].astype(jnp.int32) - named[:, SELL].astype(jnp.int32))
+            p = env_params
+            value = p.point_value * p.contracts
+            cost = 2.0 * (p.commission_per_side * p.contracts + p.slippage * value)
+            record = carry.record.step(env_state.t, p.bars[env_state.t, CLOSE], call, self.query.max_age, value, cost)
+            carry = carry.replace(record=record)
         carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1), trust=trust)
         return action, learn_action, log_prob, mask, extras, carry
 

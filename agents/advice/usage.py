@@ -21,6 +21,7 @@ ADVICE_METRICS: dict[str, str] = {
     "veto_rate": "share of decisions where the veto blocked an otherwise valid action",
     "wait_rate": "share of decisions where a flat account waited for an answer in flight instead of entering",
     "bracket_kept_rate": "share of decisions where a trade entered on advice kept its bracket: its stop could not move",
+    "bound_rate": "share of decisions where the env was bound to its advice (hybrid.query.bind_on)",
     **{f"vetoes_{rule}": f"times the {rule.replace('_', ' ')} rule started a veto" for rule in RULES},
 }
 STAT_PREFIX = "stat_"  # a walk trace's columns of the acting step's per-step stats
@@ -39,6 +40,7 @@ def advice_metrics(sums: Mapping[str, float]) -> dict[str, float]:
         "veto_rate": float(sums["vetoed"]) / decisions,
         "wait_rate": float(sums["waited"]) / decisions,
         "bracket_kept_rate": float(sums["bracket_kept"]) / decisions,
+        "bound_rate": float(sums["bound"]) / decisions,
         **{f"vetoes_{rule}": float(sums[f"veto_fired_{rule}"]) for rule in RULES},
     }
 

@@ -124,12 +124,13 @@ class AdvisedWalker:
 
     def walk(self, params: Any, obs_norm: Any, split: str | tuple[int, int], key: jax.Array, *,
              fusion: str | None = None, veto: bool | None = None, greedy: bool | None = None,
-             adapter: Any = ...) -> dict[str, Any]:
+             adapter: Any = ..., record: Any = None) -> dict[str, Any]:
         """Per-bar trace with `jaxenv.walk_split`'s columns plus the advice in force at each bar
         (`advice_action`, `advice_confidence` (decayed), `advice_valid`), the acting step's stats (`stat_*`) and
         `reasons`: {bar the answer arrived at: reason text}; `advice_from` gives that bar per step (-1: none).
         `adapter`: the advisor's LoRA adapter for this walk (a path, or None for the base model; `...` keeps the
-        current one)."""
+        current one). `record`: the trained agent's advice record (hybrid.query.bind_on=record), which the walk starts
+        from and keeps up; None: a fresh one."""
         acting = self.acting_for(fusion, veto, greedy)
         uses_advice = acting.fusion != "none"
         if uses_advice and adapter is not ...:
@@ -138,7 +139,7 @@ class AdvisedWalker:
         num_steps = int(env_params.max_steps_in_episode)
         k_init, key = jax.random.split(key)
         state = jax.vmap(self.env.initial_state, in_axes=(0, None))(k_init[None], env_params)
-        carry = WalkCarry(env_state=state, hybrid=acting.init_carry(1), key=key)
+        carry = WalkCarry(env_state=state, hybrid=acting.carry_for_walk(record), key=key)
 
         reasons: dict[int, str] = {}
         bar_now = [0]  # the bar at which answers being collected enter the advice table

@@ -133,7 +133,7 @@ def advised_walk(run: LoadedRun, **changes) -> WalkFn:
     saved = run.saved
     changes.setdefault("adapter", checkpoint_adapter(run.cfg, saved.run_dir, saved.step))
     return lambda bars, key: run.walker.walk(saved.params, saved.obs_norm, bars, key, greedy=not run.sampled,
-                                             **changes)
+                                             record=saved.advice_record, **changes)
 
 
 def agent_walk(run: LoadedRun) -> WalkFn:

@@ -38,6 +38,7 @@ class SavedPolicy:
     step: int  # the update the checkpoint was taken after
     params: Any  # flax variables {"params": {...}}
     obs_norm: RunningMeanStd
+    advice_record: Any = None  # hybrid.query.bind_on=record: the advice's track record at the checkpoint (as dicts)
 
     @property
     def label(self) -> str:
@@ -94,7 +95,9 @@ def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | 
                 m.close()
     state = restored.state
     obs_norm = RunningMeanStd(**{k: jnp.asarray(v) for k, v in state["obs_norm"].items()})
-    return SavedPolicy(run_dir, cfg, kind, step, state["params"], obs_norm)
+    hybrid = state.get("hybrid")
+    record = hybrid.get("record") if isinstance(hybrid, dict) else None
+    return SavedPolicy(run_dir, cfg, kind, step, state["params"], obs_norm, record)
 
 
 def _restore_checked(run_dir: Path, manager: ocp.CheckpointManager, kind: str, step: int,

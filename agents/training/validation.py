@@ -43,7 +43,8 @@ class AgentEvaluator:
         changes = dict(self.ablations[ablation]) if ablation else {}
         if self.adapter_for is not None and "adapter" not in changes:
             changes["adapter"] = self.adapter_for(int(state.update))
-        trace = self.walker.walk(state.params, state.obs_norm, split, key, **changes)
+        record = state.hybrid.record if state.hybrid is not None else None  # the advice's record so far
+        trace = self.walker.walk(state.params, state.obs_norm, split, key, record=record, **changes)
         result = advised_summary(trace, self.setup.market.timestamps, self.rules, self.setup.market.sessions.day)
         return {"score": result["net_pnl"], **result}
 
