@@ -105,8 +105,9 @@ class QueryConfig:
     # what binds an env to its advice (the wait with wait_min_trust, keep_advised_bracket, advised_entries_only): its
     # running trust (`trust`), or the advice's record (`record`): its calls (BUY or SELL to a flat env), held on paper
     # as long as advice lasts, less costs, have earned more than 0 by over 4 standard errors (until under 2), over
-    # every env's recent calls (agents.advice.acting.AdviceRecord). Where the bound policy already takes the advised side, the gate has
-    # little left to learn and drifts down (measured: from 0.66 to 0.11), so binding on it undoes the rules
+    # every env's recent calls (agents.advice.acting.AdviceRecord). Where the bound policy already takes the advised
+    # side, the gate has little left to learn and drifts down (measured: from 0.66 to 0.11), so binding on it undoes
+    # the rules
     bind_on: str = "trust"
     # async latency only: after an update in which the advisor was still busy at most query steps (it could take
     # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary

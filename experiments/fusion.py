@@ -85,8 +85,8 @@ ARMS: dict[str, list[str]] = {
     # the switch with ADVISED_ENTRIES: no trust to learn, so every env is bound to its advisor's view
     "news_pass_switch_advised_entries": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
                                          *ADVISED_ENTRIES],
-    # the mixture with ADVISED_ENTRIES, bound by the advice's track record (its entries' P&L against the others') instead
-    # of the gate, which drifts down where the rules already bind: informed advice and its two controls
+    # the mixture with ADVISED_ENTRIES, bound by the advice's record (its calls' paper P&L) instead of the gate, which
+    # drifts down where the rules already bind: informed advice and its two controls
     "news_pass_record": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES, "hybrid.query.bind_on=record"],
     "random_record": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES, "hybrid.query.bind_on=record"],
     "shuffled_record": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES, "hybrid.query.bind_on=record"],

@@ -161,7 +161,7 @@ class HybridActing:
 
     @property
     def binds_on_record(self) -> bool:
-        """Whether the advice's track record (HybridCarry.record) decides which envs are bound to it."""
+        """Whether the advice's record (HybridCarry.record) decides which envs are bound to it."""
         return self.query.bind_on == "record" and self.fusion in ADVISED_FUSIONS
 
     @property
@@ -238,9 +238,9 @@ class HybridActing:
         return wait & self.trusted(carry)
 
     def trusted(self, carry: HybridCarry) -> jax.Array:
-        """[N] bool: the env is bound to its advice: with `query.bind_on=record`, while the advice's track record
-        binds (every env alike, AdviceRecord); otherwise while its running trust is above `query.wait_min_trust` (all, where that
-        is not kept)."""
+        """[N] bool: the env is bound to its advice: with `query.bind_on=record`, while the advice's record binds
+        (every env alike, AdviceRecord); otherwise while its running trust is above `query.wait_min_trust` (all,
+        where that is not kept)."""
         if self.binds_on_record:
             return jnp.broadcast_to(carry.record.bound, carry.trust.shape)
         return carry.trust > self.query.wait_min_trust if self.waits_on_trust else jnp.ones(carry.trust.shape, bool)
