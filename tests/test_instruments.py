@@ -173,8 +173,9 @@ def test_row_errors_name_a_setting_that_exists(tmp_path, capsys):
 def test_train_prints_the_load_report_before_training(tmp_path, capsys, monkeypatch):
     from agents.training import loop
 
-    class Stopped:
+    class Stopped:  # what train returns after Ctrl-C
         interrupted = True
+        stop_signal = None
 
     seen = {}
 
