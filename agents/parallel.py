@@ -9,14 +9,15 @@ it at barriers.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import jax
 import numpy as np
 
-from agents.advisor.sidecar import visible_gpus
 from agents.config import ConfigError, TrainConfig
+from agents.gpus import visible_gpus
 from agents.rl.sharding import env_mesh
 
 
@@ -113,6 +114,8 @@ def backend_banner(mesh=None, cfg: TrainConfig | None = None) -> str:
         text += f"; envs sharded over {mesh.size}"
     if jax.process_count() > 1:
         text += f" (process {jax.process_index()} of {jax.process_count()}, {jax.device_count()} devices in all)"
+    if jax.default_backend() == "gpu" and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == "false":
+        text += "; JAX allocates GPU memory as it needs it (XLA_PYTHON_CLIENT_PREALLOCATE=false)"
     torch_device = advisor_device(cfg) if cfg is not None else None
     if torch_device is not None:
         text += f"\nadvisor (sidecar) torch device: {torch_device}"

@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Callable
 
 
+class BenchInputError(ValueError):
+    """A suite's input (a flag or BENCH_* variable) is wrong: the runner prints it in one line and exits 2."""
+
+
 @dataclass
 class BenchOptions:
     envs: list[int] | None  # env counts to sweep; None = the suite's default
@@ -122,6 +126,11 @@ def jax_device_name() -> str:
 
     device = jax.devices()[0]
     return cpu_model() if device.platform == "cpu" else f"{device.platform}: {device.device_kind}"
+
+
+def on_gpu(row: dict) -> bool:
+    """Whether a result row was measured on a GPU (its `device` from jax_device_name)."""
+    return str(row.get("device", "")).startswith("gpu:")
 
 
 def package_versions(names: list[str]) -> dict[str, str]:

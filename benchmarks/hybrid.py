@@ -94,10 +94,10 @@ def advisors_stopped(pool):
             time.sleep(0.05)
 
 
-def time_hybrid(advisor: str, n_envs: int, num_steps: int, reps: int, setup, overrides: list[str] = ()) -> dict:
-    """One row: `reps` hybrid updates (advisor `advisor`, then config `overrides`, e.g. hybrid.sidecar_workers=2)
-    alternating with RL-only updates of the same env count, after WARMUP_UPDATES of each."""
-    cfg = load_config(None, base_overrides(n_envs, num_steps) + ADVISORS[advisor] + list(overrides))
+def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setup, overrides: list[str] = ()) -> dict:
+    """One row: `reps` hybrid updates (the advisor's config overrides, e.g. ADVISORS["mock"], then `overrides`, e.g.
+    hybrid.sidecar_workers=2) alternating with RL-only updates of the same env count, after WARMUP_UPDATES of each."""
+    cfg = load_config(None, base_overrides(n_envs, num_steps) + list(advisor) + list(overrides))
     rl_cfg = load_config(None, base_overrides(n_envs, num_steps) + ["llm=none"])
     rl_ppo = make_train(rl_cfg, setup.env, setup.params)
     rl_update, _ = compile_update(rl_ppo, jax.eval_shape(rl_ppo.init, jax.random.PRNGKey(0)))
@@ -170,7 +170,7 @@ def run(opts: BenchOptions) -> list[dict]:
     for n in opts.envs or (QUICK_ENVS if opts.quick else DEFAULT_ENVS):
         for advisor in advisors:
             print(f"  hybrid: {n} envs, {advisor} advisor and RL only, alternating ...", file=sys.stderr, flush=True)
-            figures = time_hybrid(advisor, n, num_steps, opts.reps, setup)
+            figures = time_hybrid(ADVISORS[advisor], n, num_steps, opts.reps, setup)
             results.append({"suite": "hybrid", "advisor": advisor, "envs": n, "num_steps": num_steps,
                             "query_interval": 5, **figures, "peak_host_mb": peak_host_memory_mb(),
                             "device": jax_device_name()})  # fmt: skip

@@ -86,7 +86,7 @@ def measure_devices(devices: int, n_envs: int, num_steps: int, reps: int) -> dic
 def run(opts: BenchOptions) -> list[dict]:
     from agents.config import load_config
     from agents.training.env_setup import make_env_setup
-    from benchmarks.hybrid import base_overrides, time_hybrid
+    from benchmarks.hybrid import ADVISORS, base_overrides, time_hybrid
 
     n_envs = (opts.envs or [QUICK_ENVS if opts.quick else DEFAULT_ENVS])[0]
     num_steps = QUICK_NUM_STEPS if opts.quick else load_config(None, []).ppo.num_steps
@@ -98,7 +98,8 @@ def run(opts: BenchOptions) -> list[dict]:
     setup = make_env_setup(load_config(None, base_overrides(n_envs, num_steps) + ["llm=none"]))
     for workers in WORKERS:
         print(f"  scale: {n_envs} envs, mock advisor with {workers} worker(s) ...", file=sys.stderr, flush=True)
-        figures = time_hybrid("mock", n_envs, num_steps, opts.reps, setup, [f"hybrid.sidecar_workers={workers}"])
+        figures = time_hybrid(ADVISORS["mock"], n_envs, num_steps, opts.reps, setup,
+                              [f"hybrid.sidecar_workers={workers}"])
         rows.append({"suite": "scale", "case": "advisor_workers", "envs": n_envs, "num_steps": num_steps,
                      "advisor": "mock", "devices": 1, **figures})
     return rows

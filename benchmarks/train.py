@@ -29,6 +29,7 @@ from benchmarks.common import (
     fmt_range,
     host_memory_gb,
     jax_device_name,
+    on_gpu,
     peak_host_memory_mb,
     rates,
     reset_peak_memory,
@@ -210,10 +211,13 @@ def why_training_scales(updates: list[dict]) -> str:
     text = (
         f"Why: learning (GAE + epochs of minibatch forward and backward passes) is {span(learn_share, '.0%')} of an "
         f"update, and it is matrix multiplication over minibatches of envs × steps / {updates[0]['minibatches']} "
-        f"rows. The update ran at {span(gflops, '.0f')} GFLOP/s across the sizes and kept {span(cores, '.2f')} of "
-        f"{os.cpu_count()} cores busy"
+        f"rows. The update ran at {span(gflops, '.0f')} GFLOP/s across the sizes"
     )
-    if min(cores) < 0.85 * os.cpu_count():
+    if on_gpu(updates[0]):
+        text += f" on {updates[0]['device'].split(': ', 1)[1]}"
+    else:
+        text += f" and kept {span(cores, '.2f')} of {os.cpu_count()} cores busy"
+    if not on_gpu(updates[0]) and min(cores) < 0.85 * os.cpu_count():
         text += ": not all of them; other jobs held the rest (see the load average), which caps every figure here"
     if max(gflops) <= 1.15 * min(gflops):
         return text + (". A flat FLOP rate means the smallest size's minibatches already keep the cores' vector "

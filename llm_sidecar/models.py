@@ -82,15 +82,16 @@ _TINY_CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_phi3(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
-    """Writes a random-weight Phi-3 (Phi3Config, byte-level BPE tokenizer with a Phi-3-style chat template)
-    to `path`, built offline in about a second. Tests and benchmarks load it through the same
-    from_pretrained / LoRA / BitsAndBytesConfig code as a real model."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Phi3Config, Phi3ForCausalLM, PreTrainedTokenizerFast
+# microsoft/Phi-3-mini-4k-instruct's layer shapes (its config.json): 3.8B parameters with its 32,064-token vocabulary.
+PHI3_MINI = {"layers": 32, "hidden": 3072, "intermediate": 8192, "heads": 32, "kv_heads": 32}
+TINY_PHI3 = {"layers": 2, "hidden": 64, "intermediate": 128, "heads": 4, "kv_heads": 2}
 
-    path = Path(path)
+
+def tiny_tokenizer():
+    """A byte-level BPE trained in a second on the words our prompts use, with a Phi-3-style chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     specials = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -101,20 +102,48 @@ def build_tiny_phi3(path: str | Path, seed: int = 0, layers: int = 2, hidden: in
     bpe.train_from_iterator(list(_TINY_CORPUS) * 4, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     tokenizer.chat_template = _TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_random_phi3(path: str | Path, shape: dict, tokenizer=None, seed: int = 0, device: str = "cpu",
+                      dtype: str = "float32") -> Path:
+    """Writes a random-weight Phi-3 (Phi3Config with `shape`'s layers, widths and heads) to `path`, with
+    `tokenizer` (default: `tiny_tokenizer()`). Built on `device` in `dtype`: a Phi-3-mini-sized one is built
+    on a GPU in bfloat16 in seconds. Benchmarks and tests load it through the same from_pretrained / LoRA /
+    BitsAndBytesConfig code as a real model."""
+    import torch
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    path = Path(path)
+    tokenizer = tokenizer or tiny_tokenizer()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
     config = Phi3Config(
         vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        max_position_embeddings=4096,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(seed)
-    model = Phi3ForCausalLM(config)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        with torch.device(device):
+            model = Phi3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default_dtype)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def build_tiny_phi3(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
+    """A tiny random-weight Phi-3 with the tiny tokenizer, built offline in about a second."""
+    shape = {**TINY_PHI3, "layers": layers, "hidden": hidden, "intermediate": 2 * hidden}
+    return build_random_phi3(path, shape, seed=seed)

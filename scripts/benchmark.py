@@ -7,6 +7,10 @@ r"""Throughput benchmarks: runs the suites in benchmarks/ (the runner: benchmark
     python scripts/benchmark.py --from-json docs/results/benchmarks.json --markdown BENCHMARKS.md   # re-render
 """
 
+from agents.gpus import leave_gpu_memory_to_advisor
+
+leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
+
 from benchmarks.cli import main
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@
     python scripts/evaluate.py --run-dir runs/s0 --run-dir runs/s1 --run-dir runs/s2   # training seeds pooled
 """
 
+from agents.gpus import leave_gpu_memory_to_advisor
+
+leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
+
 from agents.evaluation.cli import main
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ bootstrap 95% intervals and paired differences against rl_only (the logic: exper
     python scripts/experiment.py --quick --json /tmp/quick/experiment.json     # 2 seeds, tiny runs
 """
 
+from agents.gpus import leave_gpu_memory_to_advisor
+
+leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
+
 from experiments.fusion import main
 
 if __name__ == "__main__":

@@ -179,3 +179,42 @@ def test_two_processes_each_ask_their_own_advisor(tmp_path):
     assert logged and all(env < 8 for env in logged)
     assert [p.name for p in (run_dir / "checkpoints" / "best").iterdir()] == ["3"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.parametrize("cuda_visible, user_setting, left", [
+    ("0,1", None, True),  # GPUs: JAX allocates as it needs, so the advisor's PyTorch gets the rest
+    ("", None, False),  # no GPU: nothing to share
+    ("0", ("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5"), False),  # the user chose: left as it is
+])  # fmt: skip
+def test_jax_leaves_the_gpu_memory_to_the_advisor_unless_the_user_chose(monkeypatch, cuda_visible, user_setting, left):
+    from agents.gpus import XLA_GPU_MEMORY_VARIABLES, leave_gpu_memory_to_advisor, visible_gpus
+
+    for name in XLA_GPU_MEMORY_VARIABLES:  # set first so that monkeypatch restores them, the function's too
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cuda_visible)
+    if user_setting:
+        monkeypatch.setenv(*user_setting)
+    visible_gpus.cache_clear()
+    try:
+        assert leave_gpu_memory_to_advisor() is left
+        assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == ("false" if left else None)
+    finally:
+        visible_gpus.cache_clear()
+
+
+def test_entry_scripts_leave_the_gpu_memory_before_anything_starts_jax():
+    """JAX takes its GPU memory when its backend starts, and importing gymnax starts it: each entry script must
+    call leave_gpu_memory_to_advisor before its other imports."""
+    scripts = sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "scripts" / "advisor_learning").glob("*.py"))
+    assert len(scripts) >= 9
+    for script in scripts:
+        code = script.read_text()
+        statements = [line for line in code.splitlines() if line.startswith(("from ", "import ", "leave_gpu"))]
+        assert statements[:2] == ["from agents.gpus import leave_gpu_memory_to_advisor",
+                                  "leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the "
+                                  "advisor shares the GPUs"], script
+    check = ("import sys, agents.gpus; assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'gymnax', "
+             "'torch')]")  # the module itself starts nothing
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -3,14 +3,11 @@ llm_sidecar serve`) for each, and the LoRA learner's options when the advisor le
 
 from __future__ import annotations
 
-import functools
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 from agents.advisor.adapters import starting_adapter
 from agents.config import ConfigError
+from agents.gpus import visible_gpus
 
 
 def learning_options(cfg) -> dict | None:
@@ -39,23 +36,6 @@ def sidecar_options(cfg, adapter: str | None = None) -> tuple[str, dict]:
         "threads": h.sidecar_threads,
         "batch_size": h.sidecar_batch_size,
     }
-
-
-@functools.cache
-def visible_gpus() -> int:
-    """GPUs the sidecars' torch may use, counted without importing torch in the trainer (slow to import, and heavy):
-    CUDA_VISIBLE_DEVICES when set, else the GPUs `nvidia-smi -L` lists, else none."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")])
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
-    try:
-        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
 def worker_count(cfg, most: int) -> int:

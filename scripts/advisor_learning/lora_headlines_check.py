@@ -4,6 +4,10 @@ outcomes that reward BUY after bullish and SELL after bearish news (the logic: e
     python scripts/advisor_learning/lora_headlines_check.py
 """
 
+from agents.gpus import leave_gpu_memory_to_advisor
+
+leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
+
 from experiments.lora_check import main
 
 if __name__ == "__main__":

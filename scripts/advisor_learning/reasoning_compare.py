@@ -5,6 +5,10 @@ experiments/reasoning_compare.py).
     python scripts/advisor_learning/reasoning_compare.py --seeds 0 1 2 --prompts 64 --tokens 48 --walk-bars 600
 """
 
+from agents.gpus import leave_gpu_memory_to_advisor
+
+leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
+
 from experiments.reasoning_compare import main
 
 if __name__ == "__main__":
