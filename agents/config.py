@@ -109,6 +109,10 @@ class QueryConfig:
     # side, the gate has little left to learn and drifts down (measured: from 0.66 to 0.11), so binding on it undoes
     # the rules
     bind_on: str = "trust"
+    # bind_on=record: the record weighs about this many of the advice's latest calls (exponentially). Calls of many
+    # envs overlap on one price path and identical prompts get identical answers, so they count for fewer than
+    # this many independent ones
+    record_calls: int = 1000
     # async latency only: after an update in which the advisor was still busy at most query steps (it could take
     # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary
     # and a device round trip, and one that cannot ask anything buys nothing. 1: always every k steps.
@@ -322,6 +326,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
         (0 <= cfg.hybrid.query.wait_min_trust < 1, "hybrid.query.wait_min_trust", "must be in [0, 1) (0: always wait)"),
         (cfg.hybrid.query.bind_on in BIND_ON, "hybrid.query.bind_on", f"must be one of {', '.join(BIND_ON)}"),
+        (cfg.hybrid.query.record_calls >= 100, "hybrid.query.record_calls", "must be at least 100"),
         (not cfg.hybrid.advice_input or cfg.hybrid.fusion in ADVISED_FUSIONS, "hybrid.advice_input",
          "needs hybrid.fusion learned, pooled or rules (with fusion none the policy acts without advice)"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),

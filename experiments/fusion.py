@@ -41,6 +41,8 @@ FROZEN_POLICY = [f"transfer.init_from={BASELINE_RUN}", "transfer.checkpoint=late
 # the advice's entries keep their bracket; an env that trusts its advice enters only where it names that side, or on
 # its own where its advisor passes (not after a fill or an exit until it is asked again)
 ADVISED_ENTRIES = ["hybrid.query.keep_advised_bracket=true", "hybrid.query.advised_entries_only=true"]
+RECORD_BINDING = "hybrid.query.bind_on=record"  # the rules bind on the advice's record, not on the trust gate
+LONG_RECORD = "hybrid.query.record_calls=10000"
 # arm -> config overrides (`--set` syntax); every arm but rl_only trains with a trust gate on the mock advisor: the
 # learned mixture, or the log-linear pool for the *_pooled arms
 ARMS: dict[str, list[str]] = {
@@ -87,9 +89,16 @@ ARMS: dict[str, list[str]] = {
                                          *ADVISED_ENTRIES],
     # the mixture with ADVISED_ENTRIES, bound by the advice's record (its calls' paper P&L) instead of the gate, which
     # drifts down where the rules already bind: informed advice and its two controls
-    "news_pass_record": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES, "hybrid.query.bind_on=record"],
-    "random_record": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES, "hybrid.query.bind_on=record"],
-    "shuffled_record": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES, "hybrid.query.bind_on=record"],
+    "news_pass_record": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES, RECORD_BINDING],
+    "random_record": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES, RECORD_BINDING],
+    "shuffled_record": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES, RECORD_BINDING],
+    # ... with a record 10 times as long: overlapping calls count for fewer than their number, so a 1,000-call record
+    # of informed advice hovered at the binding bar (bound on 46-61% of training decisions)
+    "news_pass_record_long": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES, RECORD_BINDING,
+                              LONG_RECORD],
+    "random_record_long": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES, RECORD_BINDING, LONG_RECORD],
+    "shuffled_record_long": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES, RECORD_BINDING,
+                             LONG_RECORD],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],

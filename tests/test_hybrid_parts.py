@@ -522,14 +522,14 @@ def test_the_advice_record_settles_each_call_after_the_advice_lifetime_or_at_a_r
 
     r = AdviceRecord.create(3)
     t, close = jnp.array([10, 50, 90]), jnp.array([100.0, 100.0, 100.0])
-    r = r.step(t, close, jnp.array([1, -1, 1]), horizon=2, value=20.0, cost=5.0)  # three calls start
+    r = r.step(t, close, jnp.array([1, -1, 1]), horizon=2, value=20.0, cost=5.0, memory=1000)  # three calls start
     assert np.asarray(r.side).tolist() == [1, -1, 1] and float(r.calls.weight) == 0
     # one step on: env 2 was reset to bar 7 (a new episode): its call is settled at the close before, 100: −5; a new
     # call (env 0's) waits for a free slot
-    r = r.step(jnp.array([11, 51, 7]), jnp.array([101.0, 99.0, 50.0]), jnp.array([-1, 0, 0]), 2, 20.0, 5.0)
+    r = r.step(jnp.array([11, 51, 7]), jnp.array([101.0, 99.0, 50.0]), jnp.array([-1, 0, 0]), 2, 20.0, 5.0, 1000)
     assert np.asarray(r.side).tolist() == [1, -1, 0]
     assert float(r.calls.weight) == 1.0 and float(r.calls.total) == pytest.approx(-5.0)
-    r = r.step(jnp.array([12, 52, 8]), jnp.array([103.0, 104.0, 50.0]), jnp.zeros(3, jnp.int32), 2, 20.0, 5.0)
+    r = r.step(jnp.array([12, 52, 8]), jnp.array([103.0, 104.0, 50.0]), jnp.zeros(3, jnp.int32), 2, 20.0, 5.0, 1000)
     # env 0: long 100 → 103: 3 × 20 − 5 = 55; env 1: short 100 → 104: −4 × 20 − 5 = −85
     assert float(r.calls.weight) == pytest.approx(3.0, abs=1e-2)
     assert float(r.calls.total) == pytest.approx(-5.0 + 55.0 - 85.0, abs=0.2)
@@ -561,8 +561,8 @@ def test_the_advice_binds_envs_once_its_calls_earn_by_four_standard_errors_until
         """The carry's record after calls with these paper P&Ls settled (one env's calls, horizon 1)."""
         r = carry.record
         for i, x in enumerate(pnl):
-            r = r.step(jnp.array([2 * i, 0]), jnp.array([0.0, 0.0]), jnp.array([1, 0]), 1, 1.0, 0.0)
-            r = r.step(jnp.array([2 * i + 1, 0]), jnp.array([x, 0.0]), jnp.array([0, 0]), 1, 1.0, 0.0)
+            r = r.step(jnp.array([2 * i, 0]), jnp.array([0.0, 0.0]), jnp.array([1, 0]), 1, 1.0, 0.0, cfg.record_calls)
+            r = r.step(jnp.array([2 * i + 1, 0]), jnp.array([x, 0.0]), jnp.array([0, 0]), 1, 1.0, 0.0, cfg.record_calls)
         return carry.replace(record=r)
 
     free, bound = [[True, True], [True, True]], [[True, False], [False, False]]

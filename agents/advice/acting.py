@@ -33,9 +33,8 @@ N_ADVICE_INPUT = 10  # advice probabilities (6), decayed confidence, age, valid,
 GATE_ROWS_SHARE = 1 / 16
 STOP_MOVES = (MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL)  # what query.keep_advised_bracket holds back in an advised trade
 TRUST_STEP = 0.5  # an advised decision moves the env's running trust (HybridCarry.trust) this share to its gate
-# query.bind_on=record: the record weighs the advice's latest calls about this many at a time (exponentially) ...
-RECORD_CALLS = 1000
-RECORD_MIN_CALLS = 30  # ... binds once it holds at least this weight of calls ...
+# query.bind_on=record: the record weighs the advice's latest query.record_calls calls (exponentially) and binds once
+RECORD_MIN_CALLS = 30  # it holds at least this weight of calls ...
 # ... whose mean paper P&L is above 0 by this many standard errors, and lets go below RECORD_T_OFF. The record is looked
 # at every step, so a bar of 2 is crossed by chance sooner or later (measured: coin flips bound after 2 updates)
 RECORD_T_ON = 4.0
@@ -43,7 +42,7 @@ RECORD_T_OFF = 2.0
 
 
 @struct.dataclass
-class TradeTally:
+class CallTally:
     """Exponentially weighted count, sum and sum of squares of P&L figures (scalars, shared by all envs)."""
 
     weight: jax.Array
@@ -51,15 +50,15 @@ class TradeTally:
     squares: jax.Array
 
     @classmethod
-    def create(cls) -> TradeTally:
+    def create(cls) -> CallTally:
         return cls(jnp.zeros(()), jnp.zeros(()), jnp.zeros(()))
 
-    def add(self, done: jax.Array, pnl: jax.Array) -> TradeTally:
-        """Adds the figures where `done` ([N] bool) is set, each older one fading by 1 − 1/RECORD_CALLS a figure."""
+    def add(self, done: jax.Array, pnl: jax.Array, memory: int) -> CallTally:
+        """Adds the figures where `done` ([N] bool) is set, each older one fading by 1 − 1/memory a figure."""
         n = done.sum()
-        fade = (1.0 - 1.0 / RECORD_CALLS) ** n
+        fade = (1.0 - 1.0 / memory) ** n
         pnl = jnp.where(done, pnl, 0.0)
-        return TradeTally(fade * self.weight + n, fade * self.total + pnl.sum(), fade * self.squares + (pnl**2).sum())
+        return CallTally(fade * self.weight + n, fade * self.total + pnl.sum(), fade * self.squares + (pnl**2).sum())
 
     def t_statistic(self) -> jax.Array:
         """[] the mean over its standard error (0 below RECORD_MIN_CALLS of weight)."""
@@ -86,13 +85,13 @@ class AdviceRecord:
     price: jax.Array  # [N] that bar's close
     held: jax.Array  # [N] steps since
     last: jax.Array  # [N] the close of the env's previous decision bar
-    calls: TradeTally
+    calls: CallTally
     bound: jax.Array  # [] bool
 
     @classmethod
     def create(cls, n_envs: int) -> AdviceRecord:
         zeros = jnp.zeros(n_envs, jnp.int32)
-        return cls(zeros, zeros, jnp.zeros(n_envs), zeros, jnp.zeros(n_envs), TradeTally.create(), jnp.zeros((), bool))
+        return cls(zeros, zeros, jnp.zeros(n_envs), zeros, jnp.zeros(n_envs), CallTally.create(), jnp.zeros((), bool))
 
     def carried(self, n_envs: int) -> AdviceRecord:
         """This record (a training state's, or a checkpoint's) for a walk of n_envs with no call in flight."""
@@ -100,16 +99,16 @@ class AdviceRecord:
                                                    bound=jnp.asarray(self.bound, bool))
 
     def step(self, t: jax.Array, close: jax.Array, call: jax.Array, horizon: int, value: jax.Array,
-             cost: jax.Array) -> AdviceRecord:
+             cost: jax.Array, memory: int) -> AdviceRecord:
         """At decision bar t ([N]) with close ([N]): settles the calls held `horizon` steps (their P&L: side × move ×
         `value` per point − `cost`) and those whose env was reset (at the last close before it), starts `call` ([N]
-        +1/−1/0) where none is in flight, and binds or lets go on the new tally."""
+        +1/−1/0) where none is in flight, and binds or lets go on the new tally (of about the last `memory` calls)."""
         open_ = self.side != 0
         held = self.held + open_
         reset = open_ & (t - self.start != held)  # the env started a new episode since the call
         due = open_ & ~reset & (held >= horizon)
         settled_at = jnp.where(reset, self.last, close)
-        calls = self.calls.add(due | reset, self.side * (settled_at - self.price) * value - cost)
+        calls = self.calls.add(due | reset, self.side * (settled_at - self.price) * value - cost, memory)
         side = jnp.where(due | reset, 0, self.side)
         new = (side == 0) & (call != 0)
         t_stat = calls.t_statistic()
@@ -209,7 +208,7 @@ class HybridActing:
         if not self.binds_on_record or record is None:
             return carry
         if isinstance(record, dict):
-            record = AdviceRecord.create(1).replace(calls=TradeTally(**record["calls"]), bound=record["bound"])
+            record = AdviceRecord.create(1).replace(calls=CallTally(**record["calls"]), bound=record["bound"])
         return carry.replace(record=record.carried(1))
 
     def context(self, obs: jax.Array) -> jax.Array:
@@ -330,7 +329,8 @@ class HybridActing:
             p = env_params
             value = p.point_value * p.contracts
             cost = 2.0 * (p.commission_per_side * p.contracts + p.slippage * value)
-            record = carry.record.step(env_state.t, p.bars[env_state.t, CLOSE], call, self.query.max_age, value, cost)
+            record = carry.record.step(env_state.t, p.bars[env_state.t, CLOSE], call, self.query.max_age, value, cost,
+                                       self.query.record_calls)
             carry = carry.replace(record=record)
         carry = carry.replace(veto=veto, top_prob=pi_rl.max(-1), trust=trust)
         return action, learn_action, log_prob, mask, extras, carry
