@@ -15,7 +15,7 @@ Phi-3's own has 32,064). These are speeds only: a random model's answers mean no
 - `hybrid`: whole PPO updates at 4,096 envs with this advisor run as the main command runs its advisor (own
   process, async latency, auto budget), alternating with RL-only updates (benchmarks.hybrid.time_hybrid).
 `BENCH_PHI3_QUANTIZE` (default none,int8,int4) and `BENCH_PHI3_PARTS` (default score,learning,hybrid) pick the
-cases; `BENCH_PHI3_DIR` keeps the built model between runs (default: a temporary folder).
+cases; `BENCH_PHI3_DIR` keeps the built model between runs (default: a temporary folder, removed at the end).
 """
 
 from __future__ import annotations
@@ -57,14 +57,14 @@ def choices(variable: str, default: tuple[str, ...]) -> list[str]:
     return picked
 
 
-def build_model(quick: bool) -> tuple[Path, dict]:
-    """The random-weight model's directory (built once per BENCH_PHI3_DIR) and what it is."""
+def build_model(quick: bool, folder: Path) -> tuple[Path, dict]:
+    """The random-weight model's directory under `folder` (built there once) and what it is."""
     import torch
 
     from llm_sidecar.models import PHI3_MINI, TINY_PHI3, build_random_phi3, smollm2_dir
 
     shape = TINY_PHI3 if quick else PHI3_MINI
-    path = Path(os.environ.get("BENCH_PHI3_DIR") or tempfile.mkdtemp(prefix="phi3-")) / ("tiny" if quick else "mini")
+    path = folder / ("tiny" if quick else "mini")
     tokenizer = None
     if not quick:
         from transformers import AutoTokenizer
@@ -75,7 +75,7 @@ def build_model(quick: bool) -> tuple[Path, dict]:
         cuda = torch.cuda.is_available()
         build_random_phi3(path, shape, tokenizer, device="cuda" if cuda else "cpu",
                           dtype="bfloat16" if cuda else "float32")  # fmt: skip
-        torch.cuda.empty_cache() if cuda else None
+        release_gpu_memory()
     from safetensors import safe_open
     from transformers import AutoConfig
 
@@ -92,6 +92,13 @@ def build_model(quick: bool) -> tuple[Path, dict]:
 def parameters(about: dict) -> str:
     n = about["params"]
     return f"{n / 1e9:.2f}B parameters" if n >= 1e9 else f"{n / 1e6:.2f}M parameters"
+
+
+def release_gpu_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def gpu_name() -> str:
@@ -132,7 +139,8 @@ def score_rows(path: Path, quantize: str, opts: BenchOptions, renderer, contexts
 
         def call():
             last["answers"] = backend.advise(contexts)
-            torch.cuda.synchronize() if torch.cuda.is_available() else None
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
 
         peak_gpu_gb(reset=True)
         timing = timed_repeats(call, 1 if opts.quick else opts.reps, warmup=1)
@@ -143,7 +151,7 @@ def score_rows(path: Path, quantize: str, opts: BenchOptions, renderer, contexts
                      "ok_fraction": float((answers.status == 0).mean()), "load_s": load_s,
                      "weights_gpu_gb": weights_gb, "peak_gpu_gb": peak_gpu_gb(), "device": gpu_name()})  # fmt: skip
     del backend
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    release_gpu_memory()
     return rows
 
 
@@ -166,11 +174,12 @@ def learning_row(path: Path, quantize: str, opts: BenchOptions, renderer, contex
         raise RuntimeError(f"the learning round did not start: {started['why']}")
     t0 = time.perf_counter()
     learner.finish()
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     wall_s = time.perf_counter() - t0
     record = learner.rounds[-1]
     del learner, backend
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    release_gpu_memory()
     return {"suite": "phi3", "case": "learning", **about, "quantize": quantize, "round_s": wall_s,
             "steps": record["steps"], "batch_size": options.batch_size, "train_examples": record["train_examples"],
             "val_examples": record["val_examples"], "lora_rank": options.rank,
@@ -198,15 +207,21 @@ def hybrid_rows(path: Path, quantize: str, opts: BenchOptions, about: dict) -> l
 def run(opts: BenchOptions) -> list[dict]:
     import torch
 
-    from bridge import PromptRenderer
-    from llm_sidecar.__main__ import example_fields
-
     if not opts.quick and not torch.cuda.is_available():
         return [{"suite": "phi3", "skipped": "no CUDA GPU: a Phi-3-mini-sized model wants one (--quick runs a tiny "
                                              "Phi-3 through the same code on any machine)"}]
     quantizations = choices("BENCH_PHI3_QUANTIZE", QUANTIZE if torch.cuda.is_available() else ("none",))
     parts = choices("BENCH_PHI3_PARTS", PARTS)
-    path, about = build_model(opts.quick)
+    kept = os.environ.get("BENCH_PHI3_DIR")  # else a temporary folder: a Phi-3-mini in bf16 is 7.6 GB of disk
+    with tempfile.TemporaryDirectory(prefix="phi3-") as scratch:
+        return measure(opts, quantizations, parts, *build_model(opts.quick, Path(kept or scratch)))
+
+
+def measure(opts: BenchOptions, quantizations: list[str], parts: list[str], path: Path, about: dict) -> list[dict]:
+    """The chosen parts for each quantization, on the model at `path`."""
+    from bridge import PromptRenderer
+    from llm_sidecar.__main__ import example_fields
+
     print(f"  phi3: {about['model']} ({parameters(about)}) in {path}, {about['build_s']:.0f} s",
           file=sys.stderr, flush=True)
     renderer = PromptRenderer.from_yaml()
