@@ -217,8 +217,8 @@ def why_training_scales(updates: list[dict]) -> str:
         text += f" on {updates[0]['device'].split(': ', 1)[1]}"
     else:
         text += f" and kept {span(cores, '.2f')} of {os.cpu_count()} cores busy"
-    if not on_gpu(updates[0]) and min(cores) < 0.85 * os.cpu_count():
-        text += ": not all of them; other jobs held the rest (see the load average), which caps every figure here"
+        if min(cores) < 0.85 * os.cpu_count():
+            text += ": not all of them; other jobs held the rest (see the load average), which caps every figure here"
     if max(gflops) <= 1.15 * min(gflops):
         return text + (". A flat FLOP rate means the smallest size's minibatches already keep the cores' vector "
                        "units as busy as the largest's: more envs only make each update longer.")
