@@ -141,6 +141,9 @@ class VetoConfig:
     win_rate_margin: float | str = "auto"
     min_trades_for_win_rate: int = 5
     cooldown_bars: int = 30
+    # within this share of the trailing drawdown, an env bound to its advice by its record or its running trust
+    # (query.bind_on=record, query.wait_min_trust > 0) enters only on the side the advice names; 0 turns it off
+    advised_only_below: float = 0.5
 
 
 @dataclass
@@ -321,6 +324,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.hybrid.veto.win_rate_margin == "auto" or _is_number(cfg.hybrid.veto.win_rate_margin),
          "hybrid.veto.win_rate_margin", "must be a number or auto"),
         (0 < cfg.hybrid.veto.significance < 1, "hybrid.veto.significance", "must be between 0 and 1"),
+        (0 <= cfg.hybrid.veto.advised_only_below <= 1, "hybrid.veto.advised_only_below",
+         "must be a share of the trailing drawdown in [0, 1] (0: off)"),
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),

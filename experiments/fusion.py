@@ -106,8 +106,9 @@ ARMS: dict[str, list[str]] = {
 BASELINE = "rl_only"
 CHECKPOINTS = ("latest", "best")
 EVAL_FILE = "experiment_eval.json"  # a run's scored checkpoints: its presence means the run is finished
-# the scoring's version: a run scored by an older one (without daily P&L or validation walks) is scored again, untrained
-EVAL_VERSION = 2
+# the scoring's version: a run scored by an older one (without daily P&L or validation walks (2); without the veto
+# switched on the fresh path, and before the veto's rule near the drawdown limit (3)) is scored again, untrained
+EVAL_VERSION = 3
 RESAMPLES = 10_000
 # Market intervals resample blocks of consecutive trading days (circular): a regime lasts 60-180 bars, under half a
 # session, so 3-day blocks keep what dependence there is between neighbouring days.
@@ -137,21 +138,19 @@ FIGURES: dict[str, tuple[str, str]] = {
     "bracket_kept_rate": ("agent", "bracket_kept_rate"),
     "bound_rate": ("agent", "bound_rate"),
     "llm_only_test_pnl": ("llm_only", "net_pnl"),
-    "veto_off_test_pnl": ("fused_no_veto", "net_pnl"),
-    "veto_on_test_pnl": ("fused_veto", "net_pnl"),
-    "veto_off_test_breaches": ("fused_no_veto", "breaches"),
-    "veto_on_test_breaches": ("fused_veto", "breaches"),
-    "veto_off_test_max_drawdown": ("fused_no_veto", "max_drawdown"),
-    "veto_on_test_max_drawdown": ("fused_veto", "max_drawdown"),
 }
+# the fused agent with the veto off and on, at the latest checkpoint: split -> (walk off, walk on)
+VETO_WALKS = {"test": ("fused_no_veto", "fused_veto"), "fresh": ("fresh_fused_no_veto", "fresh_fused_veto")}
+VETO_METRICS = {"pnl": "net_pnl", "breaches": "breaches", "max_drawdown": "max_drawdown"}
+FIGURES.update({f"veto_{side}_{split}_{name}": (walk, metric) for split, walks in VETO_WALKS.items()
+                for side, walk in zip(("off", "on"), walks) for name, metric in VETO_METRICS.items()})
 # paired differences within an arm's runs: name -> (figure, figure subtracted)
 PAIRED_WITHIN = {
     "paired_test_pnl_vs_llm_only": ("test_pnl", "llm_only_test_pnl"),
     "paired_val_pnl_vs_llm_only": ("val_pnl", "llm_only_val_pnl"),
     "paired_fresh_pnl_vs_llm_only": ("fresh_pnl", "llm_only_fresh_pnl"),
-    "paired_veto_test_pnl": ("veto_on_test_pnl", "veto_off_test_pnl"),
-    "paired_veto_test_breaches": ("veto_on_test_breaches", "veto_off_test_breaches"),
-    "paired_veto_test_max_drawdown": ("veto_on_test_max_drawdown", "veto_off_test_max_drawdown"),
+    **{f"paired_veto_{split}_{name}": (f"veto_on_{split}_{name}", f"veto_off_{split}_{name}")
+       for split in VETO_WALKS for name in VETO_METRICS},
 }
 
 
@@ -256,11 +255,17 @@ def fresh_market(data: DataConfig, days: int) -> DataConfig:
     return dataclasses.replace(data, synthetic_days=days, synthetic_seed=data.synthetic_seed + FRESH_SEED_OFFSET)
 
 
+def veto_walks(cfg) -> tuple[str, str]:
+    """(the walk the agent as trained is, the walk with its veto switched): fused_veto and fused_no_veto."""
+    on, off = "fused_veto", "fused_no_veto"
+    return (on, off) if cfg.hybrid.veto.enabled else (off, on)
+
+
 def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
     """Both checkpoints, greedy, each split walked whole (test and validation): the agent and, for an advised run,
     the advice alone; at the latest checkpoint also the fused agent with the veto switched on test (the agent is the
     fused agent with the veto as it trained). With `fresh_days`, the agent and the advice alone also walk that many
-    days of a fresh path of the run's synthetic preset. Each P&L walk keeps its daily P&L, for intervals over
+    days of a fresh path of the run's synthetic preset, and at the latest the fused agent with the veto switched. Each P&L walk keeps its daily P&L, for intervals over
     market days."""
     import jax
 
@@ -295,8 +300,7 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
                 ablations = ablation_walks(run)
                 walks["llm_only"] = score(run, ablations["llm_only"].walk, "test")
                 walks["val_llm_only"] = score(run, ablations["llm_only"].walk, "val")
-                trained, switched = (("fused_veto", "fused_no_veto") if run.cfg.hybrid.veto.enabled
-                                     else ("fused_no_veto", "fused_veto"))
+                trained, switched = veto_walks(run.cfg)
                 walks[trained] = walks["agent"]
                 if kind == "latest":
                     walks[switched] = score(run, ablations[switched].walk, "test")
@@ -311,10 +315,24 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
                 walks = out[kind]["walks"]
                 walks["fresh_agent"] = score(run, agent_walk(run), "all")
                 if run.walker is not None:
-                    walks["fresh_llm_only"] = score(run, ablation_walks(run)["llm_only"].walk, "all")
+                    ablations = ablation_walks(run)
+                    walks["fresh_llm_only"] = score(run, ablations["llm_only"].walk, "all")
+                    if kind == "latest":
+                        trained, switched = veto_walks(run.cfg)
+                        walks[f"fresh_{trained}"] = walks["fresh_agent"]
+                        walks[f"fresh_{switched}"] = score(run, ablations[switched].walk, "all")
         finally:
             fresh.close()
     return out
+
+
+def scored_as_asked(scores: dict[str, Any], plan: Plan) -> bool:
+    """Saved scores hold every walk this experiment reports, as the current version walks them: its own, or version
+    2's for a run without an advisor (3 changed only the veto's walks)."""
+    if plan.fresh_days not in (0, scores.get("fresh_days", 0)):
+        return False
+    advised = "llm_only" in scores.get("latest", {}).get("walks", {})
+    return scores.get("version") == EVAL_VERSION or (scores.get("version") == 2 and not advised)
 
 
 def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
@@ -323,7 +341,7 @@ def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
     path = plan.run_dir(arm, seed) / EVAL_FILE
     if path.exists():
         scores = json.loads(path.read_text())
-        if scores.get("version") == EVAL_VERSION and plan.fresh_days in (0, scores.get("fresh_days", 0)):
+        if scored_as_asked(scores, plan):
             return without_unasked_fresh(scores, plan)
         run_dir = path.parent
     else:
@@ -417,7 +435,8 @@ def with_days(figure: dict[str, Any], splits: list[list[dict[str, float] | None]
 
 # figures that are a walk's P&L, whose daily P&L the scoring keeps -> the walk
 DAILY_FIGURES = {"test_pnl": "agent", "val_pnl": "val_agent", "llm_only_test_pnl": "llm_only",
-                 "llm_only_val_pnl": "val_llm_only", "fresh_pnl": "fresh_agent", "llm_only_fresh_pnl": "fresh_llm_only"}
+                 "llm_only_val_pnl": "val_llm_only", "fresh_pnl": "fresh_agent", "llm_only_fresh_pnl": "fresh_llm_only",
+                 **{f"veto_{side}_fresh_pnl": walk for side, walk in zip(("off", "on"), VETO_WALKS["fresh"])}}
 
 
 def per_seed_figures(scores: dict[str, Any], kind: str) -> dict[str, float | None]:
@@ -459,8 +478,9 @@ def summarize(results: dict[str, dict[int, dict]], seeds: list[int]) -> dict[str
                 with_days(figures[name], [[days[s][name] for s in seeds]])
             with_days(figures["paired_val_test_pnl_vs_llm_only"],
                       [[days[s][f"paired_{split}_pnl_vs_llm_only"] for s in seeds] for split in ("val", "test")])
-            off, on = figures["veto_off_test_pnl"]["mean"], figures["veto_on_test_pnl"]["mean"]
-            figures["veto_pnl_cost"] = None if off is None or on is None else (off - on) / abs(off)
+            for split in VETO_WALKS:
+                off, on = figures[f"veto_off_{split}_pnl"]["mean"], figures[f"veto_on_{split}_pnl"]["mean"]
+                figures[veto_cost_name(split)] = None if off is None or on is None else (off - on) / abs(off)
             figures["updates"] = [by_seed[s][kind]["update"] for s in seeds]
             arms[arm][kind] = figures
             daily[arm, kind] = days
@@ -477,6 +497,11 @@ def summarize(results: dict[str, dict[int, dict]], seeds: list[int]) -> dict[str
                       for s in seeds]])
                 for other in arms if other not in (arm, BASELINE)}
     return arms
+
+
+def veto_cost_name(split: str) -> str:
+    """The figure of the veto's P&L cost on `split`: (off − on) / |off| of the mean P&L."""
+    return "veto_pnl_cost" if split == "test" else f"veto_{split}_pnl_cost"
 
 
 def _cell(f: dict[str, Any], money: bool = True, interval: str = "ci95") -> str:
@@ -535,20 +560,26 @@ def table(summary: dict[str, Any], command: str) -> str:
         for arm in others:
             vs = summary["arms"][arm]["latest"]["paired_test_pnl_vs"]
             lines.append(f"| {arm} | " + " | ".join(_cell(vs[o]) if o in vs else "" for o in others) + " |")
-    lines += ["", "The risk veto: the fused agent with it off and on (same checkpoints, test; the latest is scored both ways):",
+    on_fresh = "; also on the fresh path, {the interval over seeds and market days}" if summary.get("fresh_days") else ""
+    lines += ["", f"The risk veto: the fused agent with it off and on (the latest checkpoint, scored both ways{on_fresh}):",
               "",
-              ("| arm | checkpoint | P&L off | P&L on | on − off | P&L cost | breaches off | breaches on | "
-               "max drawdown off | max drawdown on |"), "|" + "---|" * 10]
+              ("| arm | split | P&L off | P&L on | on − off | P&L cost | breaches off | breaches on | on − off | "
+               "max drawdown off | max drawdown on | on − off |"), "|" + "---|" * 12]
     for arm, a in summary["arms"].items():
-        for kind in CHECKPOINTS:
-            f = a[kind]
-            if f["veto_off_test_pnl"]["mean"] is None or f["veto_on_test_pnl"]["mean"] is None:
+        f = a["latest"]
+        for split in VETO_WALKS:
+            if f[f"veto_off_{split}_pnl"]["mean"] is None or f[f"veto_on_{split}_pnl"]["mean"] is None:
                 continue
-            lines.append("| " + " | ".join([
-                arm, kind, _cell(f["veto_off_test_pnl"]), _cell(f["veto_on_test_pnl"]), _cell(f["paired_veto_test_pnl"]),
-                f"{f['veto_pnl_cost']:.0%}", _cell(f["veto_off_test_breaches"], False),
-                _cell(f["veto_on_test_breaches"], False), _cell(f["veto_off_test_max_drawdown"]),
-                _cell(f["veto_on_test_max_drawdown"])]) + " |")
+            paired = f[f"paired_veto_{split}_pnl"]
+            days = f" {{{paired['ci95_days'][0]:,.0f}, {paired['ci95_days'][1]:,.0f}}}" if paired.get("ci95_days") else ""
+            cells = [arm, split]
+            for name in VETO_METRICS:
+                money = name != "breaches"
+                cells += [_cell(f[f"veto_off_{split}_{name}"], money), _cell(f[f"veto_on_{split}_{name}"], money),
+                          _cell(f[f"paired_veto_{split}_{name}"], money) + (days if name == "pnl" else "")]
+                if name == "pnl":
+                    cells.append(f"{f[veto_cost_name(split)]:.1%}")  # below 0: the veto gained
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

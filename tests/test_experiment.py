@@ -216,6 +216,25 @@ def test_a_run_scored_by_an_older_version_is_scored_again_not_trained(tmp_path, 
     assert scored[4:] == [60, 60]
 
 
+def test_version_2_scores_stand_for_a_run_without_an_advisor_only(tmp_path, monkeypatch):
+    """Version 3 changed only the veto's walks (a new rule; the fresh path): saved version-2 scores of a run without
+    an advisor stand, an advised run is walked again."""
+    runs = tmp_path / "runs"
+    for arm in ("rl_only", "news"):
+        (runs / f"{arm}-s0").mkdir(parents=True)
+        (runs / f"{arm}-s0" / fusion.EVAL_FILE).write_text(json.dumps(
+            {**_fake_scores(100.0, arm == "news"), "version": 2, "fresh_days": 40}))
+    scored = []
+    monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(fusion, "score_run", lambda run_dir, fresh_days: scored.append(run_dir.name) or {
+        **_fake_scores(7.0, True), "fresh_days": fresh_days})
+    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "experiment.json", runs, [], None)
+    fusion.run(dataclasses.replace(plan, fresh_days=40), "python scripts/experiment.py ...", progress=False)
+    assert scored == ["news-s0"]
+    fusion.run(plan, "python scripts/experiment.py ...", progress=False)
+    assert scored == ["news-s0"]  # read back
+
+
 def test_a_fresh_path_is_the_same_preset_on_bars_no_run_trained_on(tmp_path):
     from jaxenv.market import load_market
 
@@ -241,6 +260,10 @@ def test_the_table_shows_the_fresh_path_when_scored(tmp_path):
             walks["fresh_agent"] = _pnl_walk(pnl * 10)
             if arm == "news":
                 walks["fresh_llm_only"] = _pnl_walk(pnl * 5)
+                walks["fresh_fused_no_veto"] = walks["fresh_agent"]
+        if arm == "news":  # the veto switched on, at the latest only: it halves the P&L, breaches 3 -> 1
+            scores["latest"]["walks"]["fresh_agent"].update(breaches=3, max_drawdown=900.0)
+            scores["latest"]["walks"]["fresh_fused_veto"] = _pnl_walk(pnl * 5, breaches=1, max_drawdown=700.0)
         (runs / f"{arm}-s0").mkdir(parents=True)
         (runs / f"{arm}-s0" / fusion.EVAL_FILE).write_text(json.dumps({**scores, "fresh_days": 4}))
     plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "experiment.json", runs, [],
@@ -248,8 +271,14 @@ def test_the_table_shows_the_fresh_path_when_scored(tmp_path):
     news = fusion.run(plan, "python scripts/experiment.py ...", progress=False)["arms"]["news"]["latest"]
     assert news["paired_fresh_pnl_vs_rl_only"]["mean"] == 3000.0
     assert news["paired_fresh_pnl_vs_llm_only"]["mean"] == 2000.0
+    # the veto's trade-off on the fresh path: on − off, and its cost
+    assert (news["paired_veto_fresh_pnl"]["mean"], news["paired_veto_fresh_breaches"]["mean"],
+            news["paired_veto_fresh_max_drawdown"]["mean"], news["veto_fresh_pnl_cost"]) == (-2000.0, -2.0, -200.0, 0.5)
+    assert news["paired_veto_fresh_pnl"]["ci95_days"] == [-4000.0, 0.0]  # lost on one day of four, drawn 0-2 times
     text = (tmp_path / "table.md").read_text()
     assert "fresh: 4 days" in text and "| − advice alone, fresh |" in text
+    assert "| news | fresh | 4,000 [4,000, 4,000] | 2,000 [2,000, 2,000] | -2,000 [-2,000, -2,000] {-4,000, 0} | 50.0% | " \
+           "3.000 [3.000, 3.000] | 1.000 [1.000, 1.000] | -2.000 [-2.000, -2.000] |" in text
     # the same runs in an experiment that did not ask for a fresh path: no fresh figures in its report
     summary = fusion.run(dataclasses.replace(plan, fresh_days=0), "python scripts/experiment.py ...", progress=False)
     assert summary["arms"]["news"]["latest"]["fresh_pnl"]["mean"] is None
@@ -312,6 +341,45 @@ def test_quick_experiment_trains_scores_and_resumes(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert {p: p.stat().st_mtime for p in stamps} == stamps  # nothing trained again
     assert json.loads(out.read_text())["arms"] == summary["arms"]
+    # the veto's variants on the same runs: the veto switched on is the experiment's fresh veto walk
+    variants = tmp_path / "veto.json"
+    cmd = [sys.executable, "experiments/veto_variants.py", "--runs", str(tmp_path / "runs"), "--arm", "news",
+           "--seeds", "0-1", "--days", "5", "--offset", str(fusion.FRESH_SEED_OFFSET), "--variant", "off",
+           "--variant", "on", "--json", str(variants)]
+    third = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert third.returncode == 0, third.stderr[-3000:]
+    walked = json.loads(variants.read_text())
+    fresh_veto = summary["arms"]["news"]["latest"]["veto_on_fresh_pnl"]["mean"]
+    assert np.mean([walked["runs"][s]["on"]["net_pnl"] for s in ("0", "1")]) == pytest.approx(fresh_veto)
+
+
+def test_veto_variants_read_hybrid_veto_keys_and_pair_each_variant_with_the_veto_off():
+    from experiments.veto_variants import account_windows, parse_variant, summary_table
+
+    assert parse_variant("off") == ("off", None) and parse_variant("on") == ("on", {})
+    assert parse_variant("near:advised_only_below=0.25,cooldown_bars=60,consecutive_losses=5") == (
+        "near", {"advised_only_below": 0.25, "cooldown_bars": 60, "consecutive_losses": "5"})
+    assert parse_variant("m:win_rate_margin=0.1,consecutive_losses=auto") == (
+        "m", {"win_rate_margin": 0.1, "consecutive_losses": "auto"})
+    for bad in ("near", "near:", "near:enabled=0", "near:cooldown=5", "near:significance=often"):
+        with pytest.raises(ValueError, match="--variant"):
+            parse_variant(bad)
+    walk = {"trades": 10.0, "veto_rate": 0.0}
+    rows = {str(s): {"off": {**walk, "net_pnl": 100.0 * s, "breaches": 3.0, "max_drawdown": 900.0},
+                     "on": {**walk, "net_pnl": 100.0 * s - 10, "breaches": 1.0, "max_drawdown": 700.0}}
+            for s in range(3)}
+    summary, table = summary_table(rows)
+    assert summary["on"]["net_pnl_vs_off"]["mean"] == pytest.approx(-10.0)
+    assert summary["on"]["breaches_vs_off"]["ci95"] == [-2.0, -2.0] and "net_pnl_vs_off" not in summary["off"]
+    assert "| on | 90 | -10 [-10, -10] | 1.0 | -2.0 [-2.0, -2.0] | 700 | -200 [-200, -200] |" in table
+    # fresh accounts of D days: one per whole block of D trading days, from the first bar traded on
+    assert account_windows(np.repeat(np.arange(25), 3), 2, 10) == [(2, 30), (30, 60)]
+    for s in rows:
+        rows[s]["off"].update(accounts_breached=0.5, accounts_passed=0.25)
+        rows[s]["on"].update(accounts_breached=0.25, accounts_passed=0.25)
+    summary, table = summary_table(rows)
+    assert summary["on"]["accounts_breached_vs_off"]["mean"] == pytest.approx(-0.25)
+    assert table.splitlines()[3].endswith("| 25% | -25% [-25%, -25%] | 25% | 0% [0%, 0%] |")
 
 
 def test_shuffled_advice_keeps_the_news_statistics_and_loses_the_headline():

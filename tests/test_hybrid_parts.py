@@ -388,9 +388,10 @@ def act_on_window_one(learned, n_envs: int):
     env_params = EnvParams(bars=jnp.zeros((2, 8)))  # the record reads the decision bar's close
 
     def act(acting, carry, side):
+        """`side`: the envs' position sides, or their whole env state (which the veto reads)."""
+        state = side if hasattr(side, "side") else types.SimpleNamespace(side=side, t=jnp.zeros_like(side))
         out = acting.act(network, params, carry, jnp.zeros((n_envs, 6)), jnp.ones((n_envs, 6), bool),
-                         jnp.zeros((n_envs, n_obs)), types.SimpleNamespace(side=side, t=jnp.zeros_like(side)),
-                         env_params, jax.random.PRNGKey(1))
+                         jnp.zeros((n_envs, n_obs)), state, env_params, jax.random.PRNGKey(1))
         return out[3], out[5]
 
     return act
@@ -466,6 +467,41 @@ def test_an_env_that_trusts_its_advice_enters_only_on_the_side_the_advice_names(
 
     assert entries(acting) == [[True, False], [True, True], [False, False], [False, False]]
     for other in (dataclasses.replace(acting, query=dataclasses.replace(cfg, advised_entries_only=False)),
+                  dataclasses.replace(acting, fusion="none")):
+        assert entries(other) == [[True, True]] * 4
+
+
+def test_near_the_drawdown_limit_a_bound_env_enters_only_where_its_advice_names_the_side():
+    """veto.advised_only_below: an account within that share of the trailing drawdown, bound to advice it has reason
+    to trust (its running trust here), enters only on the side its valid advice names. Further from the limit,
+    unbound, with the rule off, where every env is always bound (no trust kept), or for the policy alone, it enters
+    as it likes."""
+    import dataclasses
+
+    from agents.advice.acting import HybridActing
+
+    state, params = env_states()
+    # equity 48,500 against a threshold of 47,500: 0.4 of the 2,500 trailing drawdown left (the buffer rule fires
+    # below 0.2); env 2 is at its peak, 1.0 left
+    state = jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), state)
+    state = state.replace(equity=jnp.array([48_500.0, 48_500.0, 50_000.0, 48_500.0]))
+    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True, wait_min_trust=0.05)
+    acting = HybridActing("learned", cfg, VetoConfig(), 0.3, window=1, extended=False)
+    assert acting.veto.advised_only_below == 0.5  # on by default
+    flat = jnp.zeros(4, jnp.int32)
+    advice = acting.init_carry(4).advice.mark_queried(jnp.array([0]), jnp.ones(1, bool), flat)
+    advice = advice.tick().write(jnp.array([0]), jax.nn.one_hot(jnp.array([BUY]), 6) * 0.9 + 0.1 / 6,
+                                 jnp.full(1, 0.8), jnp.zeros(1, jnp.int32), jnp.ones(1, bool))  # env 0: BUY
+    carry = acting.init_carry(4).replace(advice=advice, trust=jnp.array([1.0, 1.0, 1.0, 0.01]))  # env 3 unbound
+    network_act = act_on_window_one(acting, 4)
+
+    def entries(acting):
+        mask, _ = network_act(acting, carry, state)
+        return np.asarray(mask)[:, [BUY, SELL]].tolist()
+
+    assert entries(acting) == [[True, False], [False, False], [True, True], [True, True]]
+    for other in (dataclasses.replace(acting, veto=VetoConfig(advised_only_below=0.0)),
+                  dataclasses.replace(acting, query=dataclasses.replace(cfg, wait_min_trust=0.0)),
                   dataclasses.replace(acting, fusion="none")):
         assert entries(other) == [[True, True]] * 4
 

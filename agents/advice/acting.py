@@ -18,7 +18,7 @@ from flax import struct
 
 from agents.advice.fusion import (GATE_INIT_LOGIT, TrustGate, fusion_features, masked_advice_probs, mix, pool,
                                   rules_action)
-from agents.advice.risk_veto import RULES, VetoState, apply_veto
+from agents.advice.risk_veto import RULES, VetoState, apply_veto, near_the_limit
 from agents.advice.table import AdviceTable, AdviceView, passed, pending, view
 from agents.config import ADVISED_FUSIONS, GATED_FUSIONS, QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
@@ -245,6 +245,12 @@ class HybridActing:
         return carry.trust > self.query.wait_min_trust if self.waits_on_trust else jnp.ones(carry.trust.shape, bool)
 
     @property
+    def binding_earned(self) -> bool:
+        """Whether `trusted` says something: envs are bound by their advice's record or their running trust, not
+        all of them always."""
+        return self.binds_on_record or self.waits_on_trust
+
+    @property
     def keeps_advised_bracket(self) -> bool:
         return self.query.keep_advised_bracket and self.fusion in ADVISED_FUSIONS
 
@@ -256,11 +262,14 @@ class HybridActing:
         """Returns (executed action, the action PPO learns from, its log-prob, extras, new carry)."""
         veto_mask, veto, fired, _ = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
         advice = view(carry.advice, self.query, env_state.side)
-        waiting = self.waiting(carry, env_state.side, advice)
         entries = jnp.array(action_flags((BUY, SELL)))
-        mask = veto_mask & ~(waiting[:, None] & entries[None, :])
         bound = self.trusted(carry)
         named = jax.nn.one_hot(jnp.argmax(advice.probs, -1), NUM_ACTIONS, dtype=bool)
+        if self.binding_earned:  # near the drawdown limit, a bound env enters only on its advice (a veto rule)
+            near_limit = near_the_limit(self.veto, env_state, env_params) & bound
+            veto_mask = veto_mask & ~(near_limit[:, None] & entries[None, :] & ~(advice.valid[:, None] & named))
+        waiting = self.waiting(carry, env_state.side, advice)
+        mask = veto_mask & ~(waiting[:, None] & entries[None, :])
         if self.enters_on_advice_only:
             own_entry = entries[None, :] & ~(advice.valid[:, None] & named)
             # where the advisor's answer in force is PASS it has said it has no view: the policy enters alone there,

@@ -5,7 +5,8 @@ losing streak that an agent winning at p0 has with probability <= `significance`
 bracket); drawdown buffer below 20% of the trailing drawdown; so few wins in the last 10 trades (at least 5)
 that an agent at p0 shows them with probability <= `significance`. Fixed thresholds (a number of losses, p0
 minus a margin) remain available. A firing rule blocks BUY, SELL and
-ENABLE_TRAIL; HOLD is never vetoed. A veto lasts `cooldown_bars` bars or until a new session, whichever
+ENABLE_TRAIL; HOLD is never vetoed. Near the drawdown limit (`near_the_limit`), an env bound to its advice enters
+only on the advice's side (agents.advice.acting applies it, where the advice is). A veto lasts `cooldown_bars` bars or until a new session, whichever
 comes first. A rule fires again only after another trade has closed, so when its condition outlives the
 veto the agent is let back in rather than locked out for good.
 """
@@ -83,6 +84,16 @@ def rule_conditions(cfg: VetoConfig, state: EnvState, params: EnvParams, streak:
         ],
         axis=-1,
     )
+
+
+def near_the_limit(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.Array:
+    """[N] bool: envs whose account is within `advised_only_below` of the trailing drawdown (a share of it; 0: off)
+    (vmapped env state, leaves [N]). Those bound to their advice enter only where it names the side (HybridActing):
+    there an entry must be the best one, and the advice's are better than the policy's own."""
+    if not cfg.enabled or cfg.advised_only_below <= 0:
+        return jnp.zeros(state.side.shape, bool)
+    buffer = (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
+    return buffer < cfg.advised_only_below
 
 
 def apply_veto(cfg: VetoConfig, veto: VetoState, state: EnvState, params: EnvParams, mask: jax.Array):
