@@ -265,8 +265,8 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
     """Both checkpoints, greedy, each split walked whole (test and validation): the agent and, for an advised run,
     the advice alone; at the latest checkpoint also the fused agent with the veto switched on test (the agent is the
     fused agent with the veto as it trained). With `fresh_days`, the agent and the advice alone also walk that many
-    days of a fresh path of the run's synthetic preset, and at the latest the fused agent with the veto switched. Each P&L walk keeps its daily P&L, for intervals over
-    market days."""
+    days of a fresh path of the run's synthetic preset, and at the latest the fused agent with the veto switched.
+    Each P&L walk keeps its daily P&L, for intervals over market days."""
     import jax
 
     from agents.advice.usage import walk_advice_metrics
@@ -560,9 +560,10 @@ def table(summary: dict[str, Any], command: str) -> str:
         for arm in others:
             vs = summary["arms"][arm]["latest"]["paired_test_pnl_vs"]
             lines.append(f"| {arm} | " + " | ".join(_cell(vs[o]) if o in vs else "" for o in others) + " |")
-    on_fresh = "; also on the fresh path, {the interval over seeds and market days}" if summary.get("fresh_days") else ""
-    lines += ["", f"The risk veto: the fused agent with it off and on (the latest checkpoint, scored both ways{on_fresh}):",
-              "",
+    on_fresh = ("; also on the fresh path, {the interval over seeds and market days}" if summary.get("fresh_days")
+                else "")
+    lines += ["", "The risk veto: the fused agent with it off and on (the latest checkpoint, scored both "
+              f"ways{on_fresh}):", "",
               ("| arm | split | P&L off | P&L on | on − off | P&L cost | breaches off | breaches on | on − off | "
                "max drawdown off | max drawdown on | on − off |"), "|" + "---|" * 12]
     for arm, a in summary["arms"].items():
@@ -571,7 +572,8 @@ def table(summary: dict[str, Any], command: str) -> str:
             if f[f"veto_off_{split}_pnl"]["mean"] is None or f[f"veto_on_{split}_pnl"]["mean"] is None:
                 continue
             paired = f[f"paired_veto_{split}_pnl"]
-            days = f" {{{paired['ci95_days'][0]:,.0f}, {paired['ci95_days'][1]:,.0f}}}" if paired.get("ci95_days") else ""
+            lo_hi = paired.get("ci95_days")
+            days = f" {{{lo_hi[0]:,.0f}, {lo_hi[1]:,.0f}}}" if lo_hi else ""
             cells = [arm, split]
             for name in VETO_METRICS:
                 money = name != "breaches"

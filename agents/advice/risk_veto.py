@@ -4,11 +4,11 @@ Rules (each can be turned off), judged against the bracket's break-even win rate
 losing streak that an agent winning at p0 has with probability <= `significance` (8 losses for a 1.5/3-ATR
 bracket); drawdown buffer below 20% of the trailing drawdown; so few wins in the last 10 trades (at least 5)
 that an agent at p0 shows them with probability <= `significance`. Fixed thresholds (a number of losses, p0
-minus a margin) remain available. A firing rule blocks BUY, SELL and
-ENABLE_TRAIL; HOLD is never vetoed. Near the drawdown limit (`near_the_limit`), an env bound to its advice enters
-only on the advice's side (agents.advice.acting applies it, where the advice is). A veto lasts `cooldown_bars` bars or until a new session, whichever
-comes first. A rule fires again only after another trade has closed, so when its condition outlives the
-veto the agent is let back in rather than locked out for good.
+minus a margin) remain available. A firing rule blocks BUY, SELL and ENABLE_TRAIL; HOLD is never vetoed. A
+veto lasts `cooldown_bars` bars or until a new session, whichever comes first. A rule fires again only after
+another trade has closed, so when its condition outlives the veto the agent is let back in rather than locked out
+for good. Near the drawdown limit (`near_the_limit`), an env bound to its advice enters only on the advice's side
+(agents.advice.acting applies it, where the advice is).
 """
 
 from __future__ import annotations
