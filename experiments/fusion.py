@@ -250,9 +250,10 @@ def train_run(plan: Plan, arm: str, seed: int) -> Path:
     return run_dir
 
 
-def fresh_market(data: DataConfig, days: int) -> DataConfig:
-    """`days` of the run's synthetic preset on a path of its own: the same market, bars no run trained on."""
-    return dataclasses.replace(data, synthetic_days=days, synthetic_seed=data.synthetic_seed + FRESH_SEED_OFFSET)
+def fresh_market(data: DataConfig, days: int, offset: int = FRESH_SEED_OFFSET) -> DataConfig:
+    """`days` of the run's synthetic preset on a path of its own (data seed + `offset`): the same market, bars no
+    run trained on."""
+    return dataclasses.replace(data, synthetic_days=days, synthetic_seed=data.synthetic_seed + offset)
 
 
 def veto_walks(cfg) -> tuple[str, str]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.fusion import FRESH_SEED_OFFSET, bootstrap, parse_seeds
+from experiments.fusion import FRESH_SEED_OFFSET, bootstrap, fresh_market, parse_seeds
 
 TUNING_OFFSET = 2 * FRESH_SEED_OFFSET  # the tuning path's data seed offset: not the experiment's fresh path
 METRICS = ("net_pnl", "breaches", "max_drawdown", "trades", "veto_rate")
@@ -83,24 +83,20 @@ def walk_variants(run_dir: Path, variants: dict[str, dict | None], days: int, of
     from jaxenv.metrics import walk_metrics
 
     cfg = load_run_config(run_dir)
-    data = dataclasses.replace(cfg.data, synthetic_days=days, synthetic_seed=cfg.data.synthetic_seed + offset)
-    run = load_run(run_dir, "latest", data=data)
+    run = load_run(run_dir, "latest", data=fresh_market(cfg.data, days, offset))
     if run.walker is None:
         run.close()
         raise ValueError(f"{run_dir}: a run without an advisor has no veto to vary")
-    base = run.walker.acting
+    bounds = walk_bounds(run.market, "all")
+
+    def figures(trace):
+        return walk_metrics(trace, run.market.timestamps, run.cfg.env.prop_firm, run.market.sessions.day)
+
     out = {}
     try:
         for name, changes in variants.items():
-            veto = base.veto if changes is None else dataclasses.replace(base.veto, **changes)
-            run.walker.acting = dataclasses.replace(base, veto=veto)
-            run.walker._compiled.clear()  # its compiled walks are cached by whether the veto is on, not by its keys
-            walk = advised_walk(run, veto=changes is not None)
-            bounds = walk_bounds(run.market, "all")
-
-            def figures(trace):
-                return walk_metrics(trace, run.market.timestamps, run.cfg.env.prop_firm, run.market.sessions.day)
-
+            veto = False if changes is None else dataclasses.replace(cfg.hybrid.veto, enabled=True, **changes)
+            walk = advised_walk(run, veto=veto)
             trace = walk(bounds, jax.random.PRNGKey(0))
             m = {**figures(trace), **walk_advice_metrics(trace)}
             out[name] = {k: float(m[k]) for k in METRICS}

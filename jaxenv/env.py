@@ -98,6 +98,11 @@ def drawdown_threshold(peak: jax.Array, params: EnvParams) -> jax.Array:
     return jnp.minimum(peak - params.trailing_drawdown, params.starting_balance + params.trail_stop_offset)
 
 
+def drawdown_room(state: EnvState, params: EnvParams) -> jax.Array:
+    """The account's room before a breach, as a share of the trailing drawdown (1 for a fresh account)."""
+    return (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
+
+
 @lru_cache(maxsize=1)
 def default_market() -> Market:
     """The market of `DataConfig()` (synthetic NQ minute bars), built once on first use."""
@@ -306,11 +311,10 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
         return jnp.concatenate(parts)
 
     def risk_features(self, state: EnvState, params: EnvParams) -> jax.Array:
-        threshold = drawdown_threshold(state.peak, params)
         win_rate = jnp.where(state.recent_count > 0, recent_win_rate(state), 0.5)
         return jnp.stack(
             [
-                (state.equity - threshold) / params.trailing_drawdown,
+                drawdown_room(state, params),
                 jnp.minimum(state.consecutive_losses / 5.0, 2.0),
                 win_rate,
                 state.trades_today / 10.0,

@@ -265,13 +265,13 @@ class HybridActing:
         entries = jnp.array(action_flags((BUY, SELL)))
         bound = self.trusted(carry)
         named = jax.nn.one_hot(jnp.argmax(advice.probs, -1), NUM_ACTIONS, dtype=bool)
+        own_entry = entries[None, :] & ~(advice.valid[:, None] & named)  # [N, A] entries the advice does not name
         if self.binding_earned:  # near the drawdown limit, a bound env enters only on its advice (a veto rule)
             near_limit = near_the_limit(self.veto, env_state, env_params) & bound
-            veto_mask = veto_mask & ~(near_limit[:, None] & entries[None, :] & ~(advice.valid[:, None] & named))
+            veto_mask = veto_mask & ~(near_limit[:, None] & own_entry)
         waiting = self.waiting(carry, env_state.side, advice)
         mask = veto_mask & ~(waiting[:, None] & entries[None, :])
         if self.enters_on_advice_only:
-            own_entry = entries[None, :] & ~(advice.valid[:, None] & named)
             # where the advisor's answer in force is PASS it has said it has no view: the policy enters alone there,
             # except after a fill or an exit, until the env is asked again. It need not wait for that answer: waiting
             # for it too cost the trained switch 13k of its 215k over 119 fresh days (docs/advisor.md)

@@ -20,7 +20,7 @@ from jax.scipy.stats import binom
 
 from agents.config import VetoConfig
 from bridge.protocol import action_flags
-from jaxenv.env import BUY, ENABLE_TRAIL, RECENT_TRADES, SELL, EnvParams, EnvState, drawdown_threshold
+from jaxenv.env import BUY, ENABLE_TRAIL, RECENT_TRADES, SELL, EnvParams, EnvState, drawdown_room
 
 RULES = ("consecutive_losses", "drawdown_buffer", "win_rate")
 BLOCKED_ACTIONS = (BUY, SELL, ENABLE_TRAIL)
@@ -73,7 +73,7 @@ def rule_conditions(cfg: VetoConfig, state: EnvState, params: EnvParams, streak:
                     fewest_wins: jax.Array) -> jax.Array:
     """[3] bool for one env: which rules' conditions hold in its state (`streak`, `fewest_wins`: the thresholds of
     losing_streak_limit and fewest_wins_allowed)."""
-    buffer = (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
+    buffer = drawdown_room(state, params)
     wins = jax.lax.population_count(state.recent_wins)
     return jnp.stack(
         [
@@ -92,7 +92,7 @@ def near_the_limit(cfg: VetoConfig, state: EnvState, params: EnvParams) -> jax.A
     there an entry must be the best one, and the advice's are better than the policy's own."""
     if not cfg.enabled or cfg.advised_only_below <= 0:
         return jnp.zeros(state.side.shape, bool)
-    buffer = (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
+    buffer = drawdown_room(state, params)
     return buffer < cfg.advised_only_below
 
 

@@ -29,6 +29,7 @@ from agents.advice.usage import STAT_PREFIX, walk_advice_metrics
 from agents.advisor.adapters import starting_adapter
 from agents.advisor.link import AdvisorLink
 from agents.advisor.query_loop import chunk_lengths
+from agents.config import VetoConfig
 from agents.rl.networks import ActorCritic
 from jaxenv.env import EnvState
 from jaxenv.evaluate import continue_after_breach, trace_step
@@ -85,8 +86,9 @@ class AdvisedWalker:
         self._adapter = starting_adapter(cfg)  # the adapter the sidecar answers with
 
     def _chunk_fn(self, acting: HybridActing, k: int):
-        """The jitted k-bar walk for this acting variant (the configs inside are not hashable: cache by key)."""
-        key = (acting.fusion, acting.veto.enabled, acting.greedy, k)
+        """The jitted k-bar walk for this acting variant (the configs inside are not hashable: cache by key; the veto
+        by all of its settings, which a walk may change)."""
+        key = (acting.fusion, dataclasses.astuple(acting.veto), acting.greedy, k)
         if key not in self._compiled:
             self._compiled[key] = jax.jit(partial(_chunk, self.env, acting, self.ppo.network,
                                                   self.cfg.ppo.normalize_obs, k=k))
@@ -113,17 +115,21 @@ class AdvisedWalker:
         self.link.client.command("load", path=path, timeout_s=600.0)
         self._adapter = path
 
-    def acting_for(self, fusion: str | None = None, veto: bool | None = None, greedy: bool | None = None) -> HybridActing:
+    def acting_for(self, fusion: str | None = None, veto: bool | VetoConfig | None = None,
+                   greedy: bool | None = None) -> HybridActing:
+        """The run's acting with these changed; `veto`: on or off with the run's settings, or settings of its own."""
         a = self.acting
+        if isinstance(veto, bool):
+            veto = dataclasses.replace(a.veto, enabled=veto)
         return dataclasses.replace(
             a,
             fusion=a.fusion if fusion is None else fusion,
-            veto=a.veto if veto is None else dataclasses.replace(a.veto, enabled=veto),
+            veto=a.veto if veto is None else veto,
             greedy=a.greedy if greedy is None else greedy,
         )
 
     def walk(self, params: Any, obs_norm: Any, split: str | tuple[int, int], key: jax.Array, *,
-             fusion: str | None = None, veto: bool | None = None, greedy: bool | None = None,
+             fusion: str | None = None, veto: bool | VetoConfig | None = None, greedy: bool | None = None,
              adapter: Any = ..., record: Any = None) -> dict[str, Any]:
         """Per-bar trace with `jaxenv.walk_split`'s columns plus the advice in force at each bar
         (`advice_action`, `advice_confidence` (decayed), `advice_valid`), the acting step's stats (`stat_*`) and
