@@ -7,6 +7,8 @@ so a typo in a YAML file never silently trains with a default.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,11 +22,6 @@ from bridge.protocol import MOCK_ANSWERS
 from jaxenv.config import DataConfig, EnvConfig, check_rules, resolve_data_config
 
 
-# learned fusion: the trust gate's logit before training, the same for every input: sigmoid(−2) ≈ 0.12, start by
-# trusting the advice little (−4.6: 0.01)
-GATE_INIT_LOGIT = -2.0
-
-
 class ConfigError(ValueError):
     """A bad configuration key or value; the message names the dotted key."""
 
@@ -32,17 +29,17 @@ class ConfigError(ValueError):
 @dataclass
 class PPOConfig:
     num_steps: int = 64  # rollout length T per env per update
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    lr: float = 3e-4
+    update_epochs: int = 4  # passes over each rollout
+    num_minibatches: int = 4  # minibatches per pass
+    lr: float = 3e-4  # Adam step size
     anneal_lr: bool = True  # linear decay to 0 over the run
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_eps: float = 0.2
+    gamma: float = 0.99  # discount per env step
+    gae_lambda: float = 0.95  # GAE's λ
+    clip_eps: float = 0.2  # PPO's ratio clip
     clip_value: bool = False  # PPO2-style clipped value loss
-    vf_coef: float = 0.5
-    ent_coef: float = 0.01
-    max_grad_norm: float = 0.5
+    vf_coef: float = 0.5  # weight of the value loss
+    ent_coef: float = 0.01  # weight of the entropy bonus
+    max_grad_norm: float = 0.5  # global gradient-norm clip
     normalize_obs: bool = True  # running mean/std of observations, stored with the checkpoint
     scale_rewards: bool = False  # divide rewards by the running std of the discounted return
     normalize_advantages: bool = True  # per minibatch
@@ -50,8 +47,8 @@ class PPOConfig:
 
 @dataclass
 class NetworkConfig:
-    actor_hidden: list[int] = field(default_factory=lambda: [256, 256])
-    critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
+    actor_hidden: list[int] = field(default_factory=lambda: [256, 256])  # the policy MLP's hidden widths
+    critic_hidden: list[int] = field(default_factory=lambda: [256, 256])  # the value MLP's hidden widths
     activation: str = "tanh"  # tanh | relu
 
 
@@ -67,7 +64,7 @@ class CheckpointConfig:
 @dataclass
 class LogConfig:
     progress: bool = True  # progress bar with ETA on stderr
-    tensorboard: bool = True
+    tensorboard: bool = True  # curves in RUN_DIR/tb
     frozen_kl: float = 1e-6  # warn when approx_kl stays below this ...
     frozen_updates: int = 5  # ... for this many consecutive updates
     min_entropy_frac: float = 0.05  # warn when entropy < this × log(num_actions)
@@ -87,32 +84,26 @@ class QueryConfig:
     entries_only: bool = False  # ask only flat envs (entry decisions): for advisors with nothing to say in a trade
     # a flat env whose question is in flight may not enter until the answer arrives (one query step), nor one that
     # just exited without advice for being flat until it is asked: the policy cannot otherwise tell that advice is
-    # on its way, and entering first leaves the answer nothing to decide (measured: such entries lost money)
+    # on its way, and entering first leaves the answer nothing to decide
     wait_for_answer: bool = False
-    # ... but only while the env's trust in its advice is above this: a running mean of the trust gate over the env's
-    # advised decisions (learned fusion; it starts at 1, and each advised decision moves it half way to that gate).
-    # An advisor the gate ignores then stops deciding when the policy may enter. 0: always wait.
-    wait_min_trust: float = 0.0
-    # a trade entered with advice in force (and, with wait_min_trust, trusted) keeps its bracket to the end: the policy
-    # may not move its stop (MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL). An advisor asked about entries only has
-    # nothing to say inside the trade; its advice was the entry with the bracket, which the advice alone holds
+    # a trade entered with advice in force keeps its bracket to the end: the policy may not move its stop
+    # (MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL). An advisor asked about entries only has nothing to say inside the
+    # trade; its advice was the entry with the bracket, which the advice alone holds
     keep_advised_bracket: bool = False
-    # a flat env that trusts its advice (running trust above wait_min_trust) enters only where valid advice names
-    # that side: the policy may still decline advice, but not trade on its own where its trades would take the
-    # place of the advised ones (an env in a trade is not asked about entries). Where its answer in force is PASS (no
+    # a flat env enters only where valid advice names that side: the policy may still decline advice, but not trade
+    # on its own where its trades would take the place of the advised ones. Where the answer in force is PASS (no
     # view), the policy enters alone, except after a fill or an exit until the env is asked again
     advised_entries_only: bool = False
-    # what binds an env to its advice (the wait with wait_min_trust, keep_advised_bracket, advised_entries_only): its
-    # running trust (`trust`), or the advice's record (`record`): its calls (BUY or SELL to a flat env), held on paper
-    # as long as advice lasts, less costs, have earned more than 0 by over 4 standard errors (until under 2), over
-    # every env's recent calls (agents.advice.acting.AdviceRecord). Where the bound policy already takes the advised
-    # side, the gate has little left to learn and drifts down (measured: from 0.66 to 0.11), so binding on it undoes
-    # the rules
-    bind_on: str = "trust"
+    # which envs the rules above (and the veto's near-limit rule) bind to their advice (agents.advice.rules):
+    # always | trust (while the env's running trust gate is above min_trust) | record (while the advice's calls
+    # have earned, over every env: agents.advice.rules.AdviceRecord). A gate drifts down where the rules already
+    # bind, so binding on trust undoes the rules (docs/findings.md)
+    bind_on: str = "record"
+    min_trust: float = 0.05  # bind_on=trust: bound while the env's running trust is above this
     # bind_on=record: the record weighs about this many of the advice's latest calls (exponentially). Calls of many
     # envs overlap on one price path and identical prompts get identical answers, so they count for fewer than
     # this many independent ones
-    record_calls: int = 1000
+    record_calls: int = 10_000
     # async latency only: after an update in which the advisor was still busy at most query steps (it could take
     # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary
     # and a device round trip, and one that cannot ask anything buys nothing. 1: always every k steps.
@@ -128,7 +119,7 @@ class QueryConfig:
 class VetoConfig:
     """The risk veto's rules (agents.advice.risk_veto)."""
 
-    enabled: bool = True
+    enabled: bool = True  # --no-veto turns it off
     # The rules judge the agent against the bracket's break-even win rate p0 = stop / (stop + target) ATR multiples
     # (1/3 for 1.5/3): `auto` thresholds fire on results that an agent winning at p0 shows with probability at most
     # `significance`. Fixed ones (3 losses, a 40% win rate) fired on most losing streaks of a profitable agent.
@@ -139,21 +130,21 @@ class VetoConfig:
     # fire when the last (5-10) trades won less than p0 minus this margin; auto: when so few wins have binomial
     # probability <= significance at p0 (for 1.5/3: no win in the last 8-10 trades); a margin >= p0 turns it off
     win_rate_margin: float | str = "auto"
-    min_trades_for_win_rate: int = 5
-    cooldown_bars: int = 30
-    # within this share of the trailing drawdown, an env bound to its advice by its record or its running trust
-    # (query.bind_on=record, query.wait_min_trust > 0) enters only on the side the advice names; 0 turns it off
+    min_trades_for_win_rate: int = 5  # the win-rate rule waits for this many recent trades
+    cooldown_bars: int = 30  # a veto lasts this many bars (or until the session ends)
+    # within this share of the trailing drawdown, an env bound to its advice (query.bind_on record or trust) enters
+    # only on the side the advice names; 0 turns it off
     advised_only_below: float = 0.5
 
 
 @dataclass
 class LearningConfig(LearningOptions):
-    """LoRA learning of the advisor from the outcomes of its advice (llm_sidecar.learning): the sidecar's options
-    (bridge.learning.LearningOptions) and what the trainer alone uses."""
+    """LoRA learning of the advisor from the market's move after each answer (llm_sidecar.learning): the sidecar's
+    options (bridge.learning.LearningOptions) and what the trainer alone uses."""
 
     enabled: bool = False  # needs a transformers advisor (smollm2, a model path) in score mode
     every_updates: int = 2  # M: a learning round starts after every M PPO updates (the sidecar runs it between answers)
-    move_bars: int = 30  # bars over which each outcome's market move is measured (<= ppo.num_steps for `move`)
+    move_bars: int = 30  # bars over which the market's move after each answer is measured (<= ppo.num_steps)
 
 
 @dataclass
@@ -161,7 +152,7 @@ class ReasoningConfig:
     """Chain of thought (the prompt templates' `reasoning` section) on a budget: only where the policy is unsure,
     at most a few times per episode; every other query is answered in the advisor's usual mode."""
 
-    enabled: bool = False
+    enabled: bool = False  # needs a prompt template with a `reasoning` section
     policy_confidence: float = 0.5  # ask for reasoning only when the policy's top probability is below this
     per_episode: int = 2  # at most this many reasoned answers per env per episode
 
@@ -170,7 +161,7 @@ class ReasoningConfig:
 class HybridConfig:
     """The LLM advisor and how its advice is used (`--llm` other than none)."""
 
-    fusion: str = "learned"  # none | rules | learned | pooled
+    fusion: str = "learned"  # none | rules | switch | learned
     llm_mode: str = "score"  # score | generate (transformers backends)
     quantization: str = "none"  # none | int8 | int4 (bitsandbytes; GPU)
     llm_adapter: str = ""  # a peft LoRA adapter directory applied to a transformers advisor (--llm-adapter)
@@ -182,19 +173,12 @@ class HybridConfig:
     latency: str = "auto"
     strict_timeout_s: float = 120.0  # strict mode gives up on an answer after this long (counted as timeouts)
     llm_weight: float = 0.3  # rules fusion: the weight of the LLM's confidence
-    gate_lr_scale: float = 10.0  # learned/pooled fusion: the trust gate's learning rate is ppo.lr times this
+    gate_lr_scale: float = 10.0  # learned fusion: the trust gate's learning rate is ppo.lr times this
     sidecar_threads: int = 1  # torch threads in the sidecar: the trainer needs the other cores
     # advisor processes, each with its own torch device and shared memory: a number, or auto (one per GPU, 1 on CPU)
     sidecar_workers: str = "auto"
-    sidecar_nice: int = 19  # OS niceness of the advisor processes (on shared cores they still slow the trainer: advisor_share)
-    # the most of the wall time the advisor may work: after each answered submission (L seconds from submit to
-    # collect) it rests L × (1 − share) / share before the next; auto = 1 (no rest: docs/advisor.md says why)
-    advisor_share: str = "auto"
-    # an advised fusion: the policy and value also read the advice state (probabilities, confidence, age, valid,
-    # question pending), so the policy itself can learn to wait for and to follow informed advice
-    advice_input: bool = False
-    gate_init_logit: float = GATE_INIT_LOGIT  # learned/pooled fusion: the trust gate's logit before training
-    sidecar_batch_size: int = 64
+    sidecar_nice: int = 19  # OS niceness of the advisor processes: they use the cores the trainer leaves idle
+    sidecar_batch_size: int = 64  # prompts per call of the advisor's backend
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
     mock_latency_s: float = 0.0  # mock advisor: injected latency per batch (for tests)
@@ -218,20 +202,16 @@ class TransferConfig:
     # Env steps at the start during which the copied weights stay frozen and only the new input columns (and
     # layers the source lacks) learn; 0 = no warm-up. It must end before the run does.
     freeze_steps: int = 0
-    # The copied policy (the actor) never learns, nor does the observation normaliser it reads: the critic and the
-    # layers the source lacks (the trust gate) do. A gate trained on a fixed policy, which cannot drift toward or
-    # away from the advice while the gate learns how far to trust it.
-    freeze_actor: bool = False
 
 
 @dataclass
 class TrainConfig:
     env_name: str = "trading"  # "trading" (jaxenv.TradingEnv) or any gymnax id, e.g. CartPole-v1
-    num_envs: int = 4096
+    num_envs: int = 4096  # environments stepped together (split over the devices)
     total_steps: int = 50_000_000  # env steps (all envs together); rounded down to whole updates
-    seed: int = 0
+    seed: int = 0  # initialisation, envs and sampling
     llm: str = "smollm2"  # the embedded advisor | none (RL only, the fastest path) | mock | a model path or hub id
-    # Local devices each process shards its envs over: all, or a count (agents/parallel.py; docs/scale.md). A
+    # Local devices each process shards its envs over: all, or a count (agents/devices/parallel.py; docs/scale.md). A
     # checkpoint does not depend on it, so a run may resume with another (train.py --resume RUN --devices N).
     devices: str = "all"
     ppo: PPOConfig = field(default_factory=PPOConfig)
@@ -257,10 +237,10 @@ class TrainConfig:
 
 
 LLM_CHOICES = ("none", "mock", "smollm2", "PATH_OR_HUB_ID")
-FUSION_MODES = ("none", "rules", "switch", "learned", "pooled")
-ADVISED_FUSIONS = ("rules", "switch", "learned", "pooled")  # the modes in which advice changes what the agent does
-GATED_FUSIONS = ("learned", "pooled")  # the modes with a trust gate, trained with the policy
-BIND_ON = ("trust", "record")  # hybrid.query.bind_on
+FUSION_MODES = ("none", "rules", "switch", "learned")
+ADVISED_FUSIONS = ("rules", "switch", "learned")  # the modes in which advice changes what the agent does
+GATED_FUSIONS = ("learned",)  # the modes with a trust gate, trained with the policy
+BIND_ON = ("always", "trust", "record")  # hybrid.query.bind_on
 LATENCY_MODES = ("strict", "async", "auto")
 ACTIVATIONS = ("tanh", "relu")
 
@@ -316,9 +296,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (not cfg.hybrid.learning.enabled or cfg.hybrid.sidecar_workers in ("auto", "1"), "hybrid.sidecar_workers",
          "LoRA learning (hybrid.learning.enabled) trains one advisor: use 1 worker (or auto)"),
         (0 <= cfg.hybrid.sidecar_nice <= 19, "hybrid.sidecar_nice", "must be between 0 and 19"),
-        (cfg.hybrid.advisor_share == "auto" or (_is_number(cfg.hybrid.advisor_share)
-                                                 and 0 < float(cfg.hybrid.advisor_share) <= 1),
-         "hybrid.advisor_share", "must be a number in (0, 1] or auto"),
         (cfg.hybrid.veto.consecutive_losses == "auto" or str(cfg.hybrid.veto.consecutive_losses).isdigit(),
          "hybrid.veto.consecutive_losses", "must be a number >= 0 (0: off) or auto"),
         (cfg.hybrid.veto.win_rate_margin == "auto" or _is_number(cfg.hybrid.veto.win_rate_margin),
@@ -329,19 +306,19 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
-        (0 <= cfg.hybrid.query.wait_min_trust < 1, "hybrid.query.wait_min_trust", "must be in [0, 1) (0: always wait)"),
+        (0 <= cfg.hybrid.query.min_trust < 1, "hybrid.query.min_trust", "must be in [0, 1)"),
         (cfg.hybrid.query.bind_on in BIND_ON, "hybrid.query.bind_on", f"must be one of {', '.join(BIND_ON)}"),
+        (cfg.hybrid.query.bind_on != "trust" or cfg.hybrid.fusion in GATED_FUSIONS, "hybrid.query.bind_on",
+         "trust binds on the trust gate: it needs hybrid.fusion learned (use always or record)"),
         (cfg.hybrid.query.record_calls >= 100, "hybrid.query.record_calls", "must be at least 100"),
-        (not cfg.hybrid.advice_input or cfg.hybrid.fusion in ADVISED_FUSIONS, "hybrid.advice_input",
-         "needs hybrid.fusion learned, pooled or rules (with fusion none the policy acts without advice)"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),
          "hybrid.learning.enabled", "LoRA learning needs a transformers advisor (smollm2 or a model path) in score mode"),
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
         (cfg.hybrid.learning.move_bars >= 1, "hybrid.learning.move_bars", "must be >= 1"),
-        (cfg.hybrid.learning.objective != "move" or cfg.hybrid.learning.move_bars <= p.num_steps,
-         "hybrid.learning.move_bars", f"the move objective measures moves inside one rollout: must be <= ppo.num_steps "
+        (not cfg.hybrid.learning.enabled or cfg.hybrid.learning.move_bars <= p.num_steps,
+         "hybrid.learning.move_bars", f"a move is measured inside one rollout: must be <= ppo.num_steps "
          f"= {p.num_steps}"),
         (cfg.hybrid.reasoning.per_episode >= 0, "hybrid.reasoning.per_episode", "must be >= 0"),
         (cfg.hybrid.mock_answers in MOCK_ANSWERS, "hybrid.mock_answers", f"must be one of {', '.join(MOCK_ANSWERS)}"),
@@ -354,12 +331,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"a warm-up of {cfg.transfer.freeze_steps} steps ({freeze_updates(cfg)} updates of {cfg.steps_per_update}) "
          f"would freeze the copied layers for the whole run of {cfg.total_steps} steps ({cfg.num_updates} updates); "
          "use fewer freeze steps or more total_steps"),
-        (not cfg.transfer.freeze_actor or bool(cfg.transfer.init_from), "transfer.freeze_actor",
-         "freezes the copied policy, so it needs transfer.init_from (--init-from RUN)"),
-        (not (cfg.transfer.freeze_actor and cfg.transfer.freeze_steps), "transfer.freeze_actor",
-         "freezes the policy for the whole run: leave transfer.freeze_steps at 0"),
-        (not (cfg.transfer.freeze_actor and cfg.hybrid.advice_input), "transfer.freeze_actor",
-         "a frozen policy cannot learn to read the advice state: leave hybrid.advice_input off"),
     ]
     for ok, key, msg in checks:
         if not ok:
@@ -520,6 +491,60 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 RUN_CONFIG_FILE = "config.yaml"  # RUN_DIR/config.yaml: the resolved config a run was started with
 
+# Keys deleted with the experiments that rejected them (docs/findings.md), each with the values under which a config
+# that still holds it acts as it did (its old default): such a config, a saved run's among them, loads without it;
+# any other value is an error naming the key.
+REMOVED_KEYS: dict[str, Any] = {
+    "data.timezone": lambda value, raw: True,  # it could only be "" or the exchange's zone, which the contract holds
+    "hybrid.advisor_share": lambda value, raw: value == "auto",
+    "hybrid.advice_input": lambda value, raw: value is False,
+    "hybrid.gate_init_logit": lambda value, raw: value == -2.0,
+    "transfer.freeze_actor": lambda value, raw: value is False,
+    # the learning objectives that learned from the advice's own trades, and their options: only `move` is left
+    "hybrid.learning.objective": lambda value, raw: value == "move" or not _learns(raw),
+    "hybrid.learning.baseline": lambda value, raw: value == "none" or not _learns(raw),
+    "hybrid.learning.anchor_coef": lambda value, raw: value == 0 or not _learns(raw),
+}
+
+
+def _learns(raw: dict) -> bool:
+    return bool(raw.get("hybrid", {}).get("learning", {}).get("enabled", False))
+
+
+def _pop(raw: dict, key: str) -> tuple[bool, Any]:
+    """(found, value) of the dotted `key` in `raw`, removed from it."""
+    *sections, name = key.split(".")
+    node = raw
+    for section in sections:
+        node = node.get(section)
+        if not isinstance(node, dict):
+            return False, None
+    return (True, node.pop(name)) if name in node else (False, None)
+
+
+def drop_removed_keys(raw: dict) -> dict:
+    """`raw` (a loaded YAML mapping) without the keys deleted since it was written, where that changes nothing; a
+    ConfigError names a deleted key whose value no longer has a meaning. `learning.advantage_clip` became
+    `learning.move_clip`; `query.wait_min_trust` became `query.min_trust`, and its 0 (every env bound)
+    `query.bind_on: always`."""
+    for key, harmless in REMOVED_KEYS.items():
+        found, value = _pop(raw, key)
+        if found and not harmless(value, raw):
+            raise ConfigError(f"{key}: no longer exists (removed with the experiment that rejected it: "
+                              f"docs/findings.md); this config set it to {value!r}")
+    found, clip = _pop(raw, "hybrid.learning.advantage_clip")  # the clip of the move objective's weights too
+    if found:
+        raw["hybrid"]["learning"].setdefault("move_clip", clip)
+    found, wait_min_trust = _pop(raw, "hybrid.query.wait_min_trust")
+    if found:  # a config of the trust-gated wait: bound on trust only where a gated fusion waited with a threshold
+        query = raw["hybrid"]["query"]
+        gated = raw["hybrid"].get("fusion", HybridConfig.fusion) in GATED_FUSIONS
+        if query.get("bind_on", "trust") == "trust":
+            on_trust = gated and query.get("wait_for_answer", False) and wait_min_trust > 0
+            query["bind_on"] = "trust" if on_trust else "always"
+        query.setdefault("min_trust", wait_min_trust if wait_min_trust > 0 else QueryConfig.min_trust)
+    return raw
+
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Defaults ← YAML file ← `--set` overrides, checked and validated."""
@@ -533,6 +558,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: expected a mapping at the top level")
         raw = loaded
     try:
+        drop_removed_keys(raw)
         apply_overrides(raw, overrides or [])
         return validate(from_dict(TrainConfig, raw))
     except ConfigError as e:
@@ -544,3 +570,54 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# configs/default.yaml, generated from the dataclasses: `python -m agents.config > configs/default.yaml`
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """{field: its comment in the source}: the comment on the field's line, else the comment lines just above it."""
+    comments: dict[str, str] = {}
+    block: list[str] = []
+    sources = [inspect.getsourcelines(c)[0] for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c)]
+    for line in (line for lines in sources for line in lines):  # a subclass's comment wins
+        text = line.strip()
+        if text.startswith("#"):
+            block.append(text.lstrip("# "))
+            continue
+        match = re.match(r"(\w+): [^=]+=", text)
+        if match:
+            trailing = text.split("  # ", 1)[1] if "  # " in text else ""
+            comments[match.group(1)] = trailing or " ".join(block)
+        block = []
+    return comments
+
+
+def default_config_yaml() -> str:
+    """Every key of TrainConfig with its default and its comment, as YAML."""
+    lines = ["# Every key with its default: generated from agents/config.py and jaxenv/config.py by",
+             "# `python -m agents.config > configs/default.yaml` (tests/test_config.py checks it is current).",
+             "# Override any key in a YAML file (--config) or on the command line: --set ppo.lr=1e-4."]
+
+    def section(obj: Any, depth: int) -> None:
+        comments = field_comments(type(obj))
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            comment = comments.get(f.name, "")
+            pad = "  " * depth
+            if f.name == "contract" and not isinstance(value, str):
+                value = value.symbol  # the instrument by name; a mapping of ContractSpec fields names a new one
+            if dataclasses.is_dataclass(value):
+                lines.append(f"{pad}{f.name}:" + (f"  # {comment}" if comment else ""))
+                section(value, depth + 1)
+                continue
+            text = yaml.safe_dump({f.name: value}, default_flow_style=True, width=1000).strip()[1:-1]
+            lines.append(f"{pad}{text}" + (f"  # {comment}" if comment else ""))
+
+    section(TrainConfig(), 0)
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(default_config_yaml(), end="")

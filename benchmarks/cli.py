@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = BenchOptions(envs=envs, quick=args.quick, reps=args.reps or (2 if args.quick else 5))
     names = list(SUITES) if "all" in args.suites else list(dict.fromkeys(args.suites))
 
-    from agents.parallel import print_banner
+    from agents.devices.parallel import print_banner
 
     print_banner()  # the JAX backend and devices every figure below was measured on
     started = time.perf_counter()

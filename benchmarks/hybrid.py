@@ -11,7 +11,6 @@ its RL-only figure from 19.0k to 12.2k steps/s).
 - `smollm2`: the main command's advisor as configured by default (auto budget, latency auto = async, workers auto,
   the sidecar at OS niceness 19, the query interval stretching while it is busy), not with --quick, and only where
   the embedded model is installed;
-- `smollm2_share_0.1`: the same, resting between submissions so that it works at most 10% of the wall time;
 - `smollm2_strict`: the default, strict latency (bit-reproducible; the trainer waits for every answer).
 Each row carries steps/s, the RL-only steps/s measured beside it, their ratio, the advice coverage (share of
 decisions made with valid advice), the advisor's answers/s, the budget B used, prompts per update and the wait per
@@ -51,7 +50,6 @@ QUICK_NUM_STEPS = 20
 ADVISORS = {  # name -> config overrides
     "mock": ["llm=mock", "hybrid.budget=256", "hybrid.query.interval=5", "hybrid.latency=strict"],
     "smollm2": ["llm=smollm2", "hybrid.query.interval=5"],  # the main command's defaults
-    "smollm2_share_0.1": ["llm=smollm2", "hybrid.query.interval=5", "hybrid.advisor_share=0.1"],
     "smollm2_strict": ["llm=smollm2", "hybrid.query.interval=5", "hybrid.latency=strict"],
 }
 WARMUP_UPDATES = 2  # untimed updates first: compilation, and the auto budget settling ...
@@ -148,7 +146,6 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
         "coverage": mean("advice_coverage"),
         "answers_per_s": mean("llm_rate"),
         "budget": mean("llm_budget"),
-        "advisor_share": mean("llm_advisor_share"),
         "query_interval_used": metrics[-1]["llm_query_interval"],
         "prompts_per_update": mean("llm_prompts"),
         "wait_s_per_query": mean("llm_wait_s_per_query"),
@@ -203,7 +200,6 @@ def markdown(rows: list[dict]) -> str:
         ("ratio", lambda r: r["ratio"]),
         ("coverage", lambda r: f"{r['coverage']:.2%}"),
         ("answers/s", lambda r: r.get("answers_per_s", "")),
-        ("share", lambda r: r.get("advisor_share", 1.0)),
         ("query every", lambda r: r.get("query_interval_used", r["query_interval"])),
         ("B", lambda r: r["budget"]),
         ("prompts / update", lambda r: r["prompts_per_update"]),
@@ -219,16 +215,13 @@ def markdown(rows: list[dict]) -> str:
         verdict = f"{'meets' if r['ratio'] >= target else 'misses'} the {target} target"
         if r["advisor"] == "smollm2_strict":
             verdict = "strict, for reproducibility"
-        elif r["advisor"] == "smollm2_share_0.1":
-            verdict = "a rest rule; not the default"
         notes.append(f"{r['advisor']} ({r.get('latency', 'strict')}) at {r['envs']:,} envs: {r['ratio']:.2f} of RL-only throughput "
                      f"with {r['coverage']:.2%} of decisions advised ({verdict})")
     why = ("Where the time goes: the rollout is split into T/k jitted chunks, and each query step adds a device "
            "round trip (selection, state gather), prompt rendering, a shared-memory submit and, in strict mode, "
            "the wait for the previous step's answers. A model on the CPU shares its cores with the JAX trainer, "
            "niced to 19 so that it mostly runs in the trainer's idle time; under async latency the query interval "
-           "stretches while it cannot be asked ('query every'); `hybrid.advisor_share` can also make it rest "
-           "between submissions. In strict mode the trainer waits for every answer, so a CPU model costs its "
+           "stretches while it cannot be asked ('query every'). In strict mode the trainer waits for every answer, so a CPU model costs its "
            "whole answer time. Learning, most of an update, is unchanged.")
     if any("load_avg_1m" not in r for r in rows):
         notes[-1] += (". Rows without a load figure come from a run before advisor workers (issue 23): RL-only timed "

@@ -166,8 +166,7 @@ def learning_row(path: Path, quantize: str, opts: BenchOptions, renderer, contex
     options = LearningOptions(max_epochs=1, min_examples=16 if opts.quick else 64)
     learner = LoraLearner(backend, options)
     rng = np.random.default_rng(0)
-    learner.buffer.add([Experience(text, np.full(6, 1 / 6, np.float32), int(rng.integers(0, 3)), 0.0, float("nan"),
-                                   float(rng.normal())) for text in contexts])  # fmt: skip
+    learner.buffer.add([Experience(text, np.full(6, 1 / 6, np.float32), float(rng.normal())) for text in contexts])
     peak_gpu_gb(reset=True)
     started = learner.start_round()
     if not started["started"]:

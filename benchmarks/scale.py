@@ -42,7 +42,7 @@ def time_devices(devices: int, n_envs: int, num_steps: int, reps: int) -> dict:
     import jax
 
     from agents.config import load_config
-    from agents.parallel import make_mesh
+    from agents.devices.parallel import make_mesh
     from agents.rl.ppo import make_train
     from agents.rl.sharding import state_shardings
     from benchmarks.common import rates, timed_repeats

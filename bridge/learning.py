@@ -1,29 +1,26 @@
 """The advisor's learning options: one definition for both sides of the process boundary. The trainer's config
 (agents.config.LearningConfig) extends it with what only the trainer uses; the sidecar's learner
-(llm_sidecar.learning.LoraLearner) takes it, checked, from the `learning` dict the client sends at start."""
+(llm_sidecar.learning.LoraLearner) takes it, checked, from the `learning` dict the client sends at start.
+
+The learner has one objective, the market's move after each answered prompt (llm_sidecar.learning); the
+objectives that learned from the advice's own trades were removed (docs/findings.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-OBJECTIVES = ("advantage", "profitable", "pnl", "move")
-BASELINES = ("none", "action")
-
 
 @dataclass
 class LearningOptions:
-    objective: str = "advantage"  # advantage | profitable | pnl | move
-    baseline: str = "none"  # advantage objective: none | action (centre each advantage on its action's mean)
-    lr: float = 5e-5  # Adam step for the LoRA weights (the policy's is 3e-4)
+    lr: float = 3e-4  # Adam step for the LoRA weights
     rank: int = 8  # LoRA rank of a new adapter (an adapter loaded with --lora keeps its own)
-    alpha: int = 16
+    alpha: int = 16  # LoRA scale of a new adapter: its update is scaled by alpha / rank
     batch_size: int = 16  # examples per learning step
-    max_epochs: int = 3  # passes over the training share per round
+    max_epochs: int = 1  # passes over the training share per round
     patience: int = 1  # epochs without a better validation loss before the round stops
     grad_clip: float = 1.0  # global gradient-norm clip
     kl_coef: float = 0.1  # weight of KL(base ‖ adapted) over the 6 actions
-    anchor_coef: float = 0.0  # weight of KL(base ‖ adapted) of the batch-average answer (0: off)
-    advantage_clip: float = 3.0  # normalised advantages (and P&Ls) are clipped to ±this
+    move_clip: float = 3.0  # an example's weight, its move over the training share's RMS move, is clipped to this
     buffer_size: int = 4096  # experiences kept (the oldest go first)
     val_share: float = 0.2  # share of prompts (by hash) held out for validation
     min_examples: int = 64  # a round needs this many training examples (and 8 validation ones)
@@ -31,9 +28,8 @@ class LearningOptions:
     def check(self) -> None:
         """Raises ValueError("FIELD: what is wrong") for the first option out of range."""
         problems = [
-            (self.objective in OBJECTIVES, "objective", f"must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"),
-            (self.baseline in BASELINES, "baseline", f"must be one of {', '.join(BASELINES)}, got {self.baseline!r}"),
             (self.lr > 0, "lr", f"must be > 0, got {self.lr}"),
+            (self.move_clip > 0, "move_clip", f"must be > 0, got {self.move_clip}"),
             (0.0 < self.val_share < 1.0, "val_share", f"must be between 0 and 1, got {self.val_share}"),
             *((getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
               for name in ("rank", "batch_size", "max_epochs", "buffer_size", "min_examples")),

@@ -93,16 +93,10 @@ def request_layout(capacity: int, prompt_bytes: int, static_bytes: int, outcome_
     return _layout(fields)
 
 
-# One row per answered query: which answer (submission seq and row), whether its advice was in force at the env's
-# next decision, the action the agent then took, and what followed it.
+# One row per answered query: which answer (submission seq and row), and the market's move after it.
 OUTCOME_FIELDS = (
     ("seq", np.int64),
     ("row", np.int32),
-    ("in_force", np.int8),  # 1 if the advice was in force at that decision (0: the env changed side meanwhile)
-    ("action", np.int8),  # the action taken at that decision
-    ("reward", np.float32),  # the env's reward summed over the following query interval
-    ("trade_pnl", np.float32),  # final P&L ($) of the trade that action opened; NaN if none opened or still open
-    ("advantage", np.float32),  # PPO's GAE advantage of that action
     ("move", np.float32),  # the market's move over the following hybrid.learning.move_bars bars, in ATRs; NaN if
     # the rollout ended (or the env's episode did) before them
 )

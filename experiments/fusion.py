@@ -7,7 +7,7 @@ path shows and the other does not is not an edge. On a synthetic market, `--fres
 N days of a fresh path of the same preset, for a market interval from more days than a split holds.
 
     python scripts/experiment.py --config configs/headlines.yaml --arms rl_only,news,random,shuffled --seeds 0-4 \
-        --json docs/results/experiment-fusion/experiment.json --runs results/experiment-fusion/runs
+        --json docs/results/experiment-fusion-10-seeds/experiment.json --runs results/experiment-fusion/runs
     python scripts/experiment.py --quick --json /tmp/q/experiment.json    # 2 seeds, tiny runs: a few minutes
 
 Writes the JSON, `table.md` and `plot.png` beside it; runs go to `--runs` (default: beside the JSON, in runs/),
@@ -34,71 +34,19 @@ from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
 from agents.runs.lock import RunLocked
 from jaxenv.config import DataConfig
 
-# in an arm's overrides: the run folder of the same seed's rl_only run, which the arm starts from (trained first)
-BASELINE_RUN = "{rl_only_run}"
-# the policy of the same seed's rl_only run at its latest checkpoint, frozen: only the critic and the trust gate learn
-FROZEN_POLICY = [f"transfer.init_from={BASELINE_RUN}", "transfer.checkpoint=latest", "transfer.freeze_actor=true"]
-# the advice's entries keep their bracket; an env that trusts its advice enters only where it names that side, or on
-# its own where its advisor passes (not after a fill or an exit until it is asked again)
-ADVISED_ENTRIES = ["hybrid.query.keep_advised_bracket=true", "hybrid.query.advised_entries_only=true"]
-RECORD_BINDING = "hybrid.query.bind_on=record"  # the rules bind on the advice's record, not on the trust gate
-LONG_RECORD = "hybrid.query.record_calls=10000"
-# arm -> config overrides (`--set` syntax); every arm but rl_only trains with a trust gate on the mock advisor: the
-# learned mixture, or the log-linear pool for the *_pooled arms
+# arm -> config overrides (`--set` syntax). An arm names the advisor (and for the switch, the fusion); the agent's
+# entry rules come from the config: configs/headlines.yaml (the learned mixture on synthetic:headlines) or
+# configs/record_bound.yaml (the best agent: the mixture bound on the advice's record, on headlines_then_trend).
 ARMS: dict[str, list[str]] = {
     # the policy alone: the baseline of every paired difference (on any config, one whose advisor learns included)
     "rl_only": ["llm=none", "hybrid.learning.enabled=false"],
-    "news": ["llm=mock", "hybrid.mock_answers=news"],  # the headline's direction: informed advice
+    "news": ["llm=mock", "hybrid.mock_answers=news"],  # the headline's direction (HOLD without news): informed
+    "news_pass": ["llm=mock", "hybrid.mock_answers=news_pass"],  # ... PASS (no view) without news
     "random": ["llm=mock", "hybrid.mock_answers=random"],  # coin flips: no information, other statistics
     "shuffled": ["llm=mock", "hybrid.mock_answers=shuffled"],  # news answers of other envs and bars: no information
-    "news_veto": ["llm=mock", "hybrid.mock_answers=news", "hybrid.veto.enabled=true"],  # trained with the veto on
-    # news, and the policy and value read the advice state (probabilities, confidence, age, valid, pending)
-    "news_input": ["llm=mock", "hybrid.mock_answers=news", "hybrid.advice_input=true"],
-    # the pooled fusion (p ∝ π_rl · π_llm^g: evidence adds) with informed advice and its two controls
-    "news_pooled": ["llm=mock", "hybrid.mock_answers=news", "hybrid.fusion=pooled"],
-    "random_pooled": ["llm=mock", "hybrid.mock_answers=random", "hybrid.fusion=pooled"],
-    "shuffled_pooled": ["llm=mock", "hybrid.mock_answers=shuffled", "hybrid.fusion=pooled"],
-    # pooled, and a flat env does not wait for the answer in flight: where the policy has an edge of its own, waiting
-    # costs it entries
-    "news_pooled_no_wait": ["llm=mock", "hybrid.mock_answers=news", "hybrid.fusion=pooled",
-                            "hybrid.query.wait_for_answer=false"],
-    # the news advisor that says PASS (no view) where it has no news, so the policy acts alone there instead of
-    # being pulled out of the market by a HOLD: mixture and pool
-    "news_pass": ["llm=mock", "hybrid.mock_answers=news_pass"],
-    "news_pass_pooled": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=pooled"],
-    "news_pass_pooled_no_wait": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=pooled",
-                                 "hybrid.query.wait_for_answer=false"],
-    # PASS, and the policy and value read the advice state: whether advice is in force tells a quiet spell from news
-    "news_pass_input": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.advice_input=true"],
-    # the gate trained on the frozen policy of the same seed's rl_only run: the policy cannot drift toward the advice
-    # or away from it while the gate learns how far to trust it (HOLD and PASS advisors)
-    "news_frozen_policy": ["llm=mock", "hybrid.mock_answers=news", *FROZEN_POLICY],
-    "news_pass_frozen_policy": ["llm=mock", "hybrid.mock_answers=news_pass", *FROZEN_POLICY],
-    # PASS with ADVISED_ENTRIES: the advisor's view decides the entries where it has one, the policy the rest; and its
-    # controls, whose advisors never pass, so an env is bound to them until the gate stops trusting them
-    "news_pass_advised_entries": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES],
-    "random_advised_entries": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES],
-    "shuffled_advised_entries": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES],
-    # no trust to learn: the PASS advisor's view acts where it has one, the policy everywhere else (fusion switch);
-    # trained with the policy, and on the frozen policy of the same seed's rl_only run
-    "news_pass_switch": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch"],
-    "news_pass_switch_frozen_policy": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
-                                       *FROZEN_POLICY],
-    # the switch with ADVISED_ENTRIES: no trust to learn, so every env is bound to its advisor's view
-    "news_pass_switch_advised_entries": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
-                                         *ADVISED_ENTRIES],
-    # the mixture with ADVISED_ENTRIES, bound by the advice's record (its calls' paper P&L) instead of the gate, which
-    # drifts down where the rules already bind: informed advice and its two controls
-    "news_pass_record": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES, RECORD_BINDING],
-    "random_record": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES, RECORD_BINDING],
-    "shuffled_record": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES, RECORD_BINDING],
-    # ... with a record 10 times as long: overlapping calls count for fewer than their number, so a 1,000-call record
-    # of informed advice hovered at the binding bar (bound on 46-61% of training decisions)
-    "news_pass_record_long": ["llm=mock", "hybrid.mock_answers=news_pass", *ADVISED_ENTRIES, RECORD_BINDING,
-                              LONG_RECORD],
-    "random_record_long": ["llm=mock", "hybrid.mock_answers=random", *ADVISED_ENTRIES, RECORD_BINDING, LONG_RECORD],
-    "shuffled_record_long": ["llm=mock", "hybrid.mock_answers=shuffled", *ADVISED_ENTRIES, RECORD_BINDING,
-                             LONG_RECORD],
+    # no trust to learn: the PASS advisor's view acts where it has one, the policy everywhere else, every env bound
+    "news_pass_switch": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
+                         "hybrid.query.bind_on=always"],
     # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
     "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
     "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],
@@ -194,12 +142,8 @@ def parse_arms(text: str) -> list[str]:
     return list(dict.fromkeys(arms))
 
 
-def starts_from_baseline(arm: str) -> bool:
-    return any(BASELINE_RUN in o for o in ARMS[arm])
-
-
 def run_config(plan: Plan, arm: str, seed: int):
-    overrides = [*(o.replace(BASELINE_RUN, str(plan.run_dir(BASELINE, seed))) for o in ARMS[arm]), f"seed={seed}", *plan.overrides]
+    overrides = [*ARMS[arm], f"seed={seed}", *plan.overrides]
     cfg = load_config(plan.config, overrides)
     if plan.updates is not None:
         cfg = load_config(plan.config, [*overrides, f"total_steps={plan.updates * cfg.steps_per_update}"])
@@ -346,9 +290,6 @@ def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
             return without_unasked_fresh(scores, plan)
         run_dir = path.parent
     else:
-        if starts_from_baseline(arm) and not (plan.run_dir(BASELINE, seed) / EVAL_FILE).exists():
-            # its source is another process's run in training: taken up again after the other jobs
-            raise RunLocked(f"{arm}-s{seed} starts from {BASELINE}-s{seed}, not finished yet")
         run_dir = train_run(plan, arm, seed)
     scores = score_run(run_dir, plan.fresh_days)
     tmp = path.with_suffix(".tmp")  # a scoring cut short leaves the old file, never half a new one

@@ -1,8 +1,8 @@
 """A check of the sidecar's LoRA learner on the embedded SmolLM2, without the trainer: 400 flat-position prompts
-with the synthetic:headlines headlines (half bullish, half bearish), outcomes that reward BUY after bullish news
-and SELL after bearish news (advantage +1 for the right one of HOLD/BUY/SELL taken at random, -0.5 otherwise,
-noise 0.1), one learning round with the default LearningOptions; prints the round's figures and how the answers
-moved on the held-out and training prompts. ~10 min on a 2-core CPU.
+with the synthetic:headlines headlines (half bullish, half bearish), outcomes whose market moved with the headline
+(a move of +1 ATR after bullish news and -1 after bearish news, noise 0.5), one learning round with the default
+LearningOptions; prints the round's figures and how the answers moved on the held-out and training prompts.
+Minutes on a CPU.
 
     python scripts/advisor_learning/lora_headlines_check.py
 """
@@ -13,7 +13,7 @@ import numpy as np
 
 from bridge import PromptRenderer
 from bridge.learning import LearningOptions
-from bridge.protocol import BUY, HOLD, SELL
+from bridge.protocol import BUY, SELL
 from experiments.lora_probe import flat_headline_prompts, smollm2
 from llm_sidecar.learning import LoraLearner, held_out
 
@@ -30,12 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     b = smollm2(R)
     L = LoraLearner(b, LearningOptions(min_examples=64))
     before = b.advise(prompts).probs
-    acts = rng.integers(HOLD, SELL + 1, n)  # HOLD, BUY or SELL
-    right = (bull & (acts == BUY)) | (~bull & (acts == SELL))
-    adv = np.where(right, 1.0, -0.5) + rng.normal(0, 0.1, n)
+    move = np.where(bull, 1.0, -1.0) + rng.normal(0, 0.5, n)
     L.memory.remember(1, prompts, before)
-    L.add_outcomes({"seq": np.ones(n), "row": np.arange(n), "action": acts, "reward": adv,
-                    "trade_pnl": np.full(n, np.nan), "advantage": adv})
+    L.add_outcomes({"seq": np.ones(n), "row": np.arange(n), "move": move})
     print(L.buffer.sizes(), L.start_round(), flush=True)
     t0 = time.time()
     L.finish()

@@ -1,7 +1,7 @@
 """Has a learned advisor picked up the headline's direction? Scores 120 flat-position prompts with
 synthetic:headlines headlines (half bullish, half bearish) with the embedded SmolLM2, as the base model and with
 each adapter given, and prints P(HOLD), P(BUY | bullish) vs P(BUY | bearish), P(SELL | bearish) vs
-P(SELL | bullish), and the share of prompts per top action. ~1 min per adapter on a 2-core CPU.
+P(SELL | bullish), and the share of prompts per top action.
 
     python scripts/advisor_learning/lora_direction_probe.py results/lora_headlines/runs/seed0/adapters/6
 """

@@ -1,22 +1,18 @@
-r"""What did the advisor's outcomes teach, and what would another objective learn from them? Reads the
-experiences a run's LoRA learner saved beside an adapter (RUN/adapters/N/experiences.jsonl.gz) and prints, per
-action taken, the mean PPO advantage and trade P&L after bullish and after bearish headlines (the signal a
-round can learn the news from), and how often a closed trade, and the market's move after an answered prompt (the
-`move` objective's label), went the way of its headline. Several adapter directories pool their experiences (as
-if one run had collected them all; the walk uses the first run).
+r"""What did the advisor's outcomes teach, and what would a round with other options learn from them? Reads the
+experiences a run's LoRA learner saved beside an adapter (RUN/adapters/N/experiences.jsonl.gz) and prints, after
+bullish and after bearish headlines, how many answered prompts have a known market move, the mean move and the
+share that rose, and how often the move went the way of its headline (the signal a round can learn the news from).
+Several adapter directories pool their experiences (as if one run had collected them all; the walk uses the first
+run).
 With --learn, it replays one learning round on those experiences, from the base SmolLM2 and with the options
 given by --set, and scores the probe prompts (experiments/lora_probe.py) before and after. With --walk, the
 advisor alone (LLM-only) also walks the run's validation split, frozen and with the replayed adapter, as
-experiments/lora_headlines.py does. On a 2-core CPU: ~10 min a round on one run's ~400 experiences
-(~24 min an epoch on five runs'), ~70 s a walk.
+experiments/lora_headlines.py does.
 
     python scripts/advisor_learning/lora_replay.py results/lora_headlines/runs/seed0/adapters/6
     python scripts/advisor_learning/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn \
-        --set baseline=action --out /tmp/a
-    python scripts/advisor_learning/lora_replay.py results/lora_headlines/runs/seed0/adapters/6 --learn --walk \
-        --set anchor_coef=5
-    python scripts/advisor_learning/lora_replay.py results/lora_headlines/runs/seed{0,1,2}/adapters/6 --learn --walk \
-        --set max_epochs=1
+        --set lr=1e-4 --out /tmp/a
+    python scripts/advisor_learning/lora_replay.py results/lora_headlines/runs/seed{0,1,2}/adapters/6 --learn --walk
 """
 import argparse
 import dataclasses
@@ -28,59 +24,37 @@ import numpy as np
 
 from bridge import PromptRenderer
 from bridge.learning import LearningOptions
-from bridge.protocol import ACTIONS, BUY, HOLD, SELL
 from experiments.lora_probe import describe, probe_prompts, smollm2
 from jaxenv.synthetic import headline_sentiment
 from llm_sidecar.learning import Experience, LoraLearner, load_experiences, usable
 
-TABLE_ACTIONS = (HOLD, BUY, SELL)  # the actions the outcome table has rows for
-
 
 def outcome_table(experiences: list[Experience]) -> str:
-    """Per action taken and headline sentiment: count, mean advantage, mean closed-trade P&L, share profitable
-    (over the experiences whose advice was in force); then how often trades and market moves went the way of the
-    headline."""
-    agreement = headline_agreement(experiences)
-    experiences = [e for e in experiences if e.in_force]
-    sentiment = np.array([headline_sentiment(e.prompt) for e in experiences])
-    action = np.array([e.action for e in experiences])
-    advantage = np.array([e.advantage for e in experiences])
-    pnl = np.array([e.trade_pnl for e in experiences])
-    profitable = np.array([e.profitable for e in experiences])
-    lines = ["| action | headline | n | mean advantage | mean trade P&L (closed) | profitable |", "|---|---|---|---|---|---|"]
-    for a in TABLE_ACTIONS:
-        name = ACTIONS[a]
-        for s, news in ((1, "bullish"), (-1, "bearish")):
-            m = (action == a) & (sentiment == s)
-            closed = m & np.isfinite(pnl)
-            lines.append(f"| {name} | {news} | {m.sum()} | {advantage[m].mean() if m.any() else float('nan'):+.3f} | "
-                         f"{pnl[closed].mean() if closed.any() else float('nan'):+.1f} ({closed.sum()}) | "
-                         f"{profitable[m].mean() if m.any() else float('nan'):.2f} |")
-    lines.append("")
-    for what, (share, n) in (("closed trades", agreement["trades"]),
-                             ("market moves after the answered prompts", agreement["moves"])):
-        lines.append(f"{what} agreeing with the headline: {share:.3f} of {n} "
-                     f"(± {np.sqrt(share * (1 - share) / max(n, 1)):.3f}; 0.5 is no signal)")
+    """Per headline sentiment: answered prompts with a known move, their mean move (ATRs) and the share that rose;
+    then how often the move went the way of the headline."""
+    known = [e for e in experiences if usable(e)]
+    sentiment = np.array([headline_sentiment(e.prompt) for e in known])
+    move = np.array([e.move for e in known])
+    lines = ["| headline | n | mean move (ATRs) | rose |", "|---|---|---|---|"]
+    for s, news in ((1, "bullish"), (-1, "bearish")):
+        m = sentiment == s
+        lines.append(f"| {news} | {m.sum()} | {move[m].mean() if m.any() else float('nan'):+.3f} | "
+                     f"{(move[m] > 0).mean() if m.any() else float('nan'):.2f} |")
+    share, n = headline_agreement(experiences)
+    lines += ["", f"market moves after the answered prompts agreeing with the headline: {share:.3f} of {n} "
+                  f"(± {np.sqrt(share * (1 - share) / max(n, 1)):.3f}; 0.5 is no signal)"]
     return "\n".join(lines)
 
 
-def headline_agreement(experiences: list[Experience]) -> dict[str, tuple[float, int]]:
-    """How much the outcomes can teach about the news, as (share that went the headline's way, count); 0.5 is no
-    signal. `trades`: closed trades whose advice was in force, where the trade's side times the sign of its P&L
-    is the market's direction. `moves`: answered prompts with a known, nonzero market move afterwards (the `move`
-    objective's labels)."""
-    side = {BUY: 1, SELL: -1}
-    trades, moves = [], []
+def headline_agreement(experiences: list[Experience]) -> tuple[float, int]:
+    """How much the outcomes can teach about the news: (share of answered prompts with a headline and a known,
+    nonzero market move afterwards whose move went the headline's way, their count); 0.5 is no signal."""
+    agree = []
     for e in experiences:
         news = headline_sentiment(e.prompt)
-        if not news:
-            continue
-        if e.in_force and e.action in side and np.isfinite(e.trade_pnl) and e.trade_pnl != 0:
-            trades.append(side[e.action] * np.sign(e.trade_pnl) == news)
-        if np.isfinite(e.move) and e.move != 0:
-            moves.append(np.sign(e.move) == news)
-    return {name: ((float(np.mean(agree)) if agree else float("nan")), len(agree))
-            for name, agree in (("trades", trades), ("moves", moves))}
+        if news and np.isfinite(e.move) and e.move != 0:
+            agree.append(np.sign(e.move) == news)
+    return (float(np.mean(agree)) if agree else float("nan")), len(agree)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="adapter directories holding experiences.jsonl.gz (a run's adapters/N); several are pooled")
     ap.add_argument("--learn", action="store_true", help="replay a learning round on the experiences")
     ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
-                    help="a LearningOptions field for the replayed round, e.g. baseline=action (repeatable)")
+                    help="a LearningOptions field for the replayed round, e.g. lr=1e-4 (repeatable)")
     ap.add_argument("--out", help="save the replayed round's adapter (and its experiences) here")
     ap.add_argument("--walk", action="store_true", help="with --learn: the advisor alone walks the run's validation "
                     "split (the run folder holding adapters/N), frozen and with the replayed adapter")
@@ -120,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts, bull = probe_prompts(renderer)
     print("\nbase model:", describe(backend.advise(prompts).probs, bull), flush=True)
     learner = LoraLearner(backend, options)
-    # every experience the objective can use, even beyond buffer_size (a run's buffer would have dropped the oldest)
-    learner.buffer.train = deque(e for e in train if usable(options, e))
-    learner.buffer.val = deque(e for e in val if usable(options, e))
+    # every experience with a known move, even beyond buffer_size (a run's buffer would have dropped the oldest)
+    learner.buffer.train = deque(e for e in train if usable(e))
+    learner.buffer.val = deque(e for e in val if usable(e))
     print(learner.start_round(), flush=True)
     learner.finish()
     print({k: round(v, 4) if isinstance(v, float) else v for k, v in learner.rounds[-1].items()})

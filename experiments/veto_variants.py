@@ -5,8 +5,8 @@ breaches and max drawdown, and each one's paired difference from the veto off [b
 The default path is a tuning path, drawn apart from the one `scripts/experiment.py --fresh-days N` scores on (seed
 offset 2000 against 1000): settings chosen here are then measured there, on bars they were not chosen on.
 
-    python experiments/veto_variants.py --runs results/experiment-fusion-headlines-then-trend/runs \\
-        --arm news_pass_record_long --seeds 0-4 --variant off --variant on \\
+    python experiments/veto_variants.py --runs results/experiment-record-bound/runs \\
+        --arm news_pass --seeds 0-4 --variant off --variant on \\
         --variant 'rules_only:advised_only_below=0' --account-days 10 --json PATH
 
 A variant is `off` (no veto), `on` (the run's veto settings as the code reads them now) or `NAME:KEY=VALUE,...`:
@@ -149,7 +149,7 @@ def summary_table(rows: dict[str, dict[str, dict]]) -> tuple[dict, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", required=True, type=Path, help="the experiment's run folder (its --runs)")
-    ap.add_argument("--arm", required=True, help="the arm whose runs to walk, e.g. news_pass_record_long")
+    ap.add_argument("--arm", required=True, help="the arm whose runs to walk, e.g. news_pass")
     ap.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,2")
     ap.add_argument("--variant", action="append", default=[], metavar="VARIANT",
                     help="off, on or NAME:KEY=VALUE[,KEY=VALUE] (hybrid.veto keys); repeat for each")

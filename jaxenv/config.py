@@ -12,13 +12,13 @@ from jaxenv.contracts import ContractSpec, InstrumentError, get_contract, is_hhm
 class PropFirmRules:
     """Prop-firm account rules. `version` names the rule set so a run records which one it used."""
 
-    version: str = "apex-50k-2025"
-    starting_balance: float = 50_000.0
-    trailing_drawdown: float = 2_500.0
+    version: str = "apex-50k-2025"  # names the rule set, so a run records which one it used
+    starting_balance: float = 50_000.0  # the account's balance at the start of each episode
+    trailing_drawdown: float = 2_500.0  # the account is breached when equity falls this far below its peak
     # The threshold trails the peak until it reaches starting_balance + trail_stop_offset, then freezes.
     trail_stop_offset: float = 100.0
     profit_target: float = 3_000.0  # an evaluation passes when equity reaches starting_balance + this (reports only)
-    max_contracts: int = 10
+    max_contracts: int = 10  # the most contracts the account may hold
     # Futures positions are closed on the last bar that ends by this time of day in `timezone` ("" = no such rule).
     # It binds futures only: spot FX and equities follow their instrument's flat_at_close.
     flat_by: str = "16:59"
@@ -30,11 +30,11 @@ class PropFirmRules:
 class EnvConfig:
     window: int = 20  # bars in the observation's market window
     extended_features: bool = True  # 261-float observation; False gives the 228 form
-    contracts_per_trade: int = 1
+    contracts_per_trade: int = 1  # contracts each entry buys or sells
     slippage_ticks: float = 1.0  # market and stop orders fill this many ticks worse
-    stop_atr_mult: float = 1.5
-    target_atr_mult: float = 3.0
-    trail_atr_mult: float = 1.0
+    stop_atr_mult: float = 1.5  # an entry's stop, this many ATRs from the fill
+    target_atr_mult: float = 3.0  # an entry's target, this many ATRs from the fill
+    trail_atr_mult: float = 1.0  # ENABLE_TRAIL: the stop trails the best price by this many ATRs
     breakeven_trigger_atr: float = 1.0  # MOVE_TO_BE is valid once unrealised profit reaches this many ATRs
     # Bars per episode; 0 = the data's default: five sessions of intraday bars (1,950 for regular-hours minute bars),
     # 252 daily bars (a trading year)
@@ -52,13 +52,12 @@ class DataConfig:
     contract: str | ContractSpec = field(default_factory=lambda: get_contract("NQ"))
     source_timezone: str = ""  # the zone of the file's naive stamps; "" = the instrument's exchange zone
     min_range_ticks: float = 2.0  # a median bar range below this many ticks means the file is another instrument
-    timezone: str = ""  # no longer used (runs saved before instruments carried their zone): "" or the exchange zone
     date_format: str | None = None  # strptime format for unusual timestamp strings
     drop_invalid_rows: bool = False  # drop rows that fail validation (and report how many) instead of failing
     text_column: str | None = None  # e.g. "headline"; None = use a column named headline/news/text if present
-    synthetic_days: int = 120
-    synthetic_seed: int = 0
-    train_frac: float = 0.70
+    synthetic_days: int = 120  # trading days of a synthetic market
+    synthetic_seed: int = 0  # the seed a synthetic market is drawn with
+    train_frac: float = 0.70  # the first share of the bars: the training split; then validation
     val_frac: float = 0.15  # the rest is the test split
 
 
@@ -72,10 +71,6 @@ def resolve_data_config(cfg: DataConfig) -> DataConfig:
     if cfg.source_timezone and not known_zone(cfg.source_timezone):
         raise ValueError(f"data.source_timezone: unknown time zone {cfg.source_timezone!r} (an IANA name such as UTC, "
                          "Europe/London or America/Chicago)")
-    if cfg.timezone and cfg.timezone != contract.timezone:
-        raise ValueError(f"data.timezone: no longer used ({cfg.timezone!r}); the exchange's zone is the instrument's "
-                         f"({contract.symbol}: {contract.timezone}, data.contract's timezone) and the zone of the "
-                         "file's naive stamps is data.source_timezone")
     return dataclasses.replace(cfg, contract=contract)
 
 

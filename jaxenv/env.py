@@ -26,13 +26,18 @@ from gymnax.environments import environment, spaces
 from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, HOLD, MOVE_TO_BE, NUM_ACTIONS, SELL
 from jaxenv.config import DataConfig, EnvConfig, PropFirmRules, check_rules
 from jaxenv.contracts import ContractSpec
-from jaxenv.features import N_BAR_FEATURES, N_CONTEXT_FEATURES
+from jaxenv.features import FEATURES, N_BAR_FEATURES, N_CONTEXT_FEATURES, RISK_FEATURES
 from jaxenv.market import MAX_WINDOW, Market, load_market
 from jaxenv.sessions import flat_rules
 
 EXIT_REASONS = ("none", "stop_loss", "take_profit", "session_close", "breach", "breakeven_stop", "trailing_stop")
+NO_EXIT, STOP_LOSS, TAKE_PROFIT, SESSION_CLOSE, BREACH, BREAKEVEN_STOP, TRAILING_STOP = range(len(EXIT_REASONS))
 RECENT_TRADES = 10  # closed trades the recent win rate (recent_wins, recent_count) looks back over
-N_POSITION, N_VALIDITY, N_RISK = 5, 3, 5
+# The observation after the market window: the position, the validity flags, then (extended form only) the market
+# context of the current bar (jaxenv.features) and the account's risk features (jaxenv.features.RISK_FEATURES).
+POSITION_FEATURES = ("side", "unrealised_atr", "time_in_trade", "stop_distance_atr", "target_distance_atr")
+VALIDITY_FEATURES = ("can_enter", "can_move_to_be", "trailing")
+N_POSITION, N_VALIDITY, N_RISK = len(POSITION_FEATURES), len(VALIDITY_FEATURES), len(RISK_FEATURES)
 
 # Columns of EnvParams.bars: everything a step reads about one bar, gathered with one row read.
 OPEN, HIGH, LOW, CLOSE, ATR, CAN_ENTER, FLATTEN, SESSION = range(8)
@@ -191,6 +196,23 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
     def obs_size(self) -> int:
         base = self.window * N_BAR_FEATURES + N_POSITION + N_VALIDITY
         return base + (N_CONTEXT_FEATURES + N_RISK if self.extended else 0)
+
+    def observation_column(self, name: str) -> int | None:
+        """The column of a named feature in this env's observation: a bar feature (of the latest bar of the window),
+        a position or validity feature, or a context or risk feature (None in the short form, which has neither)."""
+        after_window = self.window * N_BAR_FEATURES
+        context_start = after_window + N_POSITION + N_VALIDITY
+        groups = [
+            ([f.name for f in FEATURES if f.group == "bar"], (self.window - 1) * N_BAR_FEATURES),
+            (POSITION_FEATURES, after_window),
+            (VALIDITY_FEATURES, after_window + N_POSITION),
+            ([f.name for f in FEATURES if f.group != "bar"], context_start if self.extended else None),
+            ([f.name for f in RISK_FEATURES], context_start + N_CONTEXT_FEATURES if self.extended else None),
+        ]
+        for names, start in groups:
+            if name in names:
+                return None if start is None else start + list(names).index(name)
+        raise KeyError(f"no observation feature named {name!r}")
 
     def action_space(self, params: EnvParams | None = None) -> spaces.Discrete:
         return spaces.Discrete(NUM_ACTIONS)
@@ -392,11 +414,12 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
 
         reason = jnp.where(
             liquidated,
-            4,
+            BREACH,
             jnp.where(
                 stop_hit,
-                jnp.where(state.trailing & ~enter, 6, jnp.where(stop == entry_price, 5, 1)),
-                jnp.where(target_hit, 2, jnp.where(session_exit, 3, 0)),
+                jnp.where(state.trailing & ~enter, TRAILING_STOP,
+                          jnp.where(stop == entry_price, BREAKEVEN_STOP, STOP_LOSS)),
+                jnp.where(target_hit, TAKE_PROFIT, jnp.where(session_exit, SESSION_CLOSE, NO_EXIT)),
             ),
         )
         still_open = in_pos & ~exiting

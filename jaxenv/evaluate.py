@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxenv.env import EXIT_REASONS, EnvParams, TradingEnv, drawdown_threshold
+from jaxenv.env import SESSION_CLOSE, EnvParams, TradingEnv, drawdown_threshold
 from jaxenv.market import Market
 from jaxenv.metrics import walk_metrics
 
@@ -140,7 +140,7 @@ def buy_and_hold(env: TradingEnv, market: Market, split: str | tuple[int, int]) 
         "commission": fees,
         "entry_side": event(0, 1),
         "entry_price": event(0, entry_price).astype(np.float64),
-        "exit_reason": event(last, EXIT_REASONS.index("session_close")),
+        "exit_reason": event(last, SESSION_CLOSE),
         "exit_price": event(last, close[-1] - slippage).astype(np.float64),
         "trade_pnl": event(last, pnl.sum()).astype(np.float64),
         "invalid_action": np.zeros(len(t), bool),

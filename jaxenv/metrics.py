@@ -21,7 +21,7 @@ import pandas as pd
 
 from bridge.protocol import ACTIONS
 from jaxenv.config import PropFirmRules
-from jaxenv.env import EXIT_REASONS
+from jaxenv.env import EXIT_REASONS, NO_EXIT
 
 DAYS_PER_YEAR = 252  # trading days: daily Sharpe, Sortino and Calmar are annualised with it
 
@@ -137,7 +137,7 @@ def trades_table(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int = 1)
     `advice_action`/`advice_confidence`/`advice_valid` per step and `reasons` {bar: text} with `advice_from`, as
     agents.evaluation.advised_walk writes); empty otherwise. A position still open at the walk's end is not a trade."""
     entries = np.flatnonzero(np.asarray(trace["entry_side"]) != 0)
-    exits = np.flatnonzero(np.asarray(trace["exit_reason"]) > 0)
+    exits = np.flatnonzero(np.asarray(trace["exit_reason"]) != NO_EXIT)
     if not len(exits) <= len(entries) <= len(exits) + 1 or np.any(entries[: len(exits)] > exits):
         raise ValueError("trace: entries and exits do not alternate (one position at a time)")
     entries = entries[: len(exits)]

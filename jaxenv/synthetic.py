@@ -6,12 +6,9 @@ Presets:
 - `signal`: trend regimes whose drift persists for hundreds of bars, a learnable edge after costs.
 - `headlines`: a per-bar headline whose sentiment tracks a hidden drift regime that the prices alone reveal
   only slowly; numeric features carry no direct trace of it.
-- `headlines_trend`: `headlines` plus the trend regimes of `signal`, independent of the news: the headline names
-  one edge, the prices show another.
-- `headlines_quiet_trend`: the same, with the news quiet half of the time (no drift, headlines without sentiment):
-  the two edges come at different times.
-- `headlines_then_trend`: the news drifts in the session's first half only and the trends in its second half only,
-  so the two edges never overlap and the clock says which one is on.
+- `headlines_then_trend`: the news of `headlines` in the session's first half only, and trend regimes a policy can
+  read from prices (independent of the news) in its second half only: the two edges never drift the same bar, and
+  the clock says which one is on.
 """
 
 from __future__ import annotations
@@ -38,14 +35,10 @@ class SyntheticPreset:
     tail_df: float = 4.0  # Student-t degrees of freedom of minute returns
     regime_mean_bars: float = 180.0  # mean regime duration
     trend_drift_sigma: float = 0.03  # drift per bar in trend regimes, in units of the bar's sigma
-    trend_momentum: float = 0.0  # AR(1) coefficient of returns inside trend regimes
     range_reversion: float = 0.02  # pull toward the regime's anchor price per bar in range regimes
     headline_drift_sigma: float = 0.0  # drift of the hidden news regime (headlines preset)
     headline_regime_mean_bars: float = 60.0
-    headline_accuracy: float = 0.8  # share of headlines whose sentiment matches the hidden regime
-    # half of the time the news is quiet (a regime of its own, as long on average): no drift, and headlines with no
-    # sentiment, so the news edge and a price trend can come at different times
-    headline_quiet: bool = False
+    headline_accuracy: float = 0.95  # share of headlines whose sentiment matches the hidden regime
     # the news drifts (and its headlines carry sentiment) in the session's first half only, the trends in its second
     # half only: the two edges never drift the same bar, and the time of day says which one is on
     split_session: bool = False
@@ -55,23 +48,14 @@ PRESETS: dict[str, SyntheticPreset] = {
     "default": SyntheticPreset(),
     # Drift that persists for a whole trend regime: direction matters, so a random policy earns little.
     "signal": SyntheticPreset(trend_drift_sigma=0.15, regime_mean_bars=240.0),
-    # A hidden news regime drifts prices; 95% of headlines name its direction (the fusion experiment's advisor
-    # reads them; at 80% the headline alone earned less than a policy reading prices).
-    "headlines": SyntheticPreset(trend_drift_sigma=0.0, headline_drift_sigma=0.12, headline_accuracy=0.95),
-    # The same news, and trends a policy can read from prices that the headline knows nothing of: a hybrid's case.
-    "headlines_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
-                                       headline_accuracy=0.95),
-    # The same news, quiet half of the time, and the same trends. With one contract, an agent that knows both drifts
-    # earns little more than the headline alone on `headlines_trend` (the news always drifts, so it always decides
-    # the side; knowing the trend only says when to stand aside); here the trends are the only edge while the news
-    # is quiet, so one that uses both can earn more than either.
-    "headlines_quiet_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
-                                             headline_accuracy=0.95, headline_quiet=True),
-    # The same news in the morning and the same trends in the afternoon: no bar has both drifts, so an agent that
-    # follows the headline in the morning and the prices in the afternoon can add the two edges (the switch with the
-    # kept bracket and advised entries did, over a fresh path; docs/advisor.md).
+    # A hidden news regime drifts prices; the headlines name its direction (the fusion experiment's advisor reads
+    # them), the prices reveal it only slowly.
+    "headlines": SyntheticPreset(trend_drift_sigma=0.0, headline_drift_sigma=0.12),
+    # The same news in the morning, and in the afternoon trends a policy can read from prices that the headline
+    # knows nothing of: an agent that follows the headline in the morning and the prices in the afternoon can add
+    # the two edges (docs/findings.md).
     "headlines_then_trend": SyntheticPreset(trend_drift_sigma=0.12, regime_mean_bars=240.0, headline_drift_sigma=0.12,
-                                            headline_accuracy=0.95, split_session=True),
+                                            split_session=True),
 }
 
 _POSITIVE = [
@@ -142,8 +126,6 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
     shocks = rng.standard_t(p.tail_df, size=n) / np.sqrt(p.tail_df / (p.tail_df - 2.0))
     regime = _markov_regimes(rng, n, p.regime_mean_bars, 3)
     news = _markov_regimes(rng, n, p.headline_regime_mean_bars, 2) * 2 - 1  # -1 or +1
-    if p.headline_quiet:  # drawn after the others: the presets without quiet news keep their bars
-        news = news * _markov_regimes(rng, n, p.headline_regime_mean_bars, 2)  # 0: quiet
     trend_on = np.ones(n, dtype=bool)
     if p.split_session:  # masks, no draws: the other presets keep their bars
         morning = np.tile(np.arange(BARS_PER_SESSION) < NEWS_BARS, days)
@@ -155,7 +137,6 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
     log_open = np.empty(n)
     level = np.log(p.start_price)
     anchor = level
-    prev_ret = 0.0
     for i in range(n):
         session_start = i % BARS_PER_SESSION == 0
         if session_start and i > 0:
@@ -165,9 +146,9 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
         sig = bar_sigma * smile[i]
         r = sig * shocks[i]
         if regime[i] == TREND_UP and trend_on[i]:
-            r += p.trend_drift_sigma * sig + p.trend_momentum * prev_ret
+            r += p.trend_drift_sigma * sig
         elif regime[i] == TREND_DOWN and trend_on[i]:
-            r += -p.trend_drift_sigma * sig + p.trend_momentum * prev_ret
+            r += -p.trend_drift_sigma * sig
         elif regime[i] == RANGE:  # a trend regime while trends are off (split_session) is plain noise
             r += p.range_reversion * (anchor - level)
         r += p.headline_drift_sigma * sig * news[i]
@@ -175,7 +156,6 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
         level += r
         log_close[i] = level
         log_ret[i] = r
-        prev_ret = r if not session_start else 0.0
 
     open_ = np.exp(log_open)
     close = np.exp(log_close)
@@ -213,7 +193,7 @@ def _headlines(rng: np.random.Generator, news: np.ndarray, accuracy: float) -> l
     for i in range(n):
         if i == 0 or rng.random() < 0.2:
             truthful = rng.random() < accuracy
-            if news[i] == 0:  # quiet news: a headline without sentiment, or (untruthful) a random bullish or bearish
+            if news[i] == 0:  # no news drift: a headline without sentiment, or (untruthful) a random bullish or bearish
                 current = quiet_headline(rng) if truthful else random_headline(rng, bullish=rng.random() < 0.5)
             else:
                 current = random_headline(rng, bullish=(news[i] if truthful else -news[i]) > 0)

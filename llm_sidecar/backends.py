@@ -103,7 +103,7 @@ class MockBackend:
     With `answers="news"` it trades the headline alone: flat → BUY on bullish news, SELL on bearish (confidence
     0.8), HOLD otherwise: an advisor whose information the prices show only slowly (synthetic:headlines).
     With `answers="news_pass"` it is the same advisor, but says PASS (no view) instead of HOLD when flat without
-    news: an advisor that knows when it knows nothing, so the agent acts alone there (synthetic:headlines_quiet_trend).
+    news: an advisor that knows when it knows nothing, so the agent acts alone there (synthetic:headlines_then_trend).
     With `answers="random"` it ignores the prompt and names a random action with a random confidence (seeded by
     the prompt's hash, so runs stay reproducible): an advisor with no information, for checking that the
     learned trust learns to ignore it.

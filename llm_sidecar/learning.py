@@ -1,34 +1,20 @@
-"""LoRA learning from trading outcomes, inside the sidecar (issue: an advisor that learns from the trades it
-advised).
+"""LoRA learning from outcomes, inside the sidecar (docs/advisor-learning.md).
 
-The trainer sends, for each answered query, the action the agent took at the env's next decision (and whether the
-advice was still in force there) and what followed (bridge.transport.OUTCOME_FIELDS). `PromptMemory` remembers each
-recent submission's prompts and answers so those outcome rows become `Experience`s in a bounded `ExperienceBuffer`
-that holds a share of prompts out for validation (each objective keeps the rows it can learn from: `usable`).
+For each answered query the trainer sends the market's move after it (bridge.transport.OUTCOME_FIELDS; the
+learner reads the answer's submission seq and row, and the move over the next `move_bars` bars in ATRs, NaN when
+unknown).
+`PromptMemory` remembers each recent submission's prompts and answers so those rows become `Experience`s in a
+bounded `ExperienceBuffer` that holds a share of prompts out for validation.
 
 `LoraLearner` trains a second LoRA adapter ("learning") on the score head, the 6-way softmax the advisor
 answers with, while the "default" adapter keeps answering: answers never come from half-trained weights.
-Objective per example, with weight w:
-  - `advantage`: w = the PPO advantage of the action taken over the buffer's advantage std, clipped; the
-    loss -w·log p(action) raises the likelihood of actions that did better than expected and lowers the rest.
-    With `baseline: action` each advantage is first centred on the mean advantage of its action in the training
-    share, so a round learns *when* an action pays (which prompts) rather than *whether* it pays on average: a
-    young policy whose every entry loses after costs otherwise teaches only "never trade";
-  - `profitable`: w = 1 where the outcome was a profit (the trade's P&L, else the interval's reward), else 0
-    (fine-tuning on profitable examples only);
-  - `pnl`: w = the P&L of the trade the advised action opened, over the training share's RMS trade P&L,
-    clipped; 0 where no trade was opened (or it was still open). Not trading is the baseline: an entry is
-    raised where its trade made money and lowered where it lost, whatever the young critic thinks;
-  - `move`: the loss is -w·log p(BUY) where the market rose over the next `move_bars` bars after the advice and
-    -w·log p(SELL) where it fell, w = the move over the training share's RMS move, clipped. It scores every
-    answered prompt, in force or not and whatever the agent did, so it has ~4x the examples of the others, and
-    each says which way the market went rather than how one stopped-out trade ended;
-plus kl_coef · KL(base ‖ adapted) so the answers do not collapse, and optionally anchor_coef · KL between the
-base's and the adapted model's answer averaged over the batch: with it a round cannot move the answer everywhere
-alike (SELL less, HOLD more) and must move it between prompts, i.e. learn which prompts call for which action.
-Adam at a learning rate well below the policy's, gradient clipping, and early stopping on the validation share:
-after each epoch the held-out loss decides whether to go on, and the best epoch's weights are the ones copied
-into "default" at the round's end.
+The loss of an example is -w·log p(BUY) where the market rose after the answer and -w·log p(SELL) where it fell,
+w = |move| over the training share's RMS move, clipped. Every answered prompt with a known move counts, whatever
+the agent then did: the move says which way the market went, which the advice's own trades (stopped out or
+taken at their target within a few bars) say too weakly to learn the news from (docs/findings.md).
+Plus kl_coef · KL(base ‖ adapted) so the answers do not collapse. Adam, gradient clipping, and early stopping
+on the validation share: after each epoch the held-out loss decides whether to go on, and the best epoch's
+weights are the ones copied into "default" at the round's end, only if the held-out loss improved.
 
 A round runs as a generator, one minibatch per `step()`, so the server answers prompts between steps.
 
@@ -55,7 +41,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from bridge.learning import LearningOptions
-from bridge.protocol import BUY, NUM_ACTIONS, SELL
+from bridge.protocol import BUY, SELL
 from llm_sidecar.models import log
 
 EXPERIENCES_FILE = "experiences.jsonl.gz"  # saved beside each adapter
@@ -67,30 +53,18 @@ SERVING_ADAPTER = "default"
 class Experience:
     prompt: str
     advice: np.ndarray  # float32 [6]: the answer's probabilities when it was given
-    action: int  # the action the agent took while the advice was in force
-    reward: float  # reward over the following query interval
-    trade_pnl: float  # the opened trade's final P&L, NaN if none
-    advantage: float
-    in_force: bool = True  # the advice was in force when the agent took `action` (else action/reward/P&L/advantage
-    # are not the advice's)
-    move: float = float("nan")  # the market's move over the following bars, in ATRs; NaN if unknown
-
-    @property
-    def profitable(self) -> bool:
-        return (self.trade_pnl if np.isfinite(self.trade_pnl) else self.reward) > 0
+    move: float  # the market's move over the following bars, in ATRs; NaN if unknown
 
     def to_json(self) -> dict:
-        return {"prompt": self.prompt, "advice": [round(float(p), 6) for p in self.advice], "action": self.action,
-                "reward": self.reward, "trade_pnl": self.trade_pnl if np.isfinite(self.trade_pnl) else None,
-                "advantage": self.advantage, "in_force": self.in_force,
+        return {"prompt": self.prompt, "advice": [round(float(p), 6) for p in self.advice],
                 "move": self.move if np.isfinite(self.move) else None}
 
     @classmethod
     def from_json(cls, row: dict) -> "Experience":
-        pnl, move = row["trade_pnl"], row.get("move")  # files saved before `move` have rows in force only
-        return cls(row["prompt"], np.asarray(row["advice"], np.float32), int(row["action"]), float(row["reward"]),
-                   float("nan") if pnl is None else float(pnl), float(row["advantage"]),
-                   bool(row.get("in_force", True)), float("nan") if move is None else float(move))
+        """Also reads files saved by earlier versions (their other columns are ignored; rows without a move
+        cannot be learned from)."""
+        move = row.get("move")
+        return cls(row["prompt"], np.asarray(row["advice"], np.float32), float("nan") if move is None else float(move))
 
 
 class PromptMemory:
@@ -114,9 +88,7 @@ class PromptMemory:
             if entry is None or not 0 <= row < len(entry[0]) or not np.isfinite(entry[1][row]).all():
                 unknown += 1
                 continue
-            out.append(Experience(entry[0][row], entry[1][row], int(rows["action"][i]), float(rows["reward"][i]),
-                                  float(rows["trade_pnl"][i]), float(rows["advantage"][i]), bool(rows["in_force"][i]),
-                                  float(rows["move"][i])))
+            out.append(Experience(entry[0][row], entry[1][row], float(rows["move"][i])))
         return out, unknown
 
 
@@ -162,47 +134,22 @@ def load_experiences(adapter_dir: str | Path) -> tuple[list[Experience], list[Ex
     return train, val
 
 
-def objective_weights(options: LearningOptions, train: list[Experience]) -> Callable[[list[Experience]], np.ndarray]:
-    """The objective's per-example weights w (loss -w·log p(action)), normalised on the round's training share
-    and applied alike to its validation share."""
-    if options.objective == "profitable":
-        return lambda examples: np.array([1.0 if e.profitable else 0.0 for e in examples], np.float32)
-    if options.objective == "pnl":
-        pnl = np.array([e.trade_pnl for e in train], np.float64)
-        rms = float(np.sqrt(np.mean(pnl[np.isfinite(pnl)] ** 2))) if np.isfinite(pnl).any() else 1.0
-        return lambda examples: np.clip(np.nan_to_num(np.array([e.trade_pnl for e in examples], np.float32) / (rms + 1e-8)),
-                                        -options.advantage_clip, options.advantage_clip)
-    if options.objective == "move":
-        rms = float(np.sqrt(np.mean(np.array([e.move for e in train]) ** 2))) if train else 1.0
-        return lambda examples: np.clip(np.abs(np.array([e.move for e in examples], np.float32)) / (rms + 1e-8),
-                                        0.0, options.advantage_clip)
-    adv = np.array([e.advantage for e in train], np.float64)
-    actions = np.array([e.action for e in train], np.int64)
-    centre = np.zeros(NUM_ACTIONS)
-    if options.baseline == "action":
-        for a in np.unique(actions):
-            centre[a] = adv[actions == a].mean()
-    scale = float(np.std(adv - centre[actions])) + 1e-8
-
-    def weights(examples: list[Experience]) -> np.ndarray:
-        w = np.array([(e.advantage - centre[e.action]) / scale for e in examples], np.float32)
-        return np.clip(w, -options.advantage_clip, options.advantage_clip)
-
-    return weights
+def move_weights(options: LearningOptions, train: list[Experience]) -> Callable[[list[Experience]], np.ndarray]:
+    """Per-example weights w (loss -w·log p(target)): |move| over the round's training share's RMS move, clipped;
+    applied alike to its validation share."""
+    rms = float(np.sqrt(np.mean(np.array([e.move for e in train]) ** 2))) if train else 1.0
+    return lambda examples: np.clip(np.abs(np.array([e.move for e in examples], np.float32)) / (rms + 1e-8),
+                                    0.0, options.move_clip)
 
 
-def objective_actions(options: LearningOptions, examples: list[Experience]) -> np.ndarray:
-    """The action each example's weight applies to: the one the agent took, or for `move` the side that the
-    market's move favoured."""
-    if options.objective == "move":
-        return np.array([BUY if e.move > 0 else SELL for e in examples], np.int64)
-    return np.array([e.action for e in examples], np.int64)
+def move_targets(examples: list[Experience]) -> np.ndarray:
+    """The action each example's weight applies to: BUY where the market rose, SELL where it fell."""
+    return np.array([BUY if e.move > 0 else SELL for e in examples], np.int64)
 
 
-def usable(options: LearningOptions, experience: Experience) -> bool:
-    """Whether the objective can learn from `experience`: `move` from any with a known move, the others only where
-    the advice was in force (else the action and its outcome are not the advice's)."""
-    return np.isfinite(experience.move) if options.objective == "move" else experience.in_force
+def usable(experience: Experience) -> bool:
+    """Whether the learner can learn from `experience`: its move is known."""
+    return bool(np.isfinite(experience.move))
 
 
 class LoraLearner:
@@ -245,7 +192,7 @@ class LoraLearner:
 
     def add_outcomes(self, rows: dict[str, np.ndarray]) -> None:
         experiences, unknown = self.memory.join(rows)
-        self.buffer.add([e for e in experiences if usable(self.options, e)])
+        self.buffer.add([e for e in experiences if usable(e)])
         self.unknown_outcomes += unknown
 
     # ---- adapters --------------------------------------------------------------------------------------
@@ -347,11 +294,7 @@ class LoraLearner:
         actions = torch.tensor(actions)
         nll = -(torch.tensor(weights) * logp.gather(1, actions[:, None])[:, 0]).mean()
         kl = (base.exp() * (base - logp)).sum(-1).mean()
-        loss = nll + self.options.kl_coef * kl
-        if self.options.anchor_coef:
-            base_mean, mean = base.exp().mean(0), logp.exp().mean(0)
-            loss = loss + self.options.anchor_coef * (base_mean * (base_mean.log() - mean.log())).sum()
-        return loss, kl, logp
+        return nll + self.options.kl_coef * kl, kl, logp
 
     def _evaluate(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray,
                   adapter: str) -> Iterator[None]:
@@ -372,14 +315,6 @@ class LoraLearner:
         self._result = (total / len(examples), kl_total / len(examples), np.concatenate(tops))
 
     @staticmethod
-    def accuracy(examples: list[Experience], top_actions: np.ndarray) -> float:
-        """Share of advice whose action had a positive advantage: over the examples where the advice was in force
-        and the advisor's top action is the action the agent took (the only action whose advantage is known)."""
-        taken = (np.array([e.action for e in examples]) == top_actions) & np.array([e.in_force for e in examples])
-        positive = np.array([e.advantage > 0 for e in examples])
-        return float(positive[taken].mean()) if taken.any() else float("nan")
-
-    @staticmethod
     def direction_accuracy(examples: list[Experience], top_actions: np.ndarray) -> float:
         """Share of the examples whose top action is BUY or SELL (and whose move is known) where the market then
         moved that way."""
@@ -391,13 +326,13 @@ class LoraLearner:
     def _round(self, train: list[Experience], val: list[Experience]) -> Iterator[None]:
         torch, o = self.torch, self.options
         t0, learn_before = time.perf_counter(), self.learn_s
-        weights = objective_weights(o, train)
+        weights = move_weights(o, train)
         w_train, w_val = weights(train), weights(val)
-        a_train, a_val = objective_actions(o, train), objective_actions(o, val)
+        a_train, a_val = move_targets(train), move_targets(val)
         yield from self._base_prepare(train + val)
         base_tops = self._base(val).argmax(-1).numpy()
         yield from self._evaluate(val, a_val, w_val, SERVING_ADAPTER)
-        val_before, _, tops_before = self._result
+        val_before, _, _ = self._result
         best_loss, best_epoch, epochs, steps, train_loss = val_before, 0, 0, 0, float("nan")
         params = [p for _, p in self.pairs]
         best = [p.detach().clone() for p in params]
@@ -438,16 +373,14 @@ class LoraLearner:
             "round": len(self.rounds) + 1, "train_examples": len(train), "val_examples": len(val),
             "epochs": epochs, "best_epoch": best_epoch, "steps": steps, "adopted": bool(best_epoch),
             "train_loss": train_loss, "val_loss_before": val_before, "val_loss": val_after, "kl_to_base": kl_after,
-            "accuracy_base": self.accuracy(val, base_tops), "accuracy_before": self.accuracy(val, tops_before),
-            "accuracy": self.accuracy(val, tops_after),
             "direction_accuracy_base": self.direction_accuracy(val, base_tops),
             "direction_accuracy": self.direction_accuracy(val, tops_after), "learn_s": self.learn_s - learn_before,
             "wall_s": time.perf_counter() - t0,
         }  # fmt: skip
         self.rounds.append(record)
         log(f"LoRA round {record['round']}: {steps} steps, val loss {val_before:.4f} -> {val_after:.4f}, "
-            f"KL {kl_after:.4f}, accuracy {record['accuracy_before']:.3f} -> {record['accuracy']:.3f}, "
-            f"{record['learn_s']:.1f} s learning")
+            f"KL {kl_after:.4f}, direction accuracy {record['direction_accuracy_base']:.3f} (base) -> "
+            f"{record['direction_accuracy']:.3f}, {record['learn_s']:.1f} s learning")
 
     def stats(self) -> dict:
         return {"busy": self.busy, "rounds": self.rounds, "learn_s": self.learn_s, "version": self.version,

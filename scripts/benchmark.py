@@ -7,7 +7,7 @@ r"""Throughput benchmarks: runs the suites in benchmarks/ (the runner: benchmark
     python scripts/benchmark.py --from-json docs/results/benchmarks.json --markdown BENCHMARKS.md   # re-render
 """
 
-from agents.gpus import leave_gpu_memory_to_advisor
+from agents.devices.gpus import leave_gpu_memory_to_advisor
 
 leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
 

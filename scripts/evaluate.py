@@ -6,7 +6,7 @@
     python scripts/evaluate.py --run-dir runs/s0 --run-dir runs/s1 --run-dir runs/s2   # training seeds pooled
 """
 
-from agents.gpus import leave_gpu_memory_to_advisor
+from agents.devices.gpus import leave_gpu_memory_to_advisor
 
 leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
 

@@ -2,11 +2,11 @@
 bootstrap 95% intervals and paired differences against rl_only (the logic: experiments/fusion.py).
 
     python scripts/experiment.py --config configs/headlines.yaml --arms rl_only,news,random,shuffled --seeds 0-4 \
-        --json docs/results/experiment-fusion/experiment.json --runs results/experiment-fusion/runs
+        --json docs/results/experiment-fusion-10-seeds/experiment.json --runs results/experiment-fusion/runs
     python scripts/experiment.py --quick --json /tmp/quick/experiment.json     # 2 seeds, tiny runs
 """
 
-from agents.gpus import leave_gpu_memory_to_advisor
+from agents.devices.gpus import leave_gpu_memory_to_advisor
 
 leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
 

@@ -6,11 +6,11 @@
     python scripts/train.py --resume runs/20250101-120000
 """
 
-from agents.gpus import leave_gpu_memory_to_advisor
+from agents.devices.gpus import leave_gpu_memory_to_advisor
 
 leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
 
-from agents.distributed import join_from_argv
+from agents.devices.distributed import join_from_argv
 
 join_from_argv()  # several processes (--coordinator ...): before any import initialises a JAX backend
 

@@ -1,5 +1,5 @@
-"""An advisor that learns from trading outcomes: the outcome and command channels of the bridge, how the
-trainer turns a rollout into outcome rows, the sidecar's LoRA learner on the tiny random Phi-3, and a training
+"""An advisor that learns from outcomes (the market's move after each answer): the outcome and command channels of
+the bridge, how the trainer turns a rollout into outcome rows, the sidecar's LoRA learner on the tiny random Phi-3, and a training
 run whose advisor learns (adapters saved with checkpoints and restored by evaluation)."""
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from llm_sidecar.learning import (
     Experience,
     LearningOptions,
     load_experiences,
-    objective_actions,
-    objective_weights,
+    move_targets,
+    move_weights,
     usable,
 )
 
@@ -39,9 +39,8 @@ RENDERER = PromptRenderer.from_yaml()
 
 
 def outcome_batch(n: int, seq: int = 1) -> dict[str, np.ndarray]:
-    return {"seq": np.full(n, seq), "row": np.arange(n), "in_force": np.ones(n), "action": np.ones(n),
-            "reward": np.zeros(n), "trade_pnl": np.full(n, np.nan), "advantage": np.linspace(-1, 1, n),
-            "move": np.zeros(n)}
+    rows = {name: np.zeros(n, dtype) for name, dtype in OUTCOME_FIELDS}
+    return {**rows, "seq": np.full(n, seq), "row": np.arange(n), "move": np.linspace(-1, 1, n)}
 
 
 def test_outcomes_and_commands_reach_the_sidecar_and_bad_commands_fail_loudly():
@@ -65,39 +64,23 @@ def test_outcomes_and_commands_reach_the_sidecar_and_bad_commands_fail_loudly():
         assert (client.collect(timeout_s=10.0).status == 0).all()
 
 
-def test_outcome_rows_take_the_action_at_the_first_advised_step_and_what_followed():
+def test_outcome_rows_measure_the_markets_move_after_each_answer_without_look_ahead():
     T, N = 10, 3
-    traj = {
-        "action": np.zeros((T, N), np.int32), "reward": np.ones((T, N), np.float32),
-        "advantage": np.arange(T * N, dtype=np.float32).reshape(T, N), "advice_valid": np.ones((T, N), bool),
-        "entered": np.zeros((T, N), bool), "exited": np.zeros((T, N), bool), "trade_pnl": np.zeros((T, N), np.float32),
-        "bar": (100 + np.arange(T)[:, None] + 1000 * np.arange(N)).astype(np.int32),  # env e walks bars 1000e+100..
-    }
-    traj["bar"][7:, 1] = 500  # env 1's episode ends at step 7: its move window is cut short
-    traj["action"][5, 0] = 1
-    traj["entered"][5, 0] = True  # env 0 opens a trade at step 5 ...
-    traj["exited"][8, 0], traj["trade_pnl"][8, 0] = True, 123.0  # ... which closes at step 8
-    traj["exited"][2, 1], traj["trade_pnl"][2, 1] = True, -50.0  # env 1: an exit before its advice is not its trade
-    traj["entered"][5, 1] = True  # and the trade it opens at step 5 is still open at the end
-    traj["advice_valid"][5, 2] = False  # env 2 changed side before its answer arrived
-    applied = [(0, 5, []), (5, 5, [(7, np.array([0, 1, 2]), np.array([0, 1, 2]))])]
+    bars = (100 + np.arange(T)[:, None] + 1000 * np.arange(N)).astype(np.int32)  # env e walks bars 1000e+100..
+    bars[7:, 1] = 500  # env 1's episode ends at step 7: its move window is cut short
+    applied = [(0, []), (5, [(7, np.array([0, 1, 2]), np.array([0, 1, 2]))])]
     prices = np.arange(3000.0)  # each bar opens at its index and closes 0.5 above it, in a 2-point ATR
     market = SimpleNamespace(open=prices, close=prices + 0.5, atr=np.full(3000, 2.0))
-    rows = outcome_rows(applied, traj, market, move_bars=4)
+    rows = outcome_rows(applied, bars, market, move_bars=4)
     assert set(rows) == {name for name, _ in OUTCOME_FIELDS}
     assert rows["seq"].tolist() == [7, 7, 7] and rows["row"].tolist() == [0, 1, 2]
-    assert rows["in_force"].tolist() == [1, 1, 0]  # env 2's row still comes, marked not in force
-    assert rows["action"].tolist() == [1, 0, 0]
-    assert rows["reward"].tolist() == [5.0, 5.0, 5.0]  # the interval [5, 10)
-    assert rows["advantage"].tolist() == [15.0, 16.0, 17.0]
-    assert rows["trade_pnl"][0] == 123.0 and np.isnan(rows["trade_pnl"][1])
     # Decision at bar 105: the order fills at bar 106's open (106), the window ends at bar 109's close (109.5),
     # which the rollout played at step 8 (< T): a move of 3.5 points, 1.75 ATRs.
     assert rows["move"][0] == pytest.approx(1.75) and rows["move"][2] == pytest.approx(1.75)
     assert np.isnan(rows["move"][1])  # env 1 reset inside its window
     # A window longer than what is left of the rollout is unknown (its bars have not been played).
-    assert np.isnan(outcome_rows(applied, traj, market, move_bars=6)["move"]).all()
-    assert len(outcome_rows([(0, 5, [])], traj, market, move_bars=4)["seq"]) == 0
+    assert np.isnan(outcome_rows(applied, bars, market, move_bars=6)["move"]).all()
+    assert len(outcome_rows([(0, [])], bars, market, move_bars=4)["seq"]) == 0
 
 
 def test_learning_config_needs_a_transformers_advisor_in_score_mode():
@@ -105,92 +88,60 @@ def test_learning_config_needs_a_transformers_advisor_in_score_mode():
         load_config(None, ["llm=mock", "hybrid.learning.enabled=true"])
     with pytest.raises(ConfigError, match="hybrid.learning.enabled"):
         load_config(None, ["llm=smollm2", "hybrid.llm_mode=generate", "hybrid.learning.enabled=true"])
-    with pytest.raises(ConfigError, match="objective"):
-        load_config(None, ["hybrid.learning.objective=greedy"])
-    with pytest.raises(ConfigError, match="baseline"):
-        load_config(None, ["hybrid.learning.baseline=state"])
+    with pytest.raises(ConfigError, match="move_clip"):
+        load_config(None, ["hybrid.learning.move_clip=0"])
     with pytest.raises(ConfigError, match="move_bars"):  # a move is measured inside one rollout
-        load_config(None, ["hybrid.learning.objective=move", "ppo.num_steps=16", "hybrid.learning.move_bars=30"])
+        load_config(None, ["llm=smollm2", "hybrid.learning.enabled=true", "ppo.num_steps=16", "hybrid.query.interval=4",
+                           "hybrid.learning.move_bars=30"])
+    load_config(None, ["ppo.num_steps=16", "hybrid.learning.move_bars=30"])  # learning off: no move is measured
 
 
-def test_the_action_baseline_teaches_when_an_action_pays_not_whether_it_does():
-    """A young policy's entries all lose after costs; BUY after good news loses less. Plain advantages push every
-    entry down (the advisor learns only to HOLD); centred on each action's mean they push the better half up."""
+def test_the_learner_raises_the_side_the_market_took_after_every_answered_prompt_with_a_known_move():
+    def experience(move: float) -> Experience:
+        return Experience("p", np.full(6, 1 / 6, np.float32), move)
 
-    def experience(action: int, advantage: float) -> Experience:
-        return Experience(f"p{action}{advantage}", np.full(6, 1 / 6, np.float32), action, 0.0, float("nan"), advantage)
-
-    train = [experience(1, -1.0), experience(1, -3.0), experience(2, -2.0), experience(2, -4.0),
-             experience(0, 0.5), experience(0, 0.1)]
-    plain = objective_weights(LearningOptions(), train)(train)
-    assert (plain[:4] < 0).all() and (plain[4:] > 0).all()
-    centred = objective_weights(LearningOptions(baseline="action"), train)(train)
-    assert centred[0] > 0 > centred[1] and centred[2] > 0 > centred[3] and centred[4] > 0 > centred[5]
-    assert np.allclose(centred.reshape(3, 2).sum(1), 0, atol=1e-6)
-    assert np.abs(centred).max() <= LearningOptions().advantage_clip
-    # A validation example is weighed by the training share's baseline.
-    assert objective_weights(LearningOptions(baseline="action"), train)([experience(1, -2.0)])[0] == pytest.approx(0)
-
-
-def test_the_move_objective_learns_every_answered_prompt_toward_the_side_the_market_took():
-    def experience(move: float, in_force: bool = True) -> Experience:
-        return Experience("p", np.full(6, 1 / 6, np.float32), 0, 0.0, float("nan"), 0.0, in_force, move)
-
-    options = LearningOptions(objective="move")
-    train = [experience(1.0), experience(-2.0), experience(0.5, in_force=False), experience(-0.5)]
-    assert objective_actions(options, train).tolist() == [1, 2, 1, 2]  # BUY where it rose, SELL where it fell
-    w = objective_weights(options, train)(train)
+    train = [experience(1.0), experience(-2.0), experience(0.5), experience(-0.5)]
+    assert move_targets(train).tolist() == [1, 2, 1, 2]  # BUY where it rose, SELL where it fell
+    options = LearningOptions()
+    w = move_weights(options, train)(train)
     rms = np.sqrt(np.mean([1.0, 4.0, 0.25, 0.25]))
     assert w == pytest.approx(np.abs([1.0, -2.0, 0.5, -0.5]) / rms)
-    assert objective_weights(options, train)([experience(1e9)])[0] == 3.0  # clipped
-    # `move` learns from rows not in force; the other objectives do not, and `move` needs a known move.
-    assert usable(options, experience(0.5, in_force=False)) and not usable(options, experience(float("nan")))
-    assert not usable(LearningOptions(), experience(0.5, in_force=False))
-    assert objective_actions(LearningOptions(), train).tolist() == [0, 0, 0, 0]  # the action taken
+    assert move_weights(options, train)([experience(1e9)])[0] == options.move_clip == 3.0  # clipped
+    assert usable(experience(0.5)) and not usable(experience(float("nan")))  # an unknown move teaches nothing
 
 
-def test_the_pnl_objective_weighs_an_entry_by_its_trades_pnl_and_not_trading_by_nothing():
-    def experience(action: int, trade_pnl: float) -> Experience:
-        return Experience("p", np.full(6, 1 / 6, np.float32), action, -5.0, trade_pnl, 1.0)
-
-    train = [experience(1, 50.0), experience(1, -150.0), experience(2, -50.0), experience(0, float("nan"))]
-    w = objective_weights(LearningOptions(objective="pnl"), train)(train)
-    assert w[0] > 0 > w[2] > w[1] and w[3] == 0  # HOLD (no trade) is the baseline, whatever its advantage
-    assert w[0] == pytest.approx(-w[2]) and w[1] == pytest.approx(-3 * w[0])
-    assert objective_weights(LearningOptions(objective="pnl"), train)([experience(1, 1e9)])[0] == 3.0  # clipped
+def test_experiences_saved_by_earlier_versions_still_load():
+    old = {"prompt": "p", "advice": [1 / 6] * 6, "action": 1, "reward": 0.0, "trade_pnl": None, "advantage": 0.3,
+           "in_force": True, "move": -0.25}
+    e = Experience.from_json(old)
+    assert e.move == -0.25 and e.to_json() == {"prompt": "p", "advice": [round(1 / 6, 6)] * 6, "move": -0.25}
+    assert not usable(Experience.from_json({k: v for k, v in old.items() if k != "move"}))  # saved before moves
 
 
 def test_replay_script_tabulates_what_the_saved_outcomes_teach_pooled_over_runs(tmp_path):
     """scripts/advisor_learning/lora_replay.py reads the experiences saved beside adapters, pools several runs',
-    splits them by action and headline direction, and says how often a closed trade's market move agreed with its
-    headline."""
+    splits them by headline direction, and says how often the market's move agreed with the headline."""
     def save(folder: Path, outcomes: tuple) -> str:
         folder.mkdir()
-        rows = [Experience(f"News: {h}", np.full(6, 1 / 6, np.float32), a, 0.0, pnl, adv, in_force, move).to_json()
-                for h, a, pnl, adv, move, in_force in outcomes]
+        rows = [Experience(f"News: {h}", np.full(6, 1 / 6, np.float32), move).to_json() for h, move in outcomes]
         with gzip.open(folder / EXPERIENCES_FILE, "wt") as f:
             f.writelines(json.dumps({**row, "held_out": False}) + "\n" for row in rows)
         return str(folder)
 
     bull, bear = "Apple beats earnings estimates, shares surge", "Hawkish Fed remarks spark a selloff"
-    first = save(tmp_path / "a", ((bull, 1, 40.0, 1.0, 1.0, True), (bear, 1, -60.0, -1.0, -0.5, True),
-                                  (bear, 0, float("nan"), 0.5, 0.3, True)))  # the market rose after bad news
-    # A SELL that won while the headline was bullish, and a row whose advice was not in force: only its move counts.
-    second = save(tmp_path / "b", ((bull, 2, 30.0, 0.2, 0.2, True), (bear, 1, 500.0, 9.0, -1.0, False)))
+    first = save(tmp_path / "a", ((bull, 1.0), (bear, -0.5), (bear, 0.3)))  # the market rose after bad news
+    second = save(tmp_path / "b", ((bull, 0.2), (bear, -1.0), (bull, float("nan"))))  # an unknown move: not counted
     out = subprocess.run([sys.executable, "scripts/advisor_learning/lora_replay.py", first, second],
                          capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout
-    assert "5 training and 0 held-out experiences" in out
-    assert "| BUY | bullish | 1 | +1.000 | +40.0 (1) | 1.00 |" in out
-    assert "| BUY | bearish | 1 | -1.000 | -60.0 (1) | 0.00 |" in out
-    assert "| HOLD | bearish | 1 | +0.500 | +nan (0) | 0.00 |" in out
-    assert "| SELL | bullish | 1 | +0.200 | +30.0 (1) | 1.00 |" in out
-    assert "closed trades agreeing with the headline: 0.667 of 3" in out  # the BUYs went the news' way, the SELL not
+    assert "6 training and 0 held-out experiences" in out
+    assert "| bullish | 2 | +0.600 | 1.00 |" in out
+    assert "| bearish | 3 | -0.400 | 0.33 |" in out
     assert "market moves after the answered prompts agreeing with the headline: 0.800 of 5" in out
 
 
 def test_the_experiment_table_gives_each_seed_and_the_mean_over_seeds():
     """Does learning help on average, not on a lucky seed: experiments/lora_headlines.py's table gives
-    each walk's P&L with its standard error and ends with the mean P&L and accuracy over the seeds."""
+    each walk's P&L with its standard error and ends with the mean P&L and direction accuracy over the seeds."""
     from experiments.lora_headlines import table
 
     def seed(s: int, learned_pnl: float, accuracy: float) -> dict:
@@ -198,16 +149,15 @@ def test_the_experiment_table_gives_each_seed_and_the_mean_over_seeds():
         walks = {"val_frozen": {"net_pnl": -6000.0, "trades": 400, "trade_pnl_std": 600.0},
                  "val_learned": {"net_pnl": learned_pnl, "trades": 100, "trade_pnl_std": 500.0}}
         return {"seed": s, "walks": walks,
-                "rounds": [{"accuracy_base": 0.4, "accuracy": accuracy, "direction_accuracy_base": 0.5,
-                            "direction_accuracy": accuracy + 0.1, "val_loss_before": 1.0, "val_loss": 0.9,
-                            "kl_to_base": 0.1, "adopted": True}],
-                "outcome_agreement": {"share": 0.55, "trades": 250, "move_share": 0.6, "moves": 900},
+                "rounds": [{"direction_accuracy_base": 0.5, "direction_accuracy": accuracy + 0.1,
+                            "val_loss_before": 1.0, "val_loss": 0.9, "kl_to_base": 0.1, "adopted": True}],
+                "outcome_agreement": {"move_share": 0.6, "moves": 900},
                 "probe": {**figures, "learned": figures["frozen"]}}
 
     lines = table([seed(0, 9000.0, 0.6), seed(1, -21000.0, 0.3)], ["val"]).splitlines()
-    assert lines[2].startswith("| 0 | 0.550 of 250 / 0.600 of 900 | -6,000 ± 12.0k / 9,000 ± 5.0k | "  # std · √trades
-                               "0.400 → 0.600 | 0.500 → 0.700 |")
-    assert lines[-1].startswith("| mean |  | -6,000 / -6,000 | 0.400 → 0.450 | 0.500 → 0.550 |")
+    assert lines[2].startswith("| 0 | 0.600 of 900 | -6,000 ± 12.0k / 9,000 ± 5.0k | "  # std · √trades
+                               "0.500 → 0.700 |")
+    assert lines[-1].startswith("| mean |  | -6,000 / -6,000 | 0.500 → 0.550 |")
 
 
 # ---- the learner on the tiny random Phi-3 --------------------------------------------------------------------
@@ -230,22 +180,18 @@ def tiny_backend(model: str, **options) -> TransformersBackend:
     return TransformersBackend(TransformersOptions(model=model, **options), RENDERER.system, RENDERER.answer_prefix)
 
 
-def rewarded_headlines(learner: LoraLearner, n: int, seed: int = 1) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Prompts whose outcomes reward BUY after a bullish headline ('rally') and SELL after a bearish one
-    ('slump'), fed to the learner as answered queries with outcomes."""
+def headline_moves(learner: LoraLearner, n: int, seed: int = 1) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Prompts after whose bullish headline ('rally') the market rose and after whose bearish one ('slump') it
+    fell, fed to the learner as answered queries with their moves."""
     fields, texts = example_fields(n, seed=seed)
     prompts = [p.decode() for p in RENDERER.render(fields, texts)]
     rng = np.random.default_rng(seed)
-    actions = rng.integers(0, 3, n)
     bull = np.array(["rally" in p for p in prompts])
     bear = np.array(["slump" in p for p in prompts])
-    right = (bull & (actions == 1)) | (bear & (actions == 2))
-    advantage = np.where(bull | bear, np.where(right, 1.0, -0.5), 0.0) + rng.normal(0, 0.1, n)
+    move = np.where(bull, 1.0, np.where(bear, -1.0, 0.0)) + rng.normal(0, 0.1, n)
     probs = learner.backend.advise(prompts).probs
     learner.memory.remember(1, prompts, probs)
-    learner.add_outcomes({"seq": np.ones(n), "row": np.arange(n), "in_force": np.ones(n), "action": actions,
-                          "reward": advantage, "trade_pnl": np.full(n, np.nan), "advantage": advantage,
-                          "move": np.full(n, np.nan)})
+    learner.add_outcomes({"seq": np.ones(n), "row": np.arange(n), "move": move})
     return prompts, bull, bear
 
 
@@ -257,14 +203,14 @@ def test_a_new_adapter_answers_like_the_base_model_and_a_saved_one_reloads_exact
     learner = LoraLearner(backend, LearningOptions(lr=5e-3, min_examples=16, batch_size=16, max_epochs=1))
     assert np.allclose(backend.advise(prompts).probs, base, atol=1e-6)  # B = 0: the base model's answers
     assert learner.start_round() == {"started": False, "why": "0 training / 0 validation examples; a round needs 16 / 8"}
-    rewarded_headlines(learner, 96)
+    headline_moves(learner, 96)
     assert learner.start_round()["started"]
     learner.finish()
     # Whatever the round adopted, a saved adapter reloads to the same answers, at start or later by command.
     learner.save(tmp_path / "adapter")
     train, val = load_experiences(tmp_path / "adapter")  # what it learned from is kept beside it
     assert [e.prompt for e in train] == [e.prompt for e in learner.buffer.train] and len(train) + len(val) == 96
-    assert [e.advantage for e in val] == pytest.approx([e.advantage for e in learner.buffer.val])
+    assert [e.move for e in val] == pytest.approx([e.move for e in learner.buffer.val])
     serving = backend.advise(prompts).probs
     assert np.allclose(tiny_backend(tiny_model, lora=str(tmp_path / "adapter")).advise(prompts).probs, serving, atol=1e-5)
     fresh = tiny_backend(tiny_model)
@@ -277,43 +223,19 @@ def test_a_new_adapter_answers_like_the_base_model_and_a_saved_one_reloads_exact
     assert record["learn_s"] > 0 and np.isfinite(record["kl_to_base"])
 
 
-def test_the_anchor_keeps_the_average_answer_where_a_round_would_move_it(tiny_model):
-    """The random tiny Phi-3 answers every prompt alike, so a round on rewarded headlines moves its answer
-    everywhere; anchor_coef (KL of the batch-average answer to the base's) holds that average near the base."""
-    shifts = {}
-    for anchor in (0.0, 10.0):
-        torch.manual_seed(0)
-        backend = tiny_backend(tiny_model)
-        learner = LoraLearner(backend, LearningOptions(lr=5e-3, min_examples=16, batch_size=16, max_epochs=2,
-                                                       anchor_coef=anchor))
-        prompts, _, _ = rewarded_headlines(learner, 160)
-        before = backend.advise(prompts).probs
-        learner.start_round()
-        learner.finish()
-        assert learner.rounds[-1]["adopted"]
-        shifts[anchor] = np.abs(backend.advise(prompts).probs.mean(0) - before.mean(0)).sum()
-    assert shifts[0.0] > 0.2 and shifts[10.0] < shifts[0.0] / 5
-
-
-def test_the_move_objective_learns_from_every_answered_prompt_which_way_the_market_went(tiny_model):
-    """Rows whose advice was not in force teach the move objective (and no other): after a round on prompts the
-    market rose after, the advisor says BUY more and SELL less on prompts it did not train on."""
+def test_the_learner_learns_from_every_answered_prompt_which_way_the_market_went(tiny_model):
+    """After a round on prompts the market rose after, the advisor says BUY more and SELL less on prompts it did
+    not train on; rows without a known move are not kept."""
     fields, texts = example_fields(96, seed=4)
     prompts = [p.decode() for p in RENDERER.render(fields, texts)]
-    rows = {"seq": np.ones(96), "row": np.arange(96), "in_force": np.zeros(96), "action": np.zeros(96),
-            "reward": np.zeros(96), "trade_pnl": np.full(96, np.nan), "advantage": np.ones(96),
-            "move": np.random.default_rng(0).uniform(0.5, 2.0, 96)}
-    plain = LoraLearner(tiny_backend(tiny_model), LearningOptions(min_examples=16))
-    plain.memory.remember(1, prompts, plain.backend.advise(prompts).probs)
-    plain.add_outcomes(rows)
-    assert plain.buffer.sizes()["experiences_added"] == 0  # not the advice's outcomes: `advantage` skips them
+    move = np.random.default_rng(0).uniform(0.5, 2.0, 96)
+    move[:8] = np.nan
     torch.manual_seed(0)
     backend = tiny_backend(tiny_model)
-    learner = LoraLearner(backend, LearningOptions(objective="move", lr=5e-3, min_examples=16, batch_size=16,
-                                                   max_epochs=1))
+    learner = LoraLearner(backend, LearningOptions(lr=5e-3, min_examples=16, batch_size=16, max_epochs=1))
     learner.memory.remember(1, prompts, backend.advise(prompts).probs)
-    learner.add_outcomes(rows)
-    assert learner.buffer.sizes()["experiences_added"] == 96
+    learner.add_outcomes({"seq": np.ones(96), "row": np.arange(96), "move": move})
+    assert learner.buffer.sizes()["experiences_added"] == 88
     unseen = [p.decode() for p in RENDERER.render(*example_fields(16, seed=5))]
     before = backend.advise(unseen).probs
     assert learner.start_round()["started"]
@@ -325,13 +247,13 @@ def test_the_move_objective_learns_from_every_answered_prompt_which_way_the_mark
 
 
 @pytest.mark.slow
-def test_lora_learning_moves_answers_in_the_rewarded_direction(tiny_model):
-    """The issue's shortened schedule: the held-out loss falls and the adapter raises P(BUY | bullish news) and
+def test_lora_learning_moves_answers_toward_the_side_the_market_took(tiny_model):
+    """A shortened schedule: the held-out loss falls and the adapter raises P(BUY | bullish news) and
     P(SELL | bearish news), while KL to the base model stays bounded."""
     torch.manual_seed(0)
     backend = tiny_backend(tiny_model)
     learner = LoraLearner(backend, LearningOptions(lr=3e-3, min_examples=32, batch_size=32, max_epochs=4))
-    prompts, bull, bear = rewarded_headlines(learner, 400)
+    prompts, bull, bear = headline_moves(learner, 400)
     before = backend.advise(prompts).probs
     learner.start_round()
     learner.finish()
@@ -340,7 +262,6 @@ def test_lora_learning_moves_answers_in_the_rewarded_direction(tiny_model):
     assert record["adopted"] and record["val_loss"] < record["val_loss_before"] - 0.05
     assert after[bull, 1].mean() > before[bull, 1].mean() + 0.05
     assert after[bear, 2].mean() > before[bear, 2].mean() + 0.05
-    assert record["accuracy"] > record["accuracy_base"]
     assert 0 < record["kl_to_base"] < 1.0
 
 
@@ -353,7 +274,7 @@ def tiny_learning_run(model: str) -> list[str]:
             "env.max_steps_in_episode=400", "checkpoint.every_updates=1", "checkpoint.eval_every_updates=2",
             "hybrid.budget=8", "hybrid.query.cooldown=0", "hybrid.learning.enabled=true",
             "hybrid.learning.every_updates=1", "hybrid.learning.min_examples=8", "hybrid.learning.batch_size=8",
-            "hybrid.learning.lr=1e-2", "total_steps=960",
+            "hybrid.learning.lr=1e-2", "hybrid.learning.move_bars=10", "total_steps=960",
             "hybrid.latency=strict"]  # every update's answers arrive in it, so a round starts at update 1
 
 

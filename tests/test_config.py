@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from agents.config import ConfigError, TrainConfig, load_config, save_config
+from agents.config import ConfigError, TrainConfig, load_config, save_config, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,11 +87,11 @@ def test_cross_field_validation():
         load_config(None, ["num_envs=3", "ppo.num_steps=5", "ppo.num_minibatches=4"])
     with pytest.raises(ConfigError, match="total_steps"):
         load_config(None, ["num_envs=64", "ppo.num_steps=64", "total_steps=100"])
-    with pytest.raises(ConfigError, match="hybrid.fusion: must be one of none, rules, switch, learned, pooled"):
+    with pytest.raises(ConfigError, match="hybrid.fusion: must be one of none, rules, switch, learned"):
         load_config(None, ["llm=mock", "hybrid.fusion=trust-me"])
     with pytest.raises(ConfigError, match="hybrid.query.interval: must be between 1 and ppo.num_steps = 64"):
         load_config(None, ["llm=mock", "hybrid.query.interval=70"])
-    with pytest.raises(ConfigError, match="hybrid.query.bind_on: must be one of trust, record"):
+    with pytest.raises(ConfigError, match="hybrid.query.bind_on: must be one of always, trust, record"):
         load_config(None, ["llm=mock", "hybrid.query.bind_on=gate"])
     with pytest.raises(ConfigError, match="hybrid.query.record_calls: must be at least 100"):
         load_config(None, ["llm=mock", "hybrid.query.bind_on=record", "hybrid.query.record_calls=10"])
@@ -107,6 +108,15 @@ def test_saved_config_round_trips(tmp_path):
     save_config(cfg, tmp_path / "c.yaml")
     assert load_config(tmp_path / "c.yaml") == cfg
     assert load_config(ROOT / "configs" / "default.yaml") == TrainConfig()  # the shipped default is the default
+
+
+def test_the_shipped_default_config_is_generated_from_the_dataclasses():
+    """configs/default.yaml lists every key with its default and a comment; regenerate it with
+    `python -m agents.config > configs/default.yaml` when a field changes."""
+    from agents.config import default_config_yaml, field_comments
+
+    assert (ROOT / "configs" / "default.yaml").read_text() == default_config_yaml()
+    assert all(field_comments(TrainConfig).values()) and "# the zone of flat_by" in default_config_yaml()
 
 
 @pytest.mark.parametrize("name", ["default.yaml", "quick.yaml", "signal.yaml"])
@@ -154,3 +164,29 @@ def test_a_lora_adapter_goes_to_a_transformers_sidecar_and_is_checked(tmp_path):
         sidecar_options(load_config(None, ["llm=smollm2", f"hybrid.llm_adapter={tmp_path / 'gone'}"]))
     with pytest.raises(ConfigError, match="hybrid.llm_adapter"):
         load_config(None, ["llm=mock", f"hybrid.llm_adapter={tmp_path}"])
+
+
+def test_a_config_written_before_keys_were_removed_loads_as_it_acted_or_names_the_key(tmp_path):
+    """Keys deleted with their rejected experiments: a saved config that holds one at its old default loads without
+    it (a run's config.yaml holds every key); another value is one error naming the key. The trust-gated wait's
+    threshold became hybrid.query.min_trust, and its 0 (every env bound) bind_on always."""
+    def saved(**sections) -> Path:
+        raw = to_dict(load_config(None, ["llm=mock"]))
+        for dotted, value in sections.items():
+            *keys, name = dotted.split("__")
+            node = raw
+            for key in keys:
+                node = node[key]
+            node[name] = value
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return path
+
+    old = dict(hybrid__advisor_share="auto", hybrid__advice_input=False, hybrid__gate_init_logit=-2.0,
+               transfer__freeze_actor=False, data__timezone="", hybrid__query__bind_on="trust",
+               hybrid__query__wait_min_trust=0.0)
+    assert load_config(saved(**old)).hybrid.query.bind_on == "always"
+    gated = load_config(saved(**old, hybrid__query__wait_for_answer=True, hybrid__query__wait_min_trust=0.05))
+    assert (gated.hybrid.query.bind_on, gated.hybrid.query.min_trust) == ("trust", 0.05)
+    with pytest.raises(ConfigError, match=r"hybrid.advice_input: no longer exists .* set it to True"):
+        load_config(saved(**{**old, "hybrid__advice_input": True}))

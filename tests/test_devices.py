@@ -133,7 +133,7 @@ def train_in_two_processes(tmp_path, overrides: list[str]) -> tuple[Path, list[t
     run_dir = tmp_path / "run"
     driver = """
         import sys
-        from agents.distributed import join_from_argv
+        from agents.devices.distributed import join_from_argv
         join_from_argv()  # before anything initialises a JAX backend
         import jax
         from agents.training import cli
@@ -187,7 +187,7 @@ def test_two_processes_each_ask_their_own_advisor(tmp_path):
     ("0", ("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5"), False),  # the user chose: left as it is
 ])  # fmt: skip
 def test_jax_leaves_the_gpu_memory_to_the_advisor_unless_the_user_chose(monkeypatch, cuda_visible, user_setting, left):
-    from agents.gpus import XLA_GPU_MEMORY_VARIABLES, leave_gpu_memory_to_advisor, visible_gpus
+    from agents.devices.gpus import XLA_GPU_MEMORY_VARIABLES, leave_gpu_memory_to_advisor, visible_gpus
 
     for name in XLA_GPU_MEMORY_VARIABLES:  # set first so that monkeypatch restores them, the function's too
         monkeypatch.setenv(name, "")
@@ -211,10 +211,10 @@ def test_entry_scripts_leave_the_gpu_memory_before_anything_starts_jax():
     for script in scripts:
         code = script.read_text()
         statements = [line for line in code.splitlines() if line.startswith(("from ", "import ", "leave_gpu"))]
-        assert statements[:2] == ["from agents.gpus import leave_gpu_memory_to_advisor",
+        assert statements[:2] == ["from agents.devices.gpus import leave_gpu_memory_to_advisor",
                                   "leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the "
                                   "advisor shares the GPUs"], script
-    check = ("import sys, agents.gpus; assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'gymnax', "
+    check = ("import sys, agents.devices.gpus; assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'gymnax', "
              "'torch')]")  # the module itself starts nothing
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr

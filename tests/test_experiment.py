@@ -139,7 +139,7 @@ def test_runs_trained_with_other_settings_are_refused_not_read_back(tmp_path, mo
     for arm in plan.arms:
         (runs / f"{arm}-s0").mkdir(parents=True)
         (runs / f"{arm}-s0" / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(100.0, arm == "news")))
-    other = fusion.run_config(dataclasses.replace(plan, overrides=["data.source=synthetic:headlines_trend"]), "news", 0)
+    other = fusion.run_config(dataclasses.replace(plan, overrides=["data.source=synthetic:headlines_then_trend"]), "news", 0)
     save_config(other, runs / "news-s0" / "config.yaml")
     save_config(fusion.run_config(dataclasses.replace(plan, overrides=["hybrid.fusion=rules"]), "rl_only", 0),
                 runs / "rl_only-s0" / "config.yaml")
@@ -147,31 +147,17 @@ def test_runs_trained_with_other_settings_are_refused_not_read_back(tmp_path, mo
     argv = ["--arms", "news", "--seeds", "0", "--json", str(plan.json_path), "--runs", str(runs), "--no-progress"]
     assert fusion.main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "news-s0" in err and "data.source" in err and "headlines_trend" in err
+    assert len(err.splitlines()) == 1 and "news-s0" in err and "data.source" in err and "headlines_then_trend" in err
     assert not plan.json_path.parent.exists()
     save_config(fusion.run_config(plan, "news", 0), runs / "news-s0" / "config.yaml")  # the settings asked for
     assert fusion.main(argv) == 0
 
 
-def test_a_frozen_policy_arm_starts_from_its_seeds_finished_rl_only_run_and_ctrl_c_stops_cleanly(tmp_path, monkeypatch,
-                                                                                                capsys):
-    """The *_frozen_policy arms start from the same seed's rl_only run at its latest checkpoint; until that run is
-    finished (another process may be training it) the arm waits its turn. Ctrl-C stops with one line and exit 130:
-    the run in training keeps its checkpoints, and the same command resumes."""
-    from agents.runs.lock import RunLocked
-
+def test_ctrl_c_stops_the_experiment_cleanly(tmp_path, monkeypatch, capsys):
+    """Ctrl-C stops with one line and exit 130: the run in training keeps its checkpoints, and the same command
+    resumes."""
     runs = tmp_path / "runs"
-    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news_frozen_policy"], [0], tmp_path / "experiment.json",
-                       runs, [], None)
-    cfg = fusion.run_config(plan, "news_frozen_policy", 0)
-    assert (cfg.transfer.init_from, cfg.transfer.checkpoint, cfg.transfer.freeze_actor) == (
-        str(runs / "rl_only-s0"), "latest", True)
-    assert not fusion.run_config(plan, "news", 0).transfer.init_from
-
-    monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("trained before its source was finished"))
-    with pytest.raises(RunLocked, match="starts from rl_only-s0"):
-        fusion.finished_run(plan, "news_frozen_policy", 0)
-
+    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "experiment.json", runs, [], None)
     (runs / "rl_only-s0").mkdir(parents=True)
     (runs / "rl_only-s0" / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(100.0, False)))
 
@@ -180,11 +166,10 @@ def test_a_frozen_policy_arm_starts_from_its_seeds_finished_rl_only_run_and_ctrl
                                 "command again to resume")  # as train_run says it
 
     monkeypatch.setattr(fusion, "train_run", interrupted)
-    argv = ["--arms", "news_frozen_policy", "--seeds", "0", "--json", str(plan.json_path), "--runs", str(runs),
-            "--no-progress"]
+    argv = ["--arms", "news", "--seeds", "0", "--json", str(plan.json_path), "--runs", str(runs), "--no-progress"]
     assert fusion.main(argv) == 130
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "news_frozen_policy-s0" in err and "resume" in err
+    assert len(err.splitlines()) == 1 and "news-s0" in err and "resume" in err
 
 
 def test_a_run_scored_by_an_older_version_is_scored_again_not_trained(tmp_path, monkeypatch):

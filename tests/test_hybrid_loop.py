@@ -126,16 +126,6 @@ def test_rules_fusion_and_no_veto_run(tmp_path):
     assert 0.0 <= m["override_rate"] <= 1.0
 
 
-def test_pooled_fusion_trains_its_gate_and_reports_trust(tmp_path):
-    """hybrid.fusion=pooled trains end to end: its gate weighs the valid advice (mean_trust > 0) and the advice
-    changes some decisions."""
-    result = train(load_config(None, SMALL + ["hybrid.fusion=pooled", "hybrid.veto.enabled=false", "total_steps=640"]),
-                   tmp_path / "pooled")
-    m = result.last_metrics
-    assert 0.0 < m["mean_trust"] < 1.0 and m["advice_coverage"] > 0.0
-    assert np.isfinite(m["policy_loss"]) and np.isfinite(m["entropy"])
-
-
 def test_ctrl_c_stops_training_sidecars_and_all(tmp_path):
     """Ctrl-C on `train.py --llm mock` (training sidecar and the validation walk's sidecar both up): the run
     saves a checkpoint and exits, no sidecar outlives it, no shared-memory segment is left."""
@@ -162,35 +152,3 @@ def test_ctrl_c_stops_training_sidecars_and_all(tmp_path):
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
-
-
-def test_advisor_share_rests_the_advisor_between_submissions(tmp_path):
-    """hybrid.advisor_share = s: after an answered submission that took L seconds, nobody is asked for L (1 − s) / s
-    (one submission in flight at a time); auto is 1 for the mock."""
-    from agents.advisor.link import advisor_share
-
-    assert advisor_share(load_config(None, SMALL)) == 1.0
-    overrides = ["hybrid.latency=strict", "hybrid.advisor_share=0.01", "hybrid.mock_latency_s=0.01"]
-    with hybrid_loop(overrides, tmp_path) as (loop, state):
-        state, m = loop.update(state)
-        assert m["llm_ok"] > 0 and m["llm_advisor_share"] == 0.01
-        latency = m["llm_latency_p50_s"]
-        assert loop.link.rest_until - time.perf_counter() > 0.5 * latency * 99  # resting for ~99 latencies
-        prompts, busy = loop.link.n_prompts, loop.link.n_busy
-        state = loop.link.query_step(state)
-        assert loop.link.n_prompts == prompts and loop.link.n_busy == busy + 1  # resting: nobody asked
-
-
-def test_advice_input_reaches_policy_and_value_and_the_walks(tmp_path):
-    """hybrid.advice_input: both networks read the advice state through their own first-layer kernel, which starts
-    at zero (the plain policy) and learns; validation walks act with it; the policy alone reads no advice."""
-    from agents.advice.acting import N_ADVICE_INPUT
-
-    cfg = load_config(None, SMALL + ["hybrid.advice_input=true", "checkpoint.eval_every_updates=1"])
-    result = train(cfg, tmp_path / "run")
-    params = result.state.params["params"]
-    for net in ("actor", "critic"):
-        kernel = np.asarray(params[net]["extra"]["kernel"])
-        assert kernel.shape[0] == N_ADVICE_INPUT and np.abs(kernel).sum() > 0  # it learned from the advice state
-    assert result.last_metrics["advice_coverage"] > 0
-    assert np.isfinite(result.last_metrics["val_net_pnl"])  # a validation walk acted with the advice state

@@ -7,15 +7,33 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, pool, rules_action
+from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
 from agents.advice.risk_veto import VetoState, apply_veto
 from agents.advice.table import AdviceTable, select_queries, view
 from agents.config import QueryConfig, VetoConfig
 from bridge.protocol import BUY, ENABLE_TRAIL, HOLD, SELL
+from jaxenv.config import EnvConfig
 from jaxenv.env import TradingEnv
 from tests.conftest import HandMarket, bar_at
 
 ALL = jnp.ones((1, 6), bool)
+
+
+def acting_with(fusion: str, query: QueryConfig, veto: VetoConfig):
+    """The acting step of `fusion` for window-1 short observations (the trust gate's context read from them)."""
+    from agents.advice.acting import CONTEXT_FEATURES, HybridActing
+
+    env = TradingEnv(EnvConfig(window=1, extended_features=False))
+    return HybridActing(fusion, query, veto, 0.3, tuple(env.observation_column(c) for c in CONTEXT_FEATURES))
+
+
+def waiting(acting, carry, side, advice):
+    """[N] bool: the flat envs the wait holds out of the market (the entry rules, on every action valid)."""
+    import types
+
+    rules = acting.rules.apply(carry.rule_state(), carry.advice, advice, types.SimpleNamespace(side=side), None,
+                               jnp.ones((side.shape[0], 6), bool))
+    return rules.waiting
 
 
 def env_states(**overrides):
@@ -145,36 +163,11 @@ def test_learned_mixture_is_a_masked_distribution_and_gate_starts_low():
 
 
 @pytest.mark.nojit
-def test_pooled_fusion_adds_the_advices_log_odds_to_the_policys():
-    """p ∝ π_rl · π_llm^g: two independent signals for BUY make BUY likelier than either alone (a mixture would lie
-    between them); g = 0 is the policy; invalid actions stay at 0; the policy's gradient is not scaled by g."""
-    pi_rl = jnp.array([[0.5, 0.3, 0.1, 0.1, 0.0, 0.0]])
-    logits = jnp.where(pi_rl > 0, jnp.log(jnp.maximum(pi_rl, 1e-30)), -1e9)
-    mask = jnp.array([[True, True, True, True, False, False]])
-    news_buy = masked_advice_probs(jnp.array([[0.04, 0.8, 0.04, 0.04, 0.04, 0.04]]), mask)
-    p = jnp.exp(pool(logits, news_buy, jnp.array([1.0]), mask))
-    assert float(p.sum()) == pytest.approx(1.0, abs=1e-6) and float(p[0, 4:].max()) == 0.0
-    assert float(p[0, BUY]) > max(float(pi_rl[0, BUY]), float(news_buy[0, BUY]))
-    # BUY:HOLD odds multiply: 0.3/0.5 · (0.8/0.04)^g
-    assert float(p[0, BUY] / p[0, HOLD]) == pytest.approx(0.6 * 20, rel=1e-4)
-    half = jnp.exp(pool(logits, news_buy, jnp.array([0.5]), mask))
-    assert float(half[0, BUY] / half[0, HOLD]) == pytest.approx(0.6 * 20 ** 0.5, rel=1e-4)
-    np.testing.assert_allclose(jnp.exp(pool(logits, news_buy, jnp.array([0.0]), mask)), pi_rl, atol=1e-6)
-    # A zero-probability advice (a model's softmax can underflow) is floored, not −inf.
-    assert bool(jnp.isfinite(pool(logits, news_buy.at[0, SELL].set(0.0), jnp.array([1.0]), mask)[0, :4]).all())
-    # d log p(a) / d logits = onehot(a) − p: the full policy gradient at any g, never (1 − g) of it
-    grad = jax.grad(lambda lg: pool(lg, news_buy, jnp.array([0.9]), mask)[0, BUY])(logits)
-    p9 = jnp.exp(pool(logits, news_buy, jnp.array([0.9]), mask))
-    np.testing.assert_allclose(grad[0, :4], jax.nn.one_hot(BUY, 6)[:4] - p9[0, :4], atol=1e-5)
-
-
-@pytest.mark.nojit
-@pytest.mark.parametrize("fusion", ["learned", "pooled"])
-def test_an_advisor_with_no_view_leaves_the_policy_acting_alone_where_hold_would_pull_it_out(fusion):
+def test_an_advisor_with_no_view_leaves_the_policy_acting_alone_where_hold_would_pull_it_out():
     """The news advisor flat without news: its HOLD (status ok) is advice in force that moves probability onto HOLD;
     its PASS (no_view) is no advice: the gate is 0, the acting distribution is the policy's, and the env is asked
     again at the next query step."""
-    from agents.advice.acting import HybridActing, trust_where_valid
+    from agents.advice.acting import trust_where_valid
     from bridge.protocol import STATUS_NO_VIEW
     from llm_sidecar.backends import MockBackend
 
@@ -192,12 +185,11 @@ def test_an_advisor_with_no_view_leaves_the_policy_acting_alone_where_hold_would
     assert advice.valid.tolist() == [True, False]
     pi_rl = jnp.tile(jnp.array([[0.2, 0.5, 0.3, 0.0, 0.0, 0.0]]), (2, 1))
     mask = jnp.tile(jnp.array([[True, True, True, False, False, False]]), (2, 1))
-    logits = jnp.where(mask, jnp.log(jnp.maximum(pi_rl, 1e-30)), -1e9)
-    acting = HybridActing(fusion, cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     gate_half = constant_gate(0.5)
     gate = trust_where_valid(gate_half, None, fusion_features(pi_rl, advice, jnp.zeros((2, 6))), advice.valid)
     assert gate.tolist() == [0.5, 0.0]
-    p = jnp.exp(acting.fused_log_probs(logits, pi_rl, advice, gate, mask))
+    p = jnp.exp(acting.fused_log_probs(pi_rl, advice, gate, mask))
     assert float(p[0, HOLD]) > 0.2 + 0.1 and float(p[0, BUY]) < 0.5  # HOLD advice pulls the env out of the market
     np.testing.assert_allclose(p[1], pi_rl[1], atol=1e-6)  # no view: the policy alone
     for _ in range(cfg.interval):
@@ -242,16 +234,15 @@ def test_switch_fusion_lets_valid_advice_act_and_the_policy_everywhere_else():
     import dataclasses
     import types
 
-    from agents.advice.acting import HybridActing
     from agents.config import NetworkConfig
     from agents.rl.networks import make_network
-    from jaxenv.env import N_BAR_FEATURES, N_POSITION, EnvParams
+    from jaxenv.env import N_BAR_FEATURES, N_POSITION
     from llm_sidecar.backends import MockBackend
 
     quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
     no_view = MockBackend(answers="news_pass").advise([quiet])
-    cfg = QueryConfig(interval=5, cooldown=0)
-    acting = dataclasses.replace(HybridActing("switch", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False),
+    cfg = QueryConfig(interval=5, cooldown=0, bind_on="always")
+    acting = dataclasses.replace(acting_with("switch", cfg, VetoConfig(enabled=False)),
                                  greedy=True)
     flat = jnp.zeros(3, jnp.int32)
     asked = jnp.array([0, 1])  # env 2 has no advice
@@ -270,7 +261,7 @@ def test_switch_fusion_lets_valid_advice_act_and_the_policy_everywhere_else():
         jnp.zeros((3, n_obs)), types.SimpleNamespace(side=flat), None, jax.random.PRNGKey(1))
     assert action.tolist() == [BUY, SELL, SELL] and learn_action.tolist() == [SELL] * 3
     assert extras.pg_weight.tolist() == [0.0, 1.0, 1.0]
-    assert not acting.gate_features  # nothing is learned about trust
+    assert acting.trust_gate() == (None, 0)  # nothing is learned about trust
 
 
 @pytest.mark.nojit
@@ -302,11 +293,10 @@ def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
     """query.wait_for_answer: between its question and the answer a flat env may not enter (HOLD and the rest stay),
     nor after an exit until it has advice for being flat; once answered, or in a position, or for the policy alone
     (rl_only ablation), nothing is held back."""
-    from agents.advice.acting import HybridActing
     from agents.advice.table import pending
 
-    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True)
-    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True, bind_on="always")
+    acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     carry = acting.init_carry(3)
     side = jnp.array([0, 0, 1])
     advice = carry.advice.mark_queried(jnp.array([0, 2]), jnp.ones(2, bool), side)  # env 1 was not asked
@@ -314,26 +304,25 @@ def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
         advice = advice.tick()
     carry = carry.replace(advice=advice)
     assert pending(advice, cfg).tolist() == [True, False, True]
-    waiting = acting.waiting(carry, side, view(advice, cfg, side))
-    assert waiting.tolist() == [True, False, False]  # env 2 is long: no entry to hold back
+    assert waiting(acting, carry, side, view(advice, cfg, side)).tolist() == [True, False, False]  # env 2 is long: no entry to hold back
     import dataclasses
 
-    assert not bool(dataclasses.replace(acting, fusion="none").waiting(carry, side, view(advice, cfg, side)).any())
+    assert not bool(waiting(dataclasses.replace(acting, fusion="none"), carry, side, view(advice, cfg, side)).any())
     answered = advice.write(jnp.array([0, 2]), jnp.full((2, 6), 1 / 6), jnp.full(2, 0.8), jnp.zeros(2, jnp.int32),
                             jnp.ones(2, bool))
     assert not bool(pending(answered, cfg).any())
     # env 1 exited a trade (changed) and has no advice: it waits for the question the next query step asks it;
     # env 0 has its answer: it may enter although it changed too
     exited = carry.replace(advice=answered, changed=jnp.array([True, True, False]))
-    assert acting.waiting(exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
+    assert waiting(acting, exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
     for _ in range(10):  # an answer that never comes stops holding the env after two intervals
         advice = advice.tick()
     assert not bool(pending(advice, cfg).any())
-    # wait_min_trust: an env whose running trust in its advice has fallen to it or below enters without waiting
-    gated = dataclasses.replace(acting, query=dataclasses.replace(cfg, wait_min_trust=0.05))
+    # bind_on trust: an env whose running trust in its advice has fallen to it or below enters without waiting
+    gated = dataclasses.replace(acting, query=dataclasses.replace(cfg, bind_on="trust", min_trust=0.05))
     low = exited.replace(trust=jnp.array([1.0, 0.05, 1.0]))
-    assert gated.waiting(low, side, view(answered, cfg, side)).tolist() == [False, False, False]
-    assert gated.waiting(exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
+    assert waiting(gated, low, side, view(answered, cfg, side)).tolist() == [False, False, False]
+    assert waiting(gated, exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
 
 
 @pytest.mark.nojit
@@ -342,14 +331,13 @@ def test_a_flat_env_whose_advisor_passed_does_not_wait_for_its_next_answer():
     answer to its next question, but one whose latest answer was PASS does not: the advisor said it has no view,
     and the agent would otherwise sit out every quiet spell waiting for passes. Once the advisor answers with a
     view again, the env waits as before."""
-    from agents.advice.acting import HybridActing
     from agents.advice.table import pending
     from llm_sidecar.backends import MockBackend
 
     quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
     hold, no_view = MockBackend(answers="news").advise([quiet]), MockBackend(answers="news_pass").advise([quiet])
-    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True)
-    acting = HybridActing("pooled", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True, bind_on="always")
+    acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     flat, both = jnp.zeros(2, jnp.int32), jnp.ones(2, bool)
 
     def answer(table, answers):
@@ -365,10 +353,10 @@ def test_a_flat_env_whose_advisor_passed_does_not_wait_for_its_next_answer():
     table = ask_again(answer(AdviceTable.create(2).mark_queried(jnp.arange(2), both, flat).tick(), [hold, no_view]))
     assert pending(table, cfg).tolist() == [True, True]
     carry = acting.init_carry(2).replace(advice=table)
-    assert acting.waiting(carry, flat, view(table, cfg, flat)).tolist() == [True, False]
+    assert waiting(acting, carry, flat, view(table, cfg, flat)).tolist() == [True, False]
     # the advisor has a view again (HOLD for env 1 this time): its next question is waited for
     table = ask_again(answer(table, [hold, hold]))
-    assert acting.waiting(carry.replace(advice=table), flat, view(table, cfg, flat)).tolist() == [True, True]
+    assert waiting(acting, carry.replace(advice=table), flat, view(table, cfg, flat)).tolist() == [True, True]
 
 
 def act_on_window_one(learned, n_envs: int):
@@ -382,7 +370,7 @@ def act_on_window_one(learned, n_envs: int):
     from jaxenv.env import N_BAR_FEATURES, N_POSITION, EnvParams
 
     n_obs = N_BAR_FEATURES + N_POSITION
-    network = make_network(NetworkConfig(), 6, TrustGate(), learned.gate_features)
+    network = make_network(NetworkConfig(), 6, *learned.trust_gate())
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
 
     env_params = EnvParams(bars=jnp.zeros((2, 8)))  # the record reads the decision bar's close
@@ -402,11 +390,11 @@ def test_a_trade_entered_on_trusted_advice_keeps_its_bracket_until_it_closes():
     it may in a trade it entered alone, or entered on advice whose running trust was too low, and after the exit."""
     import dataclasses
 
-    from agents.advice.acting import STOP_MOVES, HybridActing
+    from agents.advice.rules import STOP_MOVES
     from bridge.protocol import ACTIONS
 
-    cfg = QueryConfig(interval=5, cooldown=0, keep_advised_bracket=True, wait_for_answer=True, wait_min_trust=0.05)
-    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    cfg = QueryConfig(interval=5, cooldown=0, keep_advised_bracket=True, wait_for_answer=True, bind_on="trust", min_trust=0.05)
+    acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     carry = acting.init_carry(3)
     flat = jnp.zeros(3, jnp.int32)
     advice = carry.advice.mark_queried(jnp.array([0, 1]), jnp.ones(2, bool), flat)  # env 2 has no advice
@@ -424,6 +412,7 @@ def test_a_trade_entered_on_trusted_advice_keeps_its_bracket_until_it_closes():
     # the three envs decide while flat and all enter (the env fills the entry on the same step)
     _, carry = step(carry, flat, jnp.array([1, 1, 1]), jnp.zeros(3, jnp.int32))
     assert carry.advised_trade.tolist() == [True, False, False]
+    entered = carry
     mask, carry = step(carry, jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.array([0, 0, 1]))
     moves = np.asarray(mask)[:, list(STOP_MOVES)]
     assert not moves[0].any() and moves[1].all() and moves[2].all()
@@ -437,25 +426,25 @@ def test_a_trade_entered_on_trusted_advice_keeps_its_bracket_until_it_closes():
     # off (the default), or for the policy alone (rl_only ablation), nothing is held back
     for other in (dataclasses.replace(acting, query=dataclasses.replace(cfg, keep_advised_bracket=False)),
                   dataclasses.replace(acting, fusion="none")):
-        assert not other.keeps_advised_bracket
+        mask, _ = act(other, entered, jnp.ones(3, jnp.int32))
+        assert np.asarray(mask)[:, list(STOP_MOVES)].all()
 
 
 def test_an_env_that_trusts_its_advice_enters_only_on_the_side_the_advice_names():
-    """query.advised_entries_only: a flat env whose running trust is above wait_min_trust may enter only on the side
+    """query.advised_entries_only: a flat env whose running trust is above min_trust may enter only on the side
     its valid advice names (not at all without advice, nor on HOLD advice); an env whose advisor the gate ignores
     enters as it likes, and so does every env with the option off or for the policy alone."""
     import dataclasses
 
-    from agents.advice.acting import HybridActing
 
-    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, wait_for_answer=True, wait_min_trust=0.05)
-    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, wait_for_answer=True, bind_on="trust", min_trust=0.05)
+    acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     flat = jnp.zeros(4, jnp.int32)
     asked = jnp.array([0, 1, 3])  # env 2 has no advice
     probs = jax.nn.one_hot(jnp.array([BUY, SELL, HOLD]), 6) * 0.9 + 0.1 / 6
     advice = acting.init_carry(4).advice.mark_queried(asked, jnp.ones(3, bool), flat)
     advice = advice.tick().write(asked, probs, jnp.full(3, 0.8), jnp.zeros(3, jnp.int32), jnp.ones(3, bool))
-    # env 1's advisor is ignored by now (running trust below wait_min_trust)
+    # env 1's advisor is ignored by now (running trust below min_trust)
     carry = acting.init_carry(4).replace(advice=advice, trust=jnp.array([1.0, 0.01, 1.0, 1.0]))
     assert view(advice, cfg, flat).valid.tolist() == [True, True, False, True]
 
@@ -478,15 +467,14 @@ def test_near_the_drawdown_limit_a_bound_env_enters_only_where_its_advice_names_
     as it likes."""
     import dataclasses
 
-    from agents.advice.acting import HybridActing
 
     state, params = env_states()
     # equity 48,500 against a threshold of 47,500: 0.4 of the 2,500 trailing drawdown left (the buffer rule fires
     # below 0.2); env 2 is at its peak, 1.0 left
     state = jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), state)
     state = state.replace(equity=jnp.array([48_500.0, 48_500.0, 50_000.0, 48_500.0]))
-    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True, wait_min_trust=0.05)
-    acting = HybridActing("learned", cfg, VetoConfig(), 0.3, window=1, extended=False)
+    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True, bind_on="trust", min_trust=0.05)
+    acting = acting_with("learned", cfg, VetoConfig())
     assert acting.veto.advised_only_below == 0.5  # on by default
     flat = jnp.zeros(4, jnp.int32)
     advice = acting.init_carry(4).advice.mark_queried(jnp.array([0]), jnp.ones(1, bool), flat)
@@ -501,7 +489,7 @@ def test_near_the_drawdown_limit_a_bound_env_enters_only_where_its_advice_names_
 
     assert entries(acting) == [[True, False], [False, False], [True, True], [True, True]]
     for other in (dataclasses.replace(acting, veto=VetoConfig(advised_only_below=0.0)),
-                  dataclasses.replace(acting, query=dataclasses.replace(cfg, wait_min_trust=0.0)),
+                  dataclasses.replace(acting, query=dataclasses.replace(cfg, bind_on="always")),
                   dataclasses.replace(acting, fusion="none")):
         assert entries(other) == [[True, True]] * 4
 
@@ -509,11 +497,10 @@ def test_near_the_drawdown_limit_a_bound_env_enters_only_where_its_advice_names_
 def test_an_env_bound_to_its_advice_enters_alone_where_its_advisor_passes_but_not_straight_after_a_trade():
     """query.advised_entries_only with a PASS advisor: where the answer in force is PASS (no view) the policy may enter
     on its own, but not after a fill or an exit until the env is asked again."""
-    from agents.advice.acting import HybridActing
     from bridge.protocol import STATUS_NO_VIEW
 
-    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True)
-    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, bind_on="always")
+    acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     flat = jnp.zeros(2, jnp.int32)
     both = jnp.array([0, 1])
     advice = acting.init_carry(2).advice.mark_queried(both, jnp.ones(2, bool), flat)
@@ -554,7 +541,7 @@ def test_the_advice_record_settles_each_call_after_the_advice_lifetime_or_at_a_r
     """query.bind_on=record: a call (+1/−1) is held on paper from its decision bar's close for `horizon` steps; its
     P&L is side × move × value − cost, whatever the agent did meanwhile. A call whose env starts a new episode (after
     a breach, say) is settled at the last close before it, not dropped: dropping it would drop the losers."""
-    from agents.advice.acting import AdviceRecord
+    from agents.advice.rules import AdviceRecord
 
     r = AdviceRecord.create(3)
     t, close = jnp.array([10, 50, 90]), jnp.array([100.0, 100.0, 100.0])
@@ -576,11 +563,11 @@ def test_the_advice_binds_envs_once_its_calls_earn_by_four_standard_errors_until
     """query.bind_on=record: the advice's record, not the gate, binds envs to it. Once its calls' paper P&L is above 0
     by over four standard errors, a flat env may enter only on the advice's side (advised entries only), until it is
     above 0 by under two; otherwise on either side. A walk from a checkpoint starts from the record saved in it."""
-    from agents.advice.acting import RECORD_MIN_CALLS, HybridActing
+    from agents.advice.rules import RECORD_MIN_CALLS
     from bridge.protocol import STATUS_OK
 
     cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, bind_on="record")
-    acting = HybridActing("learned", cfg, VetoConfig(enabled=False), 0.3, window=1, extended=False)
+    acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     flat = jnp.zeros(2, jnp.int32)
     env_0 = jnp.array([0])  # env 0 is advised to buy; env 1 has no advice
     advice = acting.init_carry(2).advice.mark_queried(env_0, jnp.ones(1, bool), flat)

@@ -277,9 +277,7 @@ def test_reasoned_answers_reach_the_learner_as_the_prompt_and_its_scored_decisio
     memory = PromptMemory()
     memory.remember(7, contexts, answered)
     n = len(contexts)
-    experiences, unknown = memory.join({"seq": np.full(n, 7), "row": np.arange(n), "action": np.zeros(n),
-                                        "reward": np.zeros(n), "trade_pnl": np.zeros(n), "advantage": np.ones(n),
-                                        "in_force": np.ones(n, bool), "move": np.ones(n)})
+    experiences, unknown = memory.join({"seq": np.full(n, 7), "row": np.arange(n), "move": np.ones(n)})
     assert unknown == (~think & garbage).sum()
     by_prompt = {e.prompt: e for e in experiences}
     for i in np.flatnonzero(think):

@@ -1,6 +1,6 @@
 """Transfer (`train.py --init-from`): a 261-feature policy started from a 228-feature run acts exactly as the
 source did, a warm-up freezes the copied layers and then releases them, and a warm-up lasting the whole run is
-refused. A hybrid run on a frozen policy (`transfer.freeze_actor`) trains its gate and critic and never the policy."""
+refused."""
 
 from __future__ import annotations
 
@@ -94,31 +94,6 @@ def test_a_warm_up_that_would_last_the_whole_run_is_refused():
     with pytest.raises(ConfigError, match="needs transfer.init_from"):
         load_config(None, TINY + ["transfer.freeze_steps=10"])
     assert load_config(None, TINY + ["total_steps=256", "transfer.init_from=x", "transfer.freeze_steps=128"])
-
-
-def test_a_gate_trained_on_a_frozen_policy_leaves_the_policy_and_its_normaliser_as_they_were(tmp_path):
-    # a policy-alone run, then a hybrid run on the mock news advisor from it: the experiment's *_frozen_policy arms
-    small = ["data.source=synthetic:headlines", "checkpoint.eval_every_updates=0"]
-    train(load_config(None, TINY + small + ["total_steps=128"]), tmp_path / "rl_only")
-    cfg = load_config(None, TINY + small + ["total_steps=384", "llm=mock", "hybrid.budget=8",
-                                            f"transfer.init_from={tmp_path / 'rl_only'}", "transfer.freeze_actor=true"])
-    done = train(cfg, tmp_path / "hybrid").state
-    source = restore_policy(tmp_path / "rl_only", "latest")
-    before, after = source.params["params"], done.params["params"]
-
-    leaves = lambda tree: jax.tree_util.tree_leaves(tree)  # noqa: E731
-    for old, new in zip(leaves(before["actor"]), leaves(after["actor"]), strict=True):
-        np.testing.assert_array_equal(new, old)
-    np.testing.assert_array_equal(done.obs_norm.mean, source.obs_norm.mean)
-    np.testing.assert_array_equal(done.obs_norm.var, source.obs_norm.var)
-    assert any(not np.array_equal(o, n) for o, n in zip(leaves(before["critic"]), leaves(after["critic"]), strict=True))
-    assert jnp.abs(after["gate"]["Dense_2"]["kernel"]).sum() > 0  # the gate's output layer starts at zero
-
-    with pytest.raises(ConfigError, match="transfer.freeze_actor: .* needs transfer.init_from"):
-        load_config(None, TINY + ["transfer.freeze_actor=true"])
-    with pytest.raises(ConfigError, match="transfer.freeze_actor: .* leave hybrid.advice_input off"):
-        load_config(None, TINY + ["llm=mock", "transfer.init_from=x", "transfer.freeze_actor=true",
-                                  "hybrid.advice_input=true"])
 
 
 def test_init_from_a_run_that_cannot_start_this_one_leaves_nothing_behind(source_dir, tmp_path, capsys):

@@ -3,10 +3,6 @@
 - `learned`: a small Flax network reads fusion features and outputs a trust gate g in (0, 1); the acting
   distribution is (1 − g)·π_rl + g·π_llm over the valid actions (g = 0 without valid advice). PPO trains it
   through the exact log-probability of the action sampled from that mixture.
-- `pooled`: the same gate weighs the advice's log-probabilities added to the policy's logits,
-  p ∝ π_rl · π_llm^g (a log-linear pool). Evidence adds instead of averaging: the policy's own edge is kept
-  in full where advice is in force, and the policy's gradient is never scaled down by the gate, so it can
-  learn what the prices say beyond the advice.
 - `rules`: the seeds' priority rules pick between the policy's sample and the advice's action; a step where
   the rules override the sample carries no policy gradient (the policy did not choose it).
 - `switch`: valid advice acts (its most probable valid action) and the policy acts everywhere else; nothing is
@@ -22,8 +18,10 @@ import jax
 import jax.numpy as jnp
 
 from agents.advice.table import AdviceView
-from agents.config import GATE_INIT_LOGIT
 from bridge.protocol import HOLD
+
+# The trust gate's logit before training, the same for every input: sigmoid(−2) ≈ 0.12, trusting the advice little
+GATE_INIT_LOGIT = -2.0
 
 
 class TrustGate(nn.Module):
@@ -74,16 +72,6 @@ def mix(pi_rl: jax.Array, pi_llm: jax.Array, gate: jax.Array, mask: jax.Array) -
     p = (1.0 - gate[..., None]) * pi_rl + gate[..., None] * pi_llm
     p = jnp.where(mask, p, 0.0)
     return p / jnp.maximum(p.sum(-1, keepdims=True), 1e-12)
-
-
-ADVICE_LOG_FLOOR = 1e-4  # pooled fusion: the advice's probabilities are floored here before the log (≤ 9.2 nats)
-
-
-def pool(logits: jax.Array, pi_llm: jax.Array, gate: jax.Array, mask: jax.Array) -> jax.Array:
-    """Log-probabilities of p ∝ π_rl · π_llm^g over the valid actions: the masked policy logits plus g times the
-    advice's (floored) log-probabilities, renormalised; g = 0 gives the policy alone."""
-    advice_logp = jnp.where(mask, jnp.log(jnp.maximum(pi_llm, ADVICE_LOG_FLOOR)), 0.0)
-    return jax.nn.log_softmax(logits + gate[..., None] * advice_logp)
 
 
 def rules_action(

@@ -9,7 +9,7 @@
 `AdvisorLink` owns the advisor workers (an `AdvisorPool` of sidecar processes) for training and evaluation walks
 alike, restarts a dead one, sizes budget `auto`, and counts everything.
 
-Several processes (`shared`: training over agents.parallel's multi-process mesh) each run their own workers for
+Several processes (`shared`: training over agents.devices.parallel's multi-process mesh) each run their own workers for
 their own block of envs. Every decision that shapes the jitted program is agreed through host collectives: each
 process's budget for the query step (0 where its advisor cannot take prompts), and the answers each collected,
 which every process then writes into the one global advice table.
@@ -30,21 +30,14 @@ from agents.advisor.prompt_fields import PromptFieldBuilder, gather_state
 from agents.advisor.sidecar import learning_options, worker_count, worker_options
 from agents.advisor.workers import AdvisorPool
 from agents.config import ConfigError, HybridConfig
-from agents.parallel import gather_processes, to_host
+from agents.devices.parallel import gather_processes, to_host
 from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
 
 AUTO_START = 16  # budget `auto`: B of the first query step ...
 AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
-
-
-def advisor_share(cfg) -> float:
-    """`hybrid.advisor_share`, auto resolved to 1 (no rest). The rule counts each submission's wall-clock latency as
-    the advisor's work; a niced advisor on a busy CPU takes ~30 s of wall time for a few prompts while using little
-    CPU, so at 0.1 it rested for minutes and answered nothing (measured: 0 answers in 5 updates). On a CPU the
-    niceness and the stretched interval keep its cost down instead; the share remains a choice."""
-    return 1.0 if cfg.hybrid.advisor_share == "auto" else float(cfg.hybrid.advisor_share)
+MAX_IN_FLIGHT = 2  # submissions the advisor may have to answer; while it has this many, a query step asks nobody
 
 
 def latency_mode(cfg) -> str:
@@ -71,11 +64,6 @@ class AdvisorLink:
         self.cfg = cfg
         self.h: HybridConfig = cfg.hybrid
         self.latency = latency or latency_mode(cfg)
-        # an evaluation walk (strict, one account) waits for its answers anyway: nothing to share with
-        self.share = advisor_share(cfg) if latency is None else 1.0
-        self.rest_until = 0.0  # advisor_share < 1: no submission before this perf_counter() time
-        # advisor_share < 1 counts one submission's whole latency as the advisor's work: one in flight at a time
-        self.max_in_flight = 2 if self.share >= 1 else 1
         self.processes = jax.process_count() if shared else 1
         self.rank = jax.process_index() if shared else 0
         if self.processes > 1 and learn:
@@ -155,10 +143,9 @@ class AdvisorLink:
         self.n_query_steps += 1
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
         self.client.restart_dead()
-        ready = (self.client.alive and self.client.pending < self.max_in_flight
-                 and time.perf_counter() >= self.rest_until)
+        ready = self.client.alive and self.client.pending < MAX_IN_FLIGHT
         if not ready:
-            self.n_busy += 1  # nobody asked: the advisor is busy with earlier prompts, resting, or down
+            self.n_busy += 1  # nobody asked: the advisor is busy with earlier prompts, or down
         budgets = np.array([self.budget if ready else 0], np.int32)
         if self.processes > 1:  # every process runs the same selection: on the budgets of all of them
             budgets = gather_processes(budgets).reshape(-1)
@@ -187,7 +174,7 @@ class AdvisorLink:
                 carry = self._write(carry, *rows) if rows is not None else carry
             return carry
         # Several processes write the same answers in the same order: each contributes one row block per slot
-        for slot in range(self.max_in_flight):
+        for slot in range(MAX_IN_FLIGHT):
             rows = gather_processes(taken[slot] if slot < len(taken) and taken[slot] is not None else self._rows())
             rows = [x.reshape(-1, *x.shape[2:]) for x in rows]
             if rows[-1].any():
@@ -235,8 +222,6 @@ class AdvisorLink:
             self.n_answers[name] = self.n_answers.get(name, 0) + count
         latency = time.perf_counter() - submitted_at
         self.latencies.append(latency)
-        if self.share < 1:  # the latency bounds the advisor's work on it: rest so that work stays within the share
-            self.rest_until = time.perf_counter() + latency * (1 / self.share - 1)
         if self.auto and chunk_s:
             self._resize(answers, latency, late or waited > 0.05 * chunk_s, chunk_s)
         self._log_llm(prompts, answers)
@@ -303,7 +288,6 @@ class AdvisorLink:
             "llm_budget": self.budget,
             "llm_wait_s_per_query": self.wait_s / max(self.n_query_steps, 1),
             "llm_busy_rate": self.n_busy / max(self.n_query_steps, 1),
-            "llm_advisor_share": self.share,
             "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
             "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
             "llm_cache_hit_rate": hits / max(hits + misses, 1),

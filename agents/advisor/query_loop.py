@@ -20,10 +20,10 @@ from agents.advisor.adapters import adapter_dir
 from agents.advisor.link import AdvisorLink
 from agents.advisor.outcomes import outcome_rows
 from agents.advisor.workers import AdvisorPool
-from agents.parallel import gather_processes, is_writer
+from agents.devices.parallel import gather_processes, is_writer
 from bridge import STATUS_NAMES, SidecarClient
 
-FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: SmolLM2 on a 2-core CPU takes ~8 s per step
+FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: a CPU advisor's round can take many minutes
 
 
 def chunk_lengths(steps: int, k: int) -> list[int]:
@@ -49,7 +49,6 @@ class QueryLoop:
                                 learn=self.learning is not None, adapter=adapter, shared=jax.process_count() > 1)
         self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
         self._learn = jax.jit(ppo.learn)
-        self._advantages = jax.jit(ppo.advantages)
         self.rounds_seen = 0
 
     @property
@@ -75,7 +74,7 @@ class QueryLoop:
         trajs, applied, t0 = [], [], 0
         for k in self.chunks:
             rs = self.link.query_step(rs, chunk_s)
-            applied.append((t0, k, self.link.take_written()))
+            applied.append((t0, self.link.take_written()))
             t = time.perf_counter()
             rs, traj = self._chunk(rs, k)
             jax.block_until_ready(traj.reward)
@@ -84,7 +83,7 @@ class QueryLoop:
             t0 += k
         traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *trajs)
         stats = jax.device_get(jax.tree.map(jnp.sum, traj.extras.stats))
-        sent = self._send_outcomes(rs, traj, applied) if self.learning else 0
+        sent = self._send_outcomes(traj, applied) if self.learning else 0
         rs, metrics = self._learn(rs, traj)
         metrics = dict(metrics)
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
@@ -122,13 +121,9 @@ class QueryLoop:
         if 2 * self.stretch <= self.max_stretch and 2 * self.query_interval <= self.num_steps:
             self.stretch *= 2
 
-    def _send_outcomes(self, rs, traj, applied) -> int:
-        advantage = self._advantages(rs, traj)
-        host = jax.device_get({
-            "action": traj.action, "reward": traj.reward, "advantage": advantage,
-            "advice_valid": traj.extras.advice.valid, **traj.extras.trade,
-        })  # fmt: skip
-        return self.client.send_outcomes(outcome_rows(applied, host, self.market, self.learning.move_bars), wait_s=1.0)
+    def _send_outcomes(self, traj, applied) -> int:
+        bars = np.asarray(jax.device_get(traj.extras.trade["bar"]))
+        return self.client.send_outcomes(outcome_rows(applied, bars, self.market, self.learning.move_bars), wait_s=1.0)
 
     def _learning_step(self, update: int, sent: int) -> dict:
         """Starts a LoRA round every M updates; the metrics of rounds finished since the last update."""

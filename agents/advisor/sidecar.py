@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agents.advisor.adapters import starting_adapter
 from agents.config import ConfigError
-from agents.gpus import visible_gpus
+from agents.devices.gpus import visible_gpus
 
 
 def learning_options(cfg) -> dict | None:

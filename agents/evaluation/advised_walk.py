@@ -193,9 +193,7 @@ def _chunk(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool,
         obs = v_obs(state, env_params).astype(jnp.float32)
         mask = v_mask(state, env_params)
         net_in = obs_norm.normalize(obs) if normalize_obs else obs
-        # the policy alone (fusion none: the rl_only ablation) reads no advice, as `--llm none` does
-        advice_in = acting.advice_state(carry.hybrid, state.side) if acting.fusion != "none" else None
-        logits = network.apply(params, net_in, advice_in, method=ActorCritic.logits)
+        logits = network.apply(params, net_in, method=ActorCritic.logits)
         advice = view(carry.hybrid.advice, acting.query, state.side)
         action, _, _, _, extras, hybrid = acting.act(
             network, params, carry.hybrid, logits, mask, obs, state, env_params, k_act

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         write_trades,
     )
     from agents.evaluation.saved_run import EvalOptions, evaluate, load_run
-    from agents.parallel import print_banner
+    from agents.devices.parallel import print_banner
     from agents.runs.saved_runs import CheckpointMismatch
     from jaxenv import DataValidationError
 

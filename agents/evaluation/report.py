@@ -18,6 +18,7 @@ from rich.table import Table  # noqa: E402
 
 from agents.advice.risk_veto import RULES  # noqa: E402
 from agents.advice.usage import ADVICE_METRICS  # noqa: E402
+from jaxenv.env import NO_EXIT  # noqa: E402
 from jaxenv.metrics import METRICS, Trace, trades_table, underwater  # noqa: E402
 
 LABELS = {
@@ -130,7 +131,7 @@ def plot_equity(trace: Trace, timestamps: pd.DatetimeIndex, path: Path, title: s
     for sign, marker, color, label in ((1, "^", "tab:green", "long entry"), (-1, "v", "tab:orange", "short entry")):
         at = side == sign
         ax.scatter(x[at], equity[at], marker=marker, s=14, color=color, label=label, zorder=3)
-    exits = np.asarray(trace["exit_reason"]) > 0
+    exits = np.asarray(trace["exit_reason"]) != NO_EXIT
     won = np.asarray(trace["trade_pnl"]) > 0
     ax.scatter(x[exits & won], equity[exits & won], s=5, color="green", label="exit, win", zorder=3)
     ax.scatter(x[exits & ~won], equity[exits & ~won], s=5, color="red", label="exit, loss", zorder=3)

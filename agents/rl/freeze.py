@@ -1,6 +1,6 @@
-"""A warm-up stage for the optimiser that keeps chosen weights frozen for its first steps (`transfer.freeze_steps`),
-or for the whole run (`transfer.freeze_actor`): their gradients are zeroed, so only what the mask lets learn does.
-What may learn is optimiser state (`FreezeState`), so it is checkpointed and a resumed run keeps it."""
+"""A warm-up stage for the optimiser that keeps chosen weights frozen for its first steps (a transfer warm-up):
+their gradients are zeroed, so only what the mask lets learn does. What may learn is optimiser state
+(`FreezeState`), so it is checkpointed and a resumed run keeps it."""
 
 from __future__ import annotations
 
@@ -9,11 +9,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-
-from agents.config import TrainConfig, freeze_updates
-
-
-FROZEN_FOR_GOOD = 2**31 - 1  # optimiser steps: a warm-up no run outlasts (`transfer.freeze_actor`)
 
 
 class FreezeState(NamedTuple):
@@ -35,15 +30,6 @@ def warmup_freeze(frozen_steps: int) -> optax.GradientTransformation:
         return grads, FreezeState(state.count + 1, state.trainable)
 
     return optax.GradientTransformation(init, update)
-
-
-def freeze_stage(cfg: TrainConfig) -> list[optax.GradientTransformation]:
-    """The optimiser's warm-up stage: none without a warm-up, so other runs' optimiser state keeps its layout."""
-    if cfg.transfer.freeze_actor:
-        return [warmup_freeze(FROZEN_FOR_GOOD)]
-    if not cfg.transfer.freeze_steps:
-        return []
-    return [warmup_freeze(freeze_updates(cfg) * cfg.ppo.update_epochs * cfg.ppo.num_minibatches)]
 
 
 def with_trainable(opt_state: Any, trainable: Any) -> Any:

@@ -24,19 +24,12 @@ class MLP(nn.Module):
     out: int
     activation: str
     out_scale: float  # orthogonal init gain of the last layer: small for the policy so it starts near uniform
-    # Width of a second input added into the first layer (the advice state), through its own zero-initialised
-    # kernel "extra": the network starts as the plain MLP, and its other layers keep their names and shapes.
-    extra_features: int = 0
 
     @nn.compact
-    def __call__(self, x: jax.Array, extra: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array) -> jax.Array:
         act = _ACTIVATIONS[self.activation]
-        for i, width in enumerate(self.hidden):
-            h = nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x)
-            if i == 0 and self.extra_features:
-                extra = jnp.zeros((*x.shape[:-1], self.extra_features)) if extra is None else extra
-                h = h + nn.Dense(width, use_bias=False, kernel_init=nn.initializers.zeros, name="extra")(extra)
-            x = act(h)
+        for width in self.hidden:
+            x = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         return nn.Dense(self.out, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
 
 
@@ -49,37 +42,33 @@ class ActorCritic(nn.Module):
     # advice side so the RL core does not depend on it; its parameters live beside the policy's under "gate".
     gate: nn.Module | None = None
     gate_features: int = 0
-    # The advice state (`hybrid.advice_input`) as a second input of both MLPs; `advice` None means "no advice".
-    advice_features: int = 0
 
     def setup(self):
-        self.actor = MLP(self.actor_hidden, self.num_actions, self.activation, out_scale=0.01,
-                         extra_features=self.advice_features)
-        self.critic = MLP(self.critic_hidden, 1, self.activation, out_scale=1.0, extra_features=self.advice_features)
+        self.actor = MLP(self.actor_hidden, self.num_actions, self.activation, out_scale=0.01)
+        self.critic = MLP(self.critic_hidden, 1, self.activation, out_scale=1.0)
 
-    def __call__(self, obs: jax.Array, advice: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-        """obs [..., D] (normalised), advice [..., advice_features] or None → (logits [..., A], value [...])."""
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """obs [..., D] (normalised) → (logits [..., A], value [...])."""
         if self.gate is not None and self.is_initializing():
             self.gate(jnp.zeros((1, self.gate_features)))
-        return self.actor(obs, advice), self.critic(obs, advice)[..., 0]
+        return self.actor(obs), self.critic(obs)[..., 0]
 
     def trust(self, features: jax.Array) -> jax.Array:
         """Fusion features [..., F] → trust gate g [...] in (0, 1)."""
         return self.gate(features)
 
-    def logits(self, obs: jax.Array, advice: jax.Array | None = None) -> jax.Array:
-        return self.actor(obs, advice)
+    def logits(self, obs: jax.Array) -> jax.Array:
+        return self.actor(obs)
 
-    def value(self, obs: jax.Array, advice: jax.Array | None = None) -> jax.Array:
-        return self.critic(obs, advice)[..., 0]
+    def value(self, obs: jax.Array) -> jax.Array:
+        return self.critic(obs)[..., 0]
 
 
-def make_network(cfg: NetworkConfig, num_actions: int, gate: nn.Module | None = None, gate_features: int = 0,
-                 advice_features: int = 0) -> ActorCritic:
-    """`gate`: the trust gate over `gate_features` fusion features, for learned fusion; None for the policy alone.
-    `advice_features`: the width of the advice-state input (0: none)."""
+def make_network(cfg: NetworkConfig, num_actions: int, gate: nn.Module | None = None,
+                 gate_features: int = 0) -> ActorCritic:
+    """`gate`: the trust gate over `gate_features` fusion features, for learned fusion; None for the policy alone."""
     return ActorCritic(num_actions, tuple(cfg.actor_hidden), tuple(cfg.critic_hidden), cfg.activation, gate,
-                       gate_features, advice_features)
+                       gate_features)
 
 
 def masked_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:

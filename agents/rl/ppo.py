@@ -21,7 +21,7 @@ import optax
 from flax import struct
 
 from agents.config import TrainConfig
-from agents.rl.freeze import freeze_stage
+from agents.rl.freeze import warmup_freeze
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, make_network, masked_logits
 from agents.rl.normalization import RunningMeanStd
 from agents.rl.sharding import constrain, constrain_steps
@@ -43,7 +43,7 @@ class RunnerState:
     disc_return: jax.Array  # [N] discounted return, whose std scales rewards
     key: jax.Array
     update: jax.Array  # int32 updates completed
-    hybrid: Any = None  # the hybrid loop's per-env carry (advice table, veto); None for RL only
+    hybrid: Any = None  # the acting interface's per-env carry (advice table, veto, rules); None for RL only
 
 
 class Transition(NamedTuple):
@@ -60,7 +60,7 @@ class Transition(NamedTuple):
     final_value: jax.Array  # V(final_observation) where truncated and not terminated, else 0
     disc_return: jax.Array
     episode: dict[str, jax.Array]  # sums over envs whose episode ended at this step (scalars)
-    extras: Any = None  # what the hybrid's loss needs to rebuild the acting distribution; None for RL only
+    extras: Any = None  # what the acting interface's loss needs to rebuild its distribution; None for RL only
 
 
 class Batch(NamedTuple):
@@ -82,7 +82,6 @@ class PPO(NamedTuple):
     init: Any  # (key) -> RunnerState
     rollout_chunk: Any  # (state, k: static int) -> (state, Transition[k, N])
     learn: Any  # (state, Transition[T, N]) -> (state, metrics)
-    advantages: Any  # (state, Transition[T, N]) -> [T, N] the GAE advantages `learn` will use (call it before)
     update: Any  # (state) -> (state, metrics): learn(rollout_chunk(state, T))
     policy: Any  # (params, obs_norm, obs, mask, key, deterministic) -> action; obs/mask of any batch shape
     network: ActorCritic
@@ -136,22 +135,17 @@ def gae_targets(reward, value, last_value, terminated, truncated, final_value, g
     return adv, adv + value
 
 
-def gate_mask(params: Any) -> Any:
-    """True on the trust gate's parameters (`params/gate/...`), False elsewhere."""
-    return jax.tree_util.tree_map_with_path(lambda path, _: any(getattr(k, "key", None) == "gate" for k in path),
-                                            params)
-
-
-def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO:
-    """`acting` (an agents.advice.acting.HybridActing) routes acting through risk veto and fusion with LLM advice;
+def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen_steps: int = 0) -> PPO:
+    """`acting` (an agents.advice.acting.HybridActing, or anything with its interface) chooses the actions: masks,
+    rules and fusion with LLM advice, its own carry, its loss's log-probabilities, a trust gate beside the networks;
     None samples from the policy alone. `mesh` (agents.rl.sharding.env_mesh) splits the envs over its devices:
-    every function keeps the RunnerState laid out as agents.rl.sharding.state_shardings says; None: one device."""
+    every function keeps the RunnerState laid out as agents.rl.sharding.state_shardings says; None: one device.
+    `frozen_steps`: optimiser steps during which the weights a mask marks stay frozen (a transfer warm-up, whose
+    mask agents.rl.freeze.with_trainable sets); 0: none."""
     p = cfg.ppo
     n_envs = cfg.num_envs
     num_actions = env.num_actions
-    network = make_network(cfg.network, num_actions, *(acting.trust_gate() if acting else (None, 0)),
-                           advice_features=acting.advice_features if acting else 0)
-    advised = acting is not None and acting.advice_features > 0  # the networks read the advice state
+    network = make_network(cfg.network, num_actions, *(acting.trust_gate() if acting else (None, 0)))
     get_mask = action_mask_fn(env)
 
     v_reset = jax.vmap(env.reset, in_axes=(0, None))
@@ -164,12 +158,10 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
 
     num_grad_steps = cfg.num_updates * p.update_epochs * p.num_minibatches
     lr = optax.linear_schedule(p.lr, 0.0, num_grad_steps) if p.anneal_lr else p.lr
-    # freeze_stage: a transfer warm-up's gradient mask (agents/rl/freeze.py, set up by agents/training/transfer.py), empty for other runs
-    # The trust gate sits on top of a policy that is learning too; at the policy's step size it could barely move
-    # in a run of a few dozen updates, so it learns `hybrid.gate_lr_scale` times faster.
-    gate_scale = cfg.hybrid.gate_lr_scale if acting is not None and acting.gate_features else 1.0
-    tx = optax.chain(*freeze_stage(cfg), optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=1e-5),
-                     *([optax.masked(optax.scale(gate_scale), gate_mask)] if gate_scale != 1.0 else []))
+    # A warm-up stage only where there is one, so other runs' optimiser state keeps its layout.
+    tx = optax.chain(*([warmup_freeze(frozen_steps)] if frozen_steps else []),
+                     optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=1e-5),
+                     *(acting.optimizer_scaling() if acting else []))
 
     def normalize(obs_norm: RunningMeanStd, obs: jax.Array) -> jax.Array:
         return obs_norm.normalize(obs) if p.normalize_obs else obs
@@ -178,14 +170,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
     trunc_rows = max(8, n_envs // 64)
 
     def value_fn(params, obs_norm):
-        """V of (obs, advice state) pairs; the advice state is None where the networks read none."""
-        def value(inputs):
-            obs, advice = inputs
-            return network.apply(params, normalize(obs_norm, obs), advice, method=ActorCritic.value)
-        return value
-
-    def advice_state(rs: RunnerState) -> jax.Array | None:
-        return acting.advice_state(rs.hybrid, rs.env_state.side) if advised else None
+        return lambda obs: network.apply(params, normalize(obs_norm, obs), method=ActorCritic.value)
 
     def policy(params, obs_norm, obs, mask, key, deterministic: bool = False):
         logits = masked_logits(network.apply(params, normalize(obs_norm, obs), method=ActorCritic.logits), mask)
@@ -217,8 +202,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
 
     def _step(rs: RunnerState, _) -> tuple[RunnerState, Transition]:
         key, k_act, k_env = jax.random.split(rs.key, 3)
-        advice_in = advice_state(rs)
-        logits, value = network.apply(rs.params, normalize(rs.obs_norm, rs.obs), advice_in)
+        logits, value = network.apply(rs.params, normalize(rs.obs_norm, rs.obs))
         hybrid, extras, mask = rs.hybrid, None, rs.mask
         if acting is None:
             logits = masked_logits(logits, rs.mask)
@@ -234,14 +218,13 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         )
         if acting is not None:
             hybrid = acting.after_step(hybrid, info)
-            # the decision's bar too: the advisor's outcomes measure the market's move after it
-            extras = extras._replace(trade={**acting.trade_events(info), "bar": rs.env_state.t}, advice_in=advice_in)
+            extras = acting.with_outcome(extras, rs.env_state)
         obs = flat(obs)
         reward = reward.astype(jnp.float32)
         terminated, truncated = terminated.astype(bool), truncated.astype(bool)
         done = terminated | truncated
-        final_obs = flat(info["final_observation"])  # a truncated episode's last state, with the advice as it stood
-        final_value = truncation_values(value_fn(rs.params, rs.obs_norm), (final_obs, advice_in), truncated & ~terminated,
+        final_obs = flat(info["final_observation"])  # a truncated episode's last state
+        final_value = truncation_values(value_fn(rs.params, rs.obs_norm), final_obs, truncated & ~terminated,
                                         trunc_rows)
 
         ep_return = rs.ep_return + reward
@@ -275,14 +258,14 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         return shard(rs), constrain_steps(traj, mesh, n_envs)
 
     def _gae(rs: RunnerState, traj: Transition) -> tuple[jax.Array, jax.Array]:
-        last_value = value_fn(rs.params, rs.obs_norm)((rs.obs, advice_state(rs)))
+        last_value = value_fn(rs.params, rs.obs_norm)(rs.obs)
         reward = traj.reward / rs.ret_norm.std if p.scale_rewards else traj.reward
         return gae_targets(
             reward, traj.value, last_value, traj.terminated, traj.truncated, traj.final_value, p.gamma, p.gae_lambda
         )
 
     def _loss(params, obs_norm, mb: Batch):
-        logits, value = network.apply(params, normalize(obs_norm, mb.obs), mb.extras.advice_in if advised else None)
+        logits, value = network.apply(params, normalize(obs_norm, mb.obs))
         if acting is None:
             log_prob, entropy = log_probs_and_entropy(masked_logits(logits, mb.mask), mb.action)
             pg_weight = 1.0
@@ -294,7 +277,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         if p.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         clipped = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - p.clip_eps, 1 + p.clip_eps))
-        # Steps whose action the rules chose instead of the policy carry no policy gradient.
+        # Steps whose action the advice chose instead of the policy carry no policy gradient.
         policy_loss = (pg_weight * clipped).mean()
         if p.clip_value:
             v_clipped = mb.value + jnp.clip(value - mb.value, -p.clip_eps, p.clip_eps)
@@ -315,7 +298,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
     def learn(rs: RunnerState, traj: Transition) -> tuple[RunnerState, dict]:
         adv, ret = _gae(rs, traj)
         batch_size = adv.size
-        extras = traj.extras._replace(stats={}, trade=None) if traj.extras is not None else None
+        extras = acting.loss_extras(traj.extras) if acting is not None else None
         data = Batch(traj.obs, traj.mask, traj.action, traj.log_prob, traj.value, adv, ret, extras)
         data = jax.tree.map(lambda x: x.reshape((batch_size, *x.shape[2:])), data)
 
@@ -354,8 +337,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         rs = rs.replace(
             params=params,
             opt_state=opt_state,
-            # a frozen policy keeps the statistics it learned with, or its inputs would drift under it
-            obs_norm=rs.obs_norm.update(traj.obs) if p.normalize_obs and not cfg.transfer.freeze_actor else rs.obs_norm,
+            obs_norm=rs.obs_norm.update(traj.obs) if p.normalize_obs else rs.obs_norm,
             ret_norm=rs.ret_norm.update(traj.disc_return) if p.scale_rewards else rs.ret_norm,
             key=key,
             update=rs.update + 1,
@@ -366,7 +348,4 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None) -> PPO
         rs, traj = rollout_chunk(rs, p.num_steps)
         return learn(rs, traj)
 
-    def advantages(rs: RunnerState, traj: Transition) -> jax.Array:
-        return _gae(rs, traj)[0]
-
-    return PPO(init, rollout_chunk, learn, advantages, update, policy, network, obs_dim, num_actions)
+    return PPO(init, rollout_chunk, learn, update, policy, network, obs_dim, num_actions)

@@ -95,7 +95,7 @@ def _quiet_orbax_after_failure() -> None:
 
 def _manager(root: Path, kind: str, keep: int, create: bool = True) -> ocp.CheckpointManager:
     # With several processes each one's manager works alone: process 0 saves whole (gathered) arrays and every
-    # process reads them back, so orbax must not wait for the others (agents/parallel.py; docs/scale.md).
+    # process reads them back, so orbax must not wait for the others (agents/devices/parallel.py; docs/scale.md).
     alone = {}
     if jax.process_count() > 1:
         if create:

@@ -39,8 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--llm-adapter", metavar="PATH", help="a peft LoRA adapter directory for the advisor; saved in "
                     "the run's config, so evaluation loads it too (hybrid.llm_adapter)")
     ap.add_argument("--fusion", choices=FUSION_MODES, help="how advice changes actions: learned trust gate mixing "
-                    "the two distributions (default), pooled (the gate weighs the advice's log-probabilities added to "
-                    "the policy's), the seeds' priority rules, switch (valid advice acts, the policy elsewhere), or "
+                    "the two distributions (default), the seeds' priority rules, switch (valid advice acts, the policy elsewhere), or "
                     "none (queries for statistics only)")
     ap.add_argument("--query-interval", type=int, help="env steps between LLM query steps, k (hybrid.query.interval)")
     ap.add_argument("--llm-budget", help="most envs asked per query step: a number or auto (hybrid.budget)")
@@ -61,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--from-intact", action="store_true", help="with --resume: if the latest checkpoint is damaged, "
                     "continue from the newest intact one (damaged ones are moved to checkpoints/damaged/)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress=false)")
-    from agents.parallel import add_device_flags
+    from agents.devices.parallel import add_device_flags
 
     add_device_flags(ap, processes=True)
     return ap.parse_args(argv)
@@ -102,7 +101,7 @@ def start(args: argparse.Namespace):
     if jax.process_count() > 1 and not args.run_dir:
         raise ConfigError("--run-dir: several processes must name the one run folder they share")
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-    from agents.parallel import is_writer, make_mesh
+    from agents.devices.parallel import is_writer, make_mesh
     from agents.runs.lock import RunLock
     from agents.training.env_setup import make_env_setup
     from jaxenv.load_report import load_report
@@ -123,7 +122,7 @@ def start(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    from agents.parallel import is_writer
+    from agents.devices.parallel import is_writer
     from agents.runs.integrity import CheckpointDamaged
     from agents.runs.lock import RunLocked
     from agents.runs.saved_runs import CheckpointMismatch

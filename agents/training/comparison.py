@@ -13,6 +13,7 @@ from agents.advice.acting import make_acting
 from agents.advisor.adapters import checkpoint_adapter
 from agents.config import TrainConfig
 from agents.rl.ppo import make_train
+from agents.training.transfer import frozen_steps
 from agents.runs.checkpoints import RunCheckpoints
 from agents.training.env_setup import EnvSetup, make_env_setup
 from agents.training.validation import AgentEvaluator
@@ -27,7 +28,8 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
     setup = setup or make_env_setup(cfg)
     if setup.evaluate is None:
         return {}
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env) if cfg.llm != "none" else None)
+    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env) if cfg.llm != "none" else None,
+                     frozen_steps=frozen_steps(cfg))
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
     abstract = jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed))
     agents = {"latest": ckpt.restore(abstract)}

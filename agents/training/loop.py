@@ -27,7 +27,7 @@ from agents.advice.acting import make_acting
 from agents.advisor.adapters import checkpoint_adapter, prune_adapters
 from agents.advisor.query_loop import QueryLoop
 from agents.config import RUN_CONFIG_FILE, TrainConfig, load_config, save_config
-from agents.parallel import barrier, broadcast_from_writer, from_host, is_writer, make_mesh, print_banner, to_host
+from agents.devices.parallel import barrier, broadcast_from_writer, from_host, is_writer, make_mesh, print_banner, to_host
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import RunnerState, make_train
 from agents.rl.sharding import state_shardings
@@ -36,7 +36,7 @@ from agents.runs.lock import RunLock
 from agents.runs.storage import RunWriteError
 from agents.training.env_setup import EnvSetup, make_env_setup
 from agents.training.metrics import HealthMonitor, MetricsLogger
-from agents.training.transfer import load_source, start_from
+from agents.training.transfer import frozen_steps, load_source, start_from
 from agents.training.validation import AgentEvaluator
 from bridge import SidecarError
 
@@ -102,7 +102,7 @@ def train(
 
     The run folder is locked first (`lock`, if the caller took it already) and unlocked on any exit: a second
     writer gets RunLocked. A new run that fails before its first update is logged (bad data, a model that does not
-    load) leaves no run folder behind. With several processes (agents/parallel.py) only process 0 locks and writes."""
+    load) leaves no run folder behind. With several processes (agents/devices/parallel.py) only process 0 locks and writes."""
     run_dir = Path(run_dir)
     lock = lock or (RunLock.acquire(run_dir, create=not resume) if is_writer() else None)
     started = [False]  # set once the first update is logged: from then on a failure leaves a run to resume
@@ -137,7 +137,7 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / RUN_CONFIG_FILE)
     acting = make_acting(cfg, setup.env) if cfg.llm != "none" else None
-    ppo = make_train(cfg, setup.env, setup.params, acting, mesh)
+    ppo = make_train(cfg, setup.env, setup.params, acting, mesh, frozen_steps=frozen_steps(cfg))
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
 
     init_key = jax.random.PRNGKey(cfg.seed)

@@ -8,10 +8,9 @@ to use them. Layers the source lacks (the trust gate, when a hybrid run starts f
 fresh init. The observation normaliser's statistics of the shared features are copied too.
 
 `transfer.freeze_steps` keeps the copied weights frozen for a warm-up (agents.rl.freeze); this module marks
-which weights learn during it. A warm-up that would last the whole run is refused by the config check (the
-seeds' failure: a 100K-step warm-up in an 82K-step run froze the policy throughout). `transfer.freeze_actor` does
-that on purpose: the copied policy stays frozen for the whole run while the critic and the trust gate learn (a
-hybrid run started from the policy alone, to train its gate on that policy).
+which weights learn during it and how many optimiser steps it lasts (`frozen_steps`). A warm-up that would last
+the whole run is refused by the config check (a 100K-step warm-up in an 82K-step run would freeze the policy
+throughout).
 """
 
 from __future__ import annotations
@@ -28,6 +27,11 @@ from agents.config import TrainConfig, freeze_updates
 from agents.rl.freeze import with_trainable
 from agents.rl.normalization import RunningMeanStd
 from agents.runs.saved_runs import CheckpointMismatch, SavedPolicy, restore_policy
+
+
+def frozen_steps(cfg: TrainConfig) -> int:
+    """Optimiser steps of the transfer warm-up (make_train's frozen_steps); 0 without one."""
+    return freeze_updates(cfg) * cfg.ppo.update_epochs * cfg.ppo.num_minibatches
 
 
 def load_source(cfg: TrainConfig, env: Any, env_params: Any) -> SavedPolicy:
@@ -81,12 +85,6 @@ def copy_params(source: Any, target: Any, shared_inputs: int) -> tuple[Any, Any,
     return treedef.unflatten(params), treedef.unflatten(trainable), fresh, unused
 
 
-def actor_frozen(params: Any) -> Any:
-    """The trainable mask of `transfer.freeze_actor`: 0 on every weight of the actor, 1 elsewhere."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: jnp.full_like(leaf, 0.0 if _path(path).startswith("params/actor/") else 1.0), params)
-
-
 def copy_obs_norm(source: RunningMeanStd, target: RunningMeanStd, max_count: float) -> RunningMeanStd:
     """The source's statistics for the shared features, the fresh ones (mean 0, var 1) for the new. The sample
     count is capped at one update's worth so the new features' statistics catch up within a few updates (the
@@ -99,12 +97,9 @@ def copy_obs_norm(source: RunningMeanStd, target: RunningMeanStd, max_count: flo
 def start_from(state: Any, source: SavedPolicy, cfg: TrainConfig) -> Any:
     """A freshly initialised RunnerState with the source's networks and normaliser (and the warm-up's mask)."""
     params, trainable, fresh, unused = copy_params(source.params, state.params, source.obs_dim)
-    if cfg.transfer.freeze_actor:
-        trainable = actor_frozen(params)
     obs_norm = copy_obs_norm(source.obs_norm, state.obs_norm, float(cfg.steps_per_update))
     new_inputs = state.obs_norm.mean.shape[0] - source.obs_dim
-    warmup = (", the policy frozen for the whole run" if cfg.transfer.freeze_actor
-              else f", copied layers frozen for {freeze_updates(cfg)} updates" if cfg.transfer.freeze_steps else "")
+    warmup = f", copied layers frozen for {freeze_updates(cfg)} updates" if cfg.transfer.freeze_steps else ""
     print(f"initialised from {source.run_dir} ({source.label}): {source.obs_dim} inputs + {new_inputs} new "
           f"(zero weights){', fresh: ' + ', '.join(fresh) if fresh else ''}"
           f"{', unused: ' + ', '.join(unused) if unused else ''}{warmup}", file=sys.stderr)

@@ -5,7 +5,7 @@ advisor alone walks the validation split frozen and learned (the logic: experime
     python scripts/advisor_learning/lora_headlines_experiment.py --seeds 0 --updates 32 --every 4 --out /tmp/lora
 """
 
-from agents.gpus import leave_gpu_memory_to_advisor
+from agents.devices.gpus import leave_gpu_memory_to_advisor
 
 leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
 

@@ -5,7 +5,7 @@ experiments/reasoning_compare.py).
     python scripts/advisor_learning/reasoning_compare.py --seeds 0 1 2 --prompts 64 --tokens 48 --walk-bars 600
 """
 
-from agents.gpus import leave_gpu_memory_to_advisor
+from agents.devices.gpus import leave_gpu_memory_to_advisor
 
 leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
 

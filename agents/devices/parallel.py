@@ -2,7 +2,7 @@
 process writes, barriers, host copies of sharded arrays, and the start-up banner naming the backend.
 
 One process (the usual case) shards its envs over `devices` of its local devices. With several processes (joined
-by agents.distributed: `--coordinator`, or what JAX detects under SLURM / Open MPI), each steps its share of the
+by agents.devices.distributed: `--coordinator`, or what JAX detects under SLURM / Open MPI), each steps its share of the
 envs on its own devices and the mesh spans all of them; process 0 alone writes the run folder, the others meet
 it at barriers.
 """
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from agents.config import ConfigError, TrainConfig
-from agents.gpus import visible_gpus
+from agents.devices.gpus import visible_gpus
 from agents.rl.sharding import env_mesh
 
 

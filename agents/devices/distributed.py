@@ -30,7 +30,7 @@ def join(coordinator: str | None, num_processes: int | None, process_id: int | N
 
 def join_from_argv(argv: list[str] | None = None) -> None:
     """`join` with the --coordinator / --num-processes / --process-id / --distributed flags found in argv (the
-    command's own parser, agents.parallel.add_device_flags, documents and checks them)."""
+    command's own parser, agents.devices.parallel.add_device_flags, documents and checks them)."""
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--coordinator")
     ap.add_argument("--num-processes", type=int)
