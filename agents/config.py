@@ -308,8 +308,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
         (0 <= cfg.hybrid.query.min_trust < 1, "hybrid.query.min_trust", "must be in [0, 1)"),
         (cfg.hybrid.query.bind_on in BIND_ON, "hybrid.query.bind_on", f"must be one of {', '.join(BIND_ON)}"),
-        (cfg.hybrid.query.bind_on != "trust" or cfg.hybrid.fusion in GATED_FUSIONS, "hybrid.query.bind_on",
-         "trust binds on the trust gate: it needs hybrid.fusion learned (use always or record)"),
         (cfg.hybrid.query.record_calls >= 100, "hybrid.query.record_calls", "must be at least 100"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),

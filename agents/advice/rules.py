@@ -3,7 +3,7 @@
 Which envs are bound is defined once (`EntryRules.bound`, by `hybrid.query.bind_on`):
 - `always`: every env;
 - `trust`: an env while its running trust in its advice is above `hybrid.query.min_trust` (the running mean of the
-  trust gate over the env's advised decisions, starting at 1; learned fusion only);
+  trust gate over the env's advised decisions, starting at 1; a fusion without a gate keeps it at 1);
 - `record`: every env while the advice's record binds (`AdviceRecord`: its calls have earned on paper).
 
 Every rule reads that one definition, and applies only where the fusion acts on advice:
@@ -14,7 +14,7 @@ Every rule reads that one definition, and applies only where the fusion acts on 
 - the kept bracket (`query.keep_advised_bracket`): a trade entered by a bound env with advice in force keeps its
   stop to the end (no MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL);
 - near the drawdown limit (`veto.advised_only_below`, a veto rule): a bound env enters only on its advice's side.
-  It needs a binding that is earned (trust or record): where every env is always bound it says nothing.
+  It needs a binding that is earned (`earned`): where every env is always bound it says nothing.
 Why each exists, and what each was measured to do: docs/findings.md.
 """
 
@@ -153,6 +153,11 @@ class EntryRules:
         return self.binding == "trust" and self.fusion in GATED_FUSIONS
 
     @property
+    def earned(self) -> bool:
+        """Whether being bound says something about the advice: its record, or a trust gate's running trust."""
+        return self.keeps_record or self.keeps_trust
+
+    @property
     def keeps_record(self) -> bool:
         return self.binding == "record"
 
@@ -180,7 +185,7 @@ class EntryRules:
         bound = self.bound(state)
         named = jax.nn.one_hot(jnp.argmax(view.probs, -1), view.probs.shape[-1], dtype=bool)
         own_entry = entries & ~(view.valid[:, None] & named)  # [N, A] entries the advice does not name
-        if self.binding != "always":  # near the drawdown limit, a bound env enters only on its advice
+        if self.earned:  # near the drawdown limit, a bound env enters only on its advice
             near_limit = near_the_limit(self.veto, env_state, env_params) & bound
             veto_mask = veto_mask & ~(near_limit[:, None] & own_entry)
         waiting = off
