@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bad", choices=BAD_ANSWERS, help="answer every row wrongly, with status ok: NaN or negative "
                         "probabilities, infinite confidence, an action or env id out of range")
     args = parser.parse_args(argv)
-    peer.raise_system_exit_on_signals()
+    peer.exit_on_sigterm_only()
     endpoint = peer.connect(args)
     peer.start_heartbeat(endpoint, args.parent_pid, (args.request_shm, args.response_shm))
     width = min(endpoint.reason_bytes, endpoint.prompt_bytes)

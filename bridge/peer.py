@@ -27,13 +27,15 @@ def connect(args: argparse.Namespace) -> PeerEndpoint:
     return PeerEndpoint(args.request_shm, args.response_shm, args.request_fd, args.response_fd)
 
 
-def raise_system_exit_on_signals() -> None:
-    """SIGINT/SIGTERM end the peer through SystemExit, so `finally` blocks close the mappings."""
+def exit_on_sigterm_only() -> None:
+    """SIGTERM ends the peer through SystemExit, so `finally` blocks close the mappings. SIGINT is ignored: a
+    terminal's Ctrl-C reaches the whole process group, and the client decides when its peer stops (a trainer
+    finishes its update and has the advisor save its adapter first)."""
 
     def handler(signum, _frame):
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, handler)
 
 

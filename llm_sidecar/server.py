@@ -163,7 +163,7 @@ def _error_answers(n: int, reason: str) -> BackendAnswers:
 
 def serve(args, make_backend) -> None:
     """Connects to the client's segments, loads the backend, reports ready, answers until told to stop."""
-    peer.raise_system_exit_on_signals()
+    peer.exit_on_sigterm_only()
     endpoint = peer.connect(args)
     peer.start_heartbeat(endpoint, args.parent_pid, (args.request_shm, args.response_shm))
     try:

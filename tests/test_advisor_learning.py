@@ -341,3 +341,37 @@ def test_reasoning_budget_asks_only_unsure_policies_and_at_most_n_times_per_epis
     assert ask([0.3, 0.3, 0.4], [15, 15, 15]) == [False, True, False]  # envs 0 and 2 spent their 2
     assert ask([0.3, 0.3, 0.4], [3, 20, 20]) == [True, False, False]  # env 0 started a new episode
     assert link.n_thoughts == 7
+
+
+@pytest.mark.slow  # about a minute; tests/test_bridge_transport.py checks the sidecar outlives Ctrl-C by default
+def test_ctrl_c_during_a_run_whose_advisor_learns_saves_the_checkpoint_with_the_last_finished_adapter(tiny_model,
+                                                                                                       tmp_path):
+    """Ctrl-C (to the whole process group, as a terminal sends it) while the advisor learns: the advisor keeps
+    answering, the update in flight finishes, the checkpoint is saved with the serving adapter beside it, the run
+    exits 130 with no traceback, and no shared memory is left."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    sets = [a for o in tiny_learning_run(tiny_model) if not o.startswith("total_steps") for a in ("--set", o)]
+    cmd = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "train.py"), "--run-dir",
+           str(run_dir), "--total-steps", "320000", *sets]
+    trainer = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        metrics = run_dir / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+            assert trainer.poll() is None, trainer.stderr.read()[-3000:]
+            time.sleep(0.2)
+        os.killpg(trainer.pid, signal.SIGINT)
+        assert trainer.wait(timeout=600) == 130
+        stderr = trainer.stderr.read()
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    assert "Traceback" not in stderr and "was not saved" not in stderr, stderr[-3000:]
+    stopped = json.loads(metrics.read_text().splitlines()[-1])["update"]
+    assert (run_dir / "adapters" / str(stopped) / "adapter_model.safetensors").exists()
+    assert (run_dir / "checkpoints" / "latest" / str(stopped)).is_dir()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"jxf{trainer.pid}_")]

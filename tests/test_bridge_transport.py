@@ -158,6 +158,23 @@ def test_a_hung_sidecar_is_detected_by_its_heartbeat():
             os.kill(client.sidecar_pid, signal.SIGCONT)
 
 
+def test_a_sidecar_outlives_ctrl_c_until_its_client_stops_it():
+    """Ctrl-C reaches the whole process group; the sidecar ignores it and keeps answering, so the trainer can
+    finish its update and have its advisor save an adapter before it stops the sidecar itself."""
+    cfg = config()
+    client = SidecarClient(cfg).start(backend="mock")
+    pid = client.sidecar_pid
+    try:
+        os.kill(pid, signal.SIGINT)
+        time.sleep(0.3)
+        assert _process_exists(pid)
+        client.submit([0], [b"RSI 25 flat"])
+        assert client.collect(timeout_s=10.0).status.tolist() == [STATUS_OK]
+    finally:
+        client.close()
+    assert shm_names(cfg.name_prefix) == [] and not _process_exists(pid)
+
+
 def test_normal_stop_unlinks_every_segment():
     cfg = config()
     client = SidecarClient(cfg).start(backend="mock")
