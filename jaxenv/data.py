@@ -3,7 +3,8 @@ zone, and validating them.
 
 Bad input fails with a `DataValidationError` that names the file, the row and the column: a file that is not bars
 (empty, binary, a truncated Parquet file) as well as a bad value or a daylight-saving gap in naive stamps. Nothing is
-fixed silently: `drop_invalid_rows=True` drops the offending rows and reports how many.
+fixed silently: `drop_invalid_rows=True` drops the offending rows and reports how many. Stamps that start with a day
+and a month are read in the order the file proves (a field above 12), never by a guess.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pandas.tseries.api import guess_datetime_format
 
 PRICE_COLUMNS = ("open", "high", "low", "close")
 REQUIRED_COLUMNS = (*PRICE_COLUMNS, "volume")
@@ -70,8 +72,9 @@ def read_bars_noted(
     if not len(raw):
         raise DataValidationError(f"{path}: has columns but no rows of bars")
 
-    stamps, wall, column = _parse_timestamps(path, raw, by_lower, date_format)
-    stamps, note = to_exchange_time(stamps, wall, timezone, source_timezone, str(path), column)
+    stamps, wall, column, read_note = _parse_timestamps(path, raw, by_lower, date_format)
+    stamps, zone_note = to_exchange_time(stamps, wall, timezone, source_timezone, str(path), column)
+    note = "; ".join(filter(None, [read_note, zone_note]))
     frame = pd.DataFrame({c: pd.to_numeric(raw[by_lower[c]], errors="coerce") for c in REQUIRED_COLUMNS})
     non_numeric = frame.isna() & raw[[by_lower[c] for c in REQUIRED_COLUMNS]].notna().values
     if non_numeric.values.any():
@@ -144,9 +147,9 @@ def _is_text(path: Path, size: int = 8192) -> bool:
 
 def _parse_timestamps(
     path: Path, raw: pd.DataFrame, by_lower: dict[str, str], date_format: str | None
-) -> tuple[pd.DatetimeIndex, pd.DatetimeIndex, str]:
+) -> tuple[pd.DatetimeIndex, pd.DatetimeIndex, str, str]:
     """(stamps as parsed: naive, or tz-aware where the text carries offsets; their wall-clock times as written,
-    naive; the column's name)."""
+    naive; the column's name; a note of the day and month order where the file decided it)."""
     names = [n for n in TIMESTAMP_NAMES if n in by_lower]
     if "date" in by_lower and "time" in by_lower and not any(n in by_lower for n in TIMESTAMP_NAMES[:3]):
         text = raw[by_lower["date"]].astype(str) + " " + raw[by_lower["time"]].astype(str)
@@ -164,7 +167,9 @@ def _parse_timestamps(
                 f"{path}: no timestamp column; expected one of {', '.join(TIMESTAMP_NAMES)} "
                 "(any case), separate date and time columns, or an unnamed first index column"
             )
-    wall = None
+    wall, note, fmt = None, "", date_format
+    if fmt is None and not pd.api.types.is_numeric_dtype(text):
+        fmt, note = _day_and_month_order(path, column, text)
     try:
         if pd.api.types.is_numeric_dtype(text):
             # Epoch numbers: seconds, milliseconds or nanoseconds by magnitude.
@@ -172,22 +177,58 @@ def _parse_timestamps(
             unit = "s" if np.nanmax(values) < 1e11 else ("ms" if np.nanmax(values) < 1e14 else "ns")
             stamps = pd.to_datetime(values, unit=unit, utc=True)
         else:
-            try:
-                stamps = pd.to_datetime(text, format=date_format, errors="coerce")
-            except ValueError:  # offsets that differ between rows (a daylight-saving change): one common zone
-                stamps = pd.to_datetime(text, format=date_format, errors="coerce", utc=True)
-                written = text.astype(str).str.replace(r"(Z|[+-]\d\d:?\d\d)$", "", regex=True)
-                wall = pd.DatetimeIndex(pd.to_datetime(written, errors="coerce"))
+            # pandas warns in its own words where it cannot infer a format; the error below names the rows instead
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                try:
+                    stamps = pd.to_datetime(text, format=fmt, errors="coerce")
+                except ValueError:  # offsets that differ between rows (a daylight-saving change): one common zone
+                    stamps = pd.to_datetime(text, format=fmt, errors="coerce", utc=True)
+                    written = text.astype(str).str.replace(r"(Z|[+-]\d\d:?\d\d)$", "", regex=True)
+                    wall = pd.DatetimeIndex(pd.to_datetime(written, errors="coerce"))
     except (ValueError, TypeError) as err:
         raise DataValidationError(f"{path}: column '{column}' could not be parsed as timestamps: {err}") from None
     stamps = pd.DatetimeIndex(stamps)
     bad = np.flatnonzero(stamps.isna())
     if len(bad):
-        hint = "" if date_format else "; pass --date-format for unusual formats"
+        if date_format:
+            hint = ""
+        elif fmt:
+            hint = f" as {fmt}; pass --date-format for another format"
+        else:
+            hint = "; pass --date-format for unusual formats"
         raise DataValidationError(f"{path}: column '{column}' has unparseable timestamps at {row_list(bad)}{hint}")
     if wall is None or wall.isna().any():
         wall = stamps if stamps.tz is None else stamps.tz_localize(None)
-    return stamps, wall, column
+    return stamps, wall, column, note
+
+
+def _day_and_month_order(path: Path, column: str, text: pd.Series) -> tuple[str | None, str]:
+    """The format of stamps that start with a day and a month in either order (01.02.2017 22:00:00.000), as the
+    file proves it: a field above 12 is the day. Returns the format and a note of the decision; (None, "") for other
+    stamps (ISO dates, ...). Stamps that read every row both ways, to different dates, are an error that names both
+    formats: a guess would move most dates by months."""
+    guessed = guess_datetime_format(str(text.iloc[0])) or ""
+    if sorted([guessed[:2], guessed[3:5]]) != ["%d", "%m"]:
+        return None, ""
+    rest = guessed[5:]
+    day_first, month_first = f"%d{guessed[2]}%m{rest}", f"%m{guessed[2]}%d{rest}"
+    readings = {fmt: pd.to_datetime(text, format=fmt, errors="coerce") for fmt in (day_first, month_first)}
+    whole = [fmt for fmt, stamps in readings.items() if stamps.notna().all()]
+    if not whole:  # bad rows either way: the reading that parses most of them names them
+        return max(readings, key=lambda fmt: readings[fmt].notna().sum()), ""
+    if len(whole) == 2:
+        if readings[day_first].equals(readings[month_first]):  # every day equals its month
+            return day_first, ""
+        raise DataValidationError(
+            f"{path}: column '{column}' reads both day-first and month-first (no field above 12 tells which), to "
+            f"different dates: pass --date-format \"{day_first}\" (day-first) or --date-format \"{month_first}\" "
+            "(month-first)")
+    fmt = whole[0]
+    other = month_first if fmt == day_first else day_first
+    proof = int(np.flatnonzero(readings[other].isna())[0])
+    order = "day-first" if fmt == day_first else "month-first"
+    return fmt, f"read {order} as {fmt} (row {proof + 1}, {text.iloc[proof]}, reads no other way)"
 
 
 def to_exchange_time(
