@@ -30,6 +30,25 @@ class DataValidationError(ValueError):
     """Bad market data; the message names the file, the rows and the column."""
 
 
+class Refusal:
+    """The problems one load finds, refused together in one line, so that one run shows every fix the data needs."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.problems: list[str] = []
+
+    def add(self, problem: str) -> None:
+        self.problems.append(problem)
+
+    def raise_any(self) -> None:
+        if len(self.problems) == 1:
+            raise DataValidationError(f"{self.source}: {self.problems[0]}")
+        if self.problems:
+            listed = "; ".join(f"({i}) {problem}" for i, problem in enumerate(self.problems, 1))
+            raise DataValidationError(f"{self.source}: {len(self.problems)} problems, all to fix before it loads: "
+                                      f"{listed}")
+
+
 @dataclass
 class LoadedBars:
     frame: pd.DataFrame  # index: tz-aware timestamps; columns open, high, low, close, volume (+ text)
@@ -244,7 +263,7 @@ def to_exchange_time(
     is an error; stamps that are all midnight are dates, the exchange's trading days as written (no conversion)."""
     if wall is None:
         wall = stamps.tz_localize(None) if stamps.tz is not None else stamps
-    if len(wall) and (wall == wall.normalize()).all():
+    if is_dates(wall):
         dates = wall.normalize().tz_localize(timezone, ambiguous=np.zeros(len(wall), bool), nonexistent="shift_forward")
         return dates, "dates without a time of day: the exchange's trading days as written, no zone conversion"
     if stamps.tz is not None:
@@ -252,25 +271,34 @@ def to_exchange_time(
         return stamps.tz_convert(timezone), f"with UTC offsets, converted to {timezone}{unused}"
     zone = source_timezone or timezone
     why = "data.source_timezone" if source_timezone else "the instrument's exchange zone"
-    try:
-        local = stamps.tz_localize(zone, ambiguous="raise", nonexistent="raise")
-    except ValueError:
-        standard = np.zeros(len(stamps), bool)
-        skipped = np.flatnonzero(stamps.tz_localize(zone, ambiguous=standard, nonexistent="NaT").isna())
-        twice = np.flatnonzero(stamps.tz_localize(zone, ambiguous="NaT", nonexistent="shift_forward").isna())
-        if len(skipped):
-            rows, what = skipped, "do not exist in {z} (the clocks jump forward at a daylight-saving change)"
-        else:
-            rows, what = twice, "occur twice in {z} (the clocks go back at a daylight-saving change)"
+    local = stamps.tz_localize(zone, ambiguous="NaT", nonexistent="NaT")
+    if local.isna().any():
         raise DataValidationError(
-            f"{where}: column '{column}' has times that {what.format(z=zone)} at {row_list(rows)} "
-            f"({stamps[rows[0]]}); naive stamps are taken as {zone} ({why}). If the file is in another zone, name "
-            "it: --set data.source_timezone=UTC (or its zone); else export the stamps with their UTC offset"
-        ) from None
+            f"{where}: column '{column}' has {daylight_saving_problem(stamps, zone)}; naive stamps are taken as {zone} "
+            f"({why}). If the file is in another zone, name it: --set data.source_timezone=UTC (or its zone); else "
+            "export the stamps with their UTC offset"
+        )
     note = f"naive, taken as {zone} ({why})"
     if zone != timezone:
         return local.tz_convert(timezone), f"{note}, converted to {timezone}"
     return local, note
+
+
+def is_dates(wall: pd.DatetimeIndex) -> bool:
+    """Stamps that are all midnight are dates: trading days, not instants."""
+    return bool(len(wall)) and bool((wall == wall.normalize()).all())
+
+
+def daylight_saving_problem(wall: pd.DatetimeIndex, zone: str, rows: np.ndarray | None = None) -> str:
+    """Which naive stamps are no time in `zone` ("times that do not exist in ... at row 3 (2024-03-10 02:00:00)"), or
+    "" where every one is; `rows` are the file's rows of the stamps (default: their positions)."""
+    rows = np.arange(len(wall)) if rows is None else rows
+    skipped = np.flatnonzero(wall.tz_localize(zone, ambiguous=np.zeros(len(wall), bool), nonexistent="NaT").isna())
+    twice = np.flatnonzero(wall.tz_localize(zone, ambiguous="NaT", nonexistent="shift_forward").isna())
+    found = [f"times that {what} at {row_list(rows[at])} ({wall[at[0]]})" for at, what in (
+        (skipped, f"do not exist in {zone} (the clocks jump forward at a daylight-saving change)"),
+        (twice, f"occur twice in {zone} (the clocks go back at a daylight-saving change)")) if len(at)]
+    return " and ".join(found)
 
 
 def row_list(positions: np.ndarray) -> str:
@@ -319,32 +347,39 @@ def row_problems(frame: pd.DataFrame) -> list[tuple[str, str, np.ndarray]]:
     return problems
 
 
+ROW_FIX = "--set data.drop_invalid_rows=true drops such rows instead"
+
+
+def invalid_rows(frame: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Which rows fail a per-row rule, and one text per rule that fails in the frame as given ("column 'high' is below
+    low at row 8"). Setting rows aside can expose a new timestamp order problem, so the rest is checked again until
+    it is clean."""
+    bad = np.zeros(len(frame), bool)
+    texts: list[str] = []
+    while True:
+        kept = np.flatnonzero(~bad)
+        problems = row_problems(frame.iloc[kept])
+        if not problems:
+            return bad, texts
+        if not texts:
+            texts = [f"column '{column}' {rule} at {row_list(np.flatnonzero(rows))}" for rule, column, rows in problems]
+        for _, _, rows in problems:
+            bad[kept[rows]] = True
+
+
+def too_few_bars(bars: int, min_bars: int) -> str:
+    return f"{bars} bars is fewer than the {min_bars} that one observation window and the feature warm-up need"
+
+
 def validate_bars(
     frame: pd.DataFrame, source: str, min_bars: int, drop_invalid_rows: bool = False
 ) -> LoadedBars:
-    """Checks every rule; raises on the first failing one unless drop_invalid_rows, which drops the bad rows
-    (repeating until clean, since dropping a row can expose a new timestamp order problem) and reports."""
-    dropped = 0
-    while True:
-        problems = row_problems(frame)
-        if not problems:
-            break
-        if not drop_invalid_rows:
-            rule, column, bad = problems[0]
-            raise DataValidationError(
-                f"{source}: column '{column}' {rule} at {row_list(np.flatnonzero(bad))} "
-                "(--set data.drop_invalid_rows=true drops such rows instead)"
-            )
-        any_bad = np.zeros(len(frame), dtype=bool)
-        for _, _, bad in problems:
-            any_bad |= bad
-        dropped += int(any_bad.sum())
-        frame = frame.loc[~any_bad]
-    if dropped:
-        warnings.warn(f"{source}: dropped {dropped} invalid row(s) as drop_invalid_rows asked", stacklevel=2)
+    """Checks every rule; raises naming every failing one unless drop_invalid_rows, which drops the bad rows and
+    counts them."""
+    bad, texts = invalid_rows(frame)
+    if texts and not drop_invalid_rows:
+        raise DataValidationError(f"{source}: {'; '.join(texts)} ({ROW_FIX})")
+    frame = frame.iloc[np.flatnonzero(~bad)]
     if len(frame) < min_bars:
-        raise DataValidationError(
-            f"{source}: {len(frame)} bars is fewer than the {min_bars} that one observation window "
-            "and the feature warm-up need"
-        )
-    return LoadedBars(frame=frame, source=source, dropped_rows=dropped)
+        raise DataValidationError(f"{source}: {too_few_bars(len(frame), min_bars)}")
+    return LoadedBars(frame=frame, source=source, dropped_rows=int(bad.sum()))

@@ -82,30 +82,38 @@ def interval_text(minutes: int) -> str:
 def detect_interval(index: pd.DatetimeIndex, source: str) -> int:
     """The bar interval in minutes (DAILY for daily bars): the most common step between stamps. Steps shorter than
     it (bars closer together than the interval) are errors."""
+    interval, problem = measure_interval(index)
+    if problem:
+        raise DataValidationError(f"{source}: {problem}")
+    return interval
+
+
+def measure_interval(index: pd.DatetimeIndex, rows: np.ndarray | None = None) -> tuple[int | None, str]:
+    """The bar interval (None where the stamps have none) and what is wrong with their steps ("" where nothing is),
+    naming the file's `rows` of the bars (default: their positions). Bars closer together than the interval leave it
+    known, so the other checks can still run."""
     ns = index.as_unit("ns").asi8
     steps = np.diff(ns)
     positive = steps[steps > 0]
     if not len(positive):
-        raise DataValidationError(f"{source}: cannot tell the bar interval from {len(index)} bar(s)")
+        return None, f"cannot tell the bar interval from {len(index)} bar(s)"
     values, counts = np.unique(positive, return_counts=True)
     mode = values[np.argmax(counts)] / _MINUTE_NS
     if 23 * 60 <= mode <= 25 * 60:
         interval, shortest = DAILY, 12 * 60
     elif mode > 25 * 60:
-        raise DataValidationError(
-            f"{source}: bars are mostly {mode / 1440:.3g} days apart; the longest bar interval supported is daily")
+        return None, f"bars are mostly {mode / 1440:.3g} days apart; the longest bar interval supported is daily"
     elif mode < 1 or mode != round(mode):
-        raise DataValidationError(
-            f"{source}: bars are mostly {mode * 60:.4g} seconds apart; bars must be whole minutes (1, 5, 15, 30, 60 "
-            "minutes) or daily: resample the file")
+        return None, (f"bars are mostly {mode * 60:.4g} seconds apart; bars must be whole minutes (1, 5, 15, 30, 60 "
+                      "minutes) or daily: resample the file")
     else:
         interval = shortest = int(mode)
     close = np.flatnonzero(steps < shortest * _MINUTE_NS) + 1
     if len(close):
-        raise DataValidationError(
-            f"{source}: column 'timestamp' is closer to the previous row's than the {interval_text(interval)} "
-            f"interval of most bars at {row_list(close)}; one file holds bars of one interval")
-    return interval
+        return interval, (f"column 'timestamp' is closer to the previous row's than the {interval_text(interval)} "
+                          f"interval of most bars at {row_list(close if rows is None else rows[close])}; one file "
+                          "holds bars of one interval")
+    return interval, ""
 
 
 def _local(index: pd.DatetimeIndex) -> tuple[np.ndarray, np.ndarray]:

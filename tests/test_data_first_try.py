@@ -1,19 +1,26 @@
 """Data of the shapes a new user brings loads on the first try, or its first refusal names every setting it needs:
-day-first stamps (01.02.2017 22:00:00.000) across a daylight-saving change. A built-in instrument takes field
-changes (adjusted prices on a finer tick)."""
+day-first stamps (01.02.2017 22:00:00.000) across a daylight-saving change, adjusted daily stock prices with six
+decimals and holidays. A built-in instrument takes field changes (adjusted prices on a finer tick)."""
 
 from __future__ import annotations
+
+import re
+import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from agents.config import ConfigError, load_config
+from agents.training.loop import train
 from jaxenv.config import DataConfig
 from jaxenv.contracts import get_contract, resolve_contract
 from jaxenv.data import DataValidationError, read_bars
 from jaxenv.market import load_market
-from tests.market_shapes import _ohlc, fx_session_stamps
+from jaxenv.sessions import DAILY
+from tests.market_shapes import _ohlc, fx_session_stamps, minute_futures, trading_days, write_csv
+from tests.test_config import cli_main
+from tests.test_train import TINY
 
 NEW_YORK = "America/New_York"
 
@@ -27,6 +34,21 @@ def day_first_fx(path) -> str:
     frame["volume"] = frame["volume"].astype(int)
     frame.insert(0, "Time", index.strftime("%d.%m.%Y %H:%M:%S.000"))
     frame.to_csv(path, index=False, float_format="%.5f")
+    return str(path)
+
+
+def adjusted_stock(path) -> str:
+    """A free daily-price download of a stock: Date, Open, High, Low, Close, Adj Close, Volume; prices adjusted for
+    splits and dividends, so six decimals off the cent grid; US holidays missing."""
+    days = trading_days("2019-01-02", 1200)
+    bars = _ohlc(np.random.default_rng(8), len(days), 160.0, 0.015, 0.01)
+    factor = 0.872_413  # the split and dividend adjustment
+    frame = pd.DataFrame({"Date": days.strftime("%Y-%m-%d")})
+    for name in ("open", "high", "low", "close"):
+        frame[name.title()] = np.round(bars[name] * factor, 6)
+    frame["Adj Close"] = frame["Close"]
+    frame["Volume"] = bars["volume"].astype(int)
+    frame.to_csv(path, index=False, float_format="%.6f")
     return str(path)
 
 
@@ -75,3 +97,83 @@ def test_day_first_stamps_load_as_the_file_proves_and_an_ambiguous_file_names_bo
         read_bars(first_days)
     day_first = read_bars(first_days, date_format="%d.%m.%Y %H:%M:%S.%f", source_timezone="UTC")
     assert day_first.index[-1] == pd.Timestamp("2017-02-12 23:00", tz="UTC")
+
+
+# ------------------------------------------------------------------------------- the first message, then training
+def named_settings(message: str) -> list[str]:
+    """The `--set key=value` settings a message names, in order, without placeholders (NAME, ZONE)."""
+    found = [(key, value.rstrip(".")) for key, value in re.findall(r"--set (data\.[\w.]+)=([^\s,;)]+)", message)]
+    assert len(dict(found)) == len(set(found)), f"a key named with two values: {found}"
+    return [f"{key}={value}" for key, value in dict(found).items() if value not in ("NAME", "ZONE")]
+
+
+def first_message(capsys, run_dir, argv: list[str]) -> str:
+    """What train.py says first: one line, exit 2, no traceback, no run folder."""
+    assert cli_main()(["--llm", "none", "--run-dir", str(run_dir), *argv]) == 2
+    assert not run_dir.exists()
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def loads(monkeypatch, capsys, run_dir, argv: list[str]):
+    """train.py up to training: the market it built and the load report it printed (and no Python warning)."""
+    from agents.training import loop
+
+    class Stopped:  # what train returns after Ctrl-C
+        interrupted = True
+        stop_signal = None
+
+    seen = {}
+
+    def fake_train(cfg, run_dir, env_setup=None, lock=None, **_):
+        seen["market"] = env_setup.market
+        lock.release(discard=True)
+        return Stopped()
+
+    monkeypatch.setattr(loop, "train", fake_train)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli_main()(["--llm", "none", "--run-dir", str(run_dir), *argv]) == 130  # stopped as by Ctrl-C
+    assert not [w for w in caught if issubclass(w.category, UserWarning)], [str(w.message) for w in caught]
+    return seen["market"], capsys.readouterr().err
+
+
+def trains(tmp_path, path: str, settings: list[str]) -> None:
+    """One tiny PPO update on the file with `settings`."""
+    cfg = load_config(None, TINY + [f"data.source={path}", "total_steps=128", "checkpoint.eval_every_updates=0",
+                                    "log.tensorboard=false", *settings])
+    assert train(cfg, tmp_path / "trained").last_metrics["update"] == 1
+
+
+def test_adjusted_daily_stock_prices_load_on_the_tick_the_first_refusal_names(tmp_path, capsys, monkeypatch):
+    path = adjusted_stock(tmp_path / "stock.csv")
+    err = first_message(capsys, tmp_path / "refused", ["--data", path, "--set", "data.contract=EQUITY"])
+    assert "100% of prices are off its tick grid" in err
+    settings = named_settings(err)
+    assert settings == ["data.contract.tick_size=0.000001"]
+    args = ["--data", path, "--set", "data.contract=EQUITY", "--set", settings[0]]
+    market, report = loads(monkeypatch, capsys, tmp_path / "run", args)
+    assert market.contract.tick_size == 0.000001 and market.contract.point_value == 100.0
+    assert market.scale.off_grid_share == 0.0 and market.interval_minutes == DAILY and market.num_bars == 1200
+    assert pd.Timestamp("2019-07-04", tz=NEW_YORK) not in market.timestamps  # a holiday: just missing
+    assert "instrument  EQUITY (US cash equity, 100 shares, equity): tick 0.000001 = $0.0001" in report
+    trains(tmp_path, path, ["data.contract=EQUITY", *settings])
+
+
+# ------------------------------------------------------------------------------------------ every problem at once
+def test_one_refusal_names_bad_rows_stray_stamps_and_bars_outside_the_sessions_at_once(tmp_path):
+    frame = minute_futures(days=3).tz_convert("UTC")
+    frame.iloc[7, frame.columns.get_loc("low")] = frame["high"].iloc[7] + 1  # a bad row
+    stray = frame.iloc[[400]].set_axis([frame.index[400] + pd.Timedelta(seconds=30)])  # 30 s after a bar
+    path = write_csv(pd.concat([frame, stray]).sort_index(), tmp_path / "nq.csv", naive=True)
+    with pytest.raises(DataValidationError) as error:
+        load_market(DataConfig(source=path))
+    message = str(error.value)
+    assert message.startswith(f"{path}: 3 problems, all to fix before it loads: (1) column 'high' is below low at "
+                              "row 8 (--set data.drop_invalid_rows=true drops such rows instead); (2) column "
+                              "'timestamp' is closer to the previous row's than the 1 minute interval of most bars "
+                              "at rows 402, 403; one file holds bars of one interval; (3) 180 of 1170 bars fall "
+                              "outside NQ's sessions (18:00-17:00 America/New_York, Monday to Friday) at rows 151, "
+                              "152, 153, 154, 155 and 175 more (Tuesday 17:00-17:59 (60), Wednesday 17:00-17:59 (60), "
+                              "Thursday 17:00-17:59 (60))")
