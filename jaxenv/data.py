@@ -14,6 +14,7 @@ import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -56,6 +57,15 @@ class LoadedBars:
     dropped_rows: int  # rows removed by drop_invalid_rows
 
 
+class RawBars(NamedTuple):
+    """A file's bars with their stamps as parsed: naive, or tz-aware where the text carries offsets."""
+
+    frame: pd.DataFrame  # lower-case OHLCV columns (+ headline), indexed by the stamps
+    wall: pd.DatetimeIndex  # the stamps' wall-clock times as written, naive
+    column: str  # the timestamp column's name
+    note: str  # how the stamps' text was read, for the load report ("" when nothing was decided)
+
+
 def read_bars(
     path: str | Path,
     timezone: str = "America/New_York",
@@ -77,6 +87,14 @@ def read_bars_noted(
     source_timezone: str | None = None,
 ) -> tuple[pd.DataFrame, str]:
     """`read_bars`, and a note of how the stamps' zone was read (for the load report)."""
+    frame, wall, column, note = read_raw_bars(path, date_format, text_column)
+    stamps, zone_note = to_exchange_time(pd.DatetimeIndex(frame.index), wall, timezone, source_timezone, str(path),
+                                         column)
+    return frame.set_axis(stamps, axis=0), "; ".join(filter(None, [note, zone_note]))
+
+
+def read_raw_bars(path: str | Path, date_format: str | None = None, text_column: str | None = None) -> RawBars:
+    """A CSV or Parquet file's bars with their stamps as parsed, before any time zone is applied."""
     path = Path(path)
     raw = _read_table(path)
     by_lower: dict[str, str] = {}
@@ -91,9 +109,7 @@ def read_bars_noted(
     if not len(raw):
         raise DataValidationError(f"{path}: has columns but no rows of bars")
 
-    stamps, wall, column, read_note = _parse_timestamps(path, raw, by_lower, date_format)
-    stamps, zone_note = to_exchange_time(stamps, wall, timezone, source_timezone, str(path), column)
-    note = "; ".join(filter(None, [read_note, zone_note]))
+    stamps, wall, column, note = _parse_timestamps(path, raw, by_lower, date_format)
     frame = pd.DataFrame({c: pd.to_numeric(raw[by_lower[c]], errors="coerce") for c in REQUIRED_COLUMNS})
     non_numeric = frame.isna() & raw[[by_lower[c] for c in REQUIRED_COLUMNS]].notna().values
     if non_numeric.values.any():
@@ -108,7 +124,7 @@ def read_bars_noted(
         if text_key not in by_lower:
             raise DataValidationError(f"{path}: text column {text_column!r} not found")
         frame["headline"] = raw[by_lower[text_key]].fillna("").astype(str).values
-    return frame, note
+    return RawBars(frame, wall, column, note)
 
 
 def _read_table(path: Path) -> pd.DataFrame:

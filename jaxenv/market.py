@@ -14,15 +14,27 @@ from jaxenv.data import (
     ROW_FIX,
     DataValidationError,
     Refusal,
+    daylight_saving_problem,
     invalid_rows,
-    read_bars_noted,
+    is_dates,
+    read_raw_bars,
     row_list,
     to_exchange_time,
     too_few_bars,
 )
 from jaxenv.features import WARMUP_BARS, compute_features
 from jaxenv.scale import Scale, check_scale, same_calendar
-from jaxenv.sessions import Schedule, SessionInfo, measure_interval, outside_sessions, session_info
+from jaxenv.sessions import (
+    LIKELY_ZONES,
+    Schedule,
+    SessionInfo,
+    ZoneFit,
+    fit_zone,
+    measure_interval,
+    outside_sessions,
+    session_info,
+    zone_fits,
+)
 from jaxenv.synthetic import generate_bars
 
 SPLITS = ("train", "val", "test")
@@ -129,33 +141,92 @@ def _when(index: pd.DatetimeIndex) -> str:
 def _outside(spec: ContractSpec, index: pd.DatetimeIndex, outside: np.ndarray, rows: np.ndarray,
              schedule: Schedule) -> str:
     """"2 of 933 bars fall outside EURUSD's sessions (17:00-17:00 America/New_York, Monday to Friday) at rows 121,
-    597 (Friday 17:00)"."""
-    at = np.flatnonzero(outside)
+    597 (Friday 17:00)": the bars of `outside` that have a place in exchange time."""
+    at = np.flatnonzero(outside & ~np.asarray(index.isna()))
     days = "" if spec.weekends else ", Monday to Friday"
     return (f"{len(at)} of {len(index)} bars fall outside {spec.symbol}'s sessions ({schedule.text()} {spec.timezone}"
             f"{days}) at {row_list(rows[at])} ({_when(index[at])})")
 
 
-OTHER_HOURS = ("If the file's naive stamps are in another zone, name it: --set data.source_timezone=UTC (or its "
-               "zone); if the instrument trades other hours, declare them in data.contract (session_open, "
-               "session_close, weekends); --set data.drop_invalid_rows=true drops these bars")
+OTHER_HOURS = ("If the instrument trades other hours, declare them in data.contract (session_open, session_close, "
+               "weekends); --set data.drop_invalid_rows=true drops these bars")
+
+
+def _where_outside(spec: ContractSpec, wall: pd.DatetimeIndex, fit: ZoneFit, rows: np.ndarray, column: str) -> str:
+    """The bars `fit` leaves outside the sessions: stamps that are no time in its zone, bars outside the sessions."""
+    found = []
+    if fit.index.isna().any():
+        found.append(f"column '{column}' has {daylight_saving_problem(wall, fit.zone, rows)}")
+    if (fit.outside & ~np.asarray(fit.index.isna())).any():
+        found.append(_outside(spec, fit.index, fit.outside, rows, fit.schedule))
+    return " and ".join(found)
+
+
+def _zone_note(zone: str, why: str, spec: ContractSpec) -> str:
+    note = f"naive, taken as {zone} ({why})"
+    return note if zone == spec.timezone else f"{note}, converted to {spec.timezone}"
+
+
+def _naive_stamps(wall: pd.DatetimeIndex, rows: np.ndarray, spec: ContractSpec, interval: int, source_timezone: str,
+                  column: str) -> tuple[ZoneFit | None, str, str, bool]:
+    """Naive stamps placed on `spec`'s calendar: in data.source_timezone, the exchange's zone by default, or in the
+    likely zone that fits the sessions best (auto). Returns the fit (None on a tie), the note for the load report,
+    advice where the fit leaves bars outside the sessions (the zone that fits best, and what would remain under
+    it), and whether that advice is a problem by itself (a tie, or a better zone than the default)."""
+    if source_timezone != "auto":
+        zone = source_timezone or spec.timezone
+        fit = fit_zone(wall, zone, spec, interval)
+        note = _zone_note(zone, "data.source_timezone" if source_timezone else "the instrument's exchange zone", spec)
+        if not fit.outside.any():
+            return fit, note, "", False
+    fits = zone_fits(wall, spec, interval, (spec.timezone, *LIKELY_ZONES))
+    best = fits[0]
+    tied = [other.zone for other in fits if other.rank == best.rank]
+    if source_timezone == "auto":
+        if len(tied) > 1:
+            return None, "", (f"data.source_timezone=auto: the naive stamps fit {', '.join(tied)} equally "
+                              f"({best.rank[0]} bars outside {spec.symbol}'s sessions under each) but read as "
+                              "different instants: name the file's zone, --set data.source_timezone=ZONE"), True
+        runner = f"; the next best, {fits[1].zone}, {fits[1].rank[0]}" if len(fits) > 1 else ""
+        why = f"data.source_timezone=auto: the best fit of the likely zones, {best.rank[0]} bars outside{runner}"
+        return best, _zone_note(best.zone, why, spec), OTHER_HOURS, False
+    if best.rank >= fit.rank:
+        tried = ", ".join(z for z in LIKELY_ZONES if z != zone)
+        return fit, note, f"No likely zone fits them better (tried {tried}). {OTHER_HOURS}", False
+    if len(tied) > 1:
+        advice = (f"They fit {', '.join(tied)} equally ({best.rank[0]} bars outside under each): name the file's "
+                  "zone, --set data.source_timezone=ZONE")
+    else:
+        remain = best.outside.sum()
+        where = _where_outside(spec, wall, best, rows, column) if remain else "every bar lies inside a session"
+        drop = f" and --set data.drop_invalid_rows=true drops those {remain}" if remain else ""
+        advice = (f"They fit {best.zone} best: as {best.zone}, {where}: --set data.source_timezone={best.zone} "
+                  f"(data.source_timezone=auto takes the best fit){drop}")
+    return fit, note, advice, not source_timezone
 
 
 def market_from_frame(
-    frame: pd.DataFrame, source: str, cfg: DataConfig, stamps_note: str | None = None
+    frame: pd.DataFrame, source: str, cfg: DataConfig, stamps_note: str | None = None, read_note: str = "",
+    column: str = "timestamp",
 ) -> Market:
-    """A Market of `frame` (OHLCV columns, a DatetimeIndex) traded as `cfg.contract`: stamps in the exchange's zone,
-    then every check, and one refusal names every problem found: rows that fail validation, the price scale against
-    the instrument's tick, the bar interval and the bars outside the instrument's sessions (under the built-in whose
-    tick fits, where the instrument's does not)."""
+    """A Market of `frame` (OHLCV columns, a DatetimeIndex; its `column` in the file) traded as `cfg.contract`. Every
+    check runs and one refusal names every problem found: rows that fail validation, the price scale against the
+    instrument's tick, the bar interval, the stamps' zone and the bars outside the instrument's sessions (those two
+    under the built-in whose tick fits, where the instrument's does not). Naive stamps are read in
+    data.source_timezone (the exchange's zone by default; auto: the likely zone that fits the sessions best), others
+    converted to the exchange's zone. `stamps_note` replaces the note of how the stamps were read, `read_note`
+    comes first in it."""
     try:
         cfg = resolve_data_config(cfg)
     except ValueError as error:
         raise DataValidationError(f"{source}: {error}") from None
     contract: ContractSpec = cfg.contract
     refusal = Refusal(source)
-    index, note = to_exchange_time(pd.DatetimeIndex(frame.index), None, contract.timezone, cfg.source_timezone or None,
-                                   source)
+    index = pd.DatetimeIndex(frame.index)
+    naive = index.tz is None and not is_dates(index)
+    note = ""
+    if not naive:
+        index, note = to_exchange_time(index, None, contract.timezone, cfg.source_timezone or None, source, column)
     dropped: list[str] = []  # what drop_invalid_rows dropped, for the load report
     bad, texts = invalid_rows(frame.set_axis(index, axis=0))
     if texts and not cfg.drop_invalid_rows:
@@ -166,7 +237,7 @@ def market_from_frame(
     frame, index = frame.iloc[rows], index[rows]
 
     # The calendar the stamps are checked on: the instrument's, or where its tick does not fit the prices, that of
-    # the built-ins whose tick fits (when they share one), so the one refusal names the sessions as well
+    # the built-ins whose tick fits (when they share one), so the one refusal names the zone as well
     scale, interval, calendar = None, None, None
     if len(frame):
         bars = tuple(frame[c].to_numpy(np.float64) for c in ("open", "high", "low", "close"))
@@ -182,15 +253,28 @@ def market_from_frame(
             refusal.add(problem)
     if interval is not None and calendar is not None:
         as_other = "" if calendar is contract else f"as {calendar.symbol}, "
-        outside, schedule = outside_sessions(index, calendar, interval)
-        if outside.any():
-            where = _outside(calendar, index, outside, rows, schedule)
-            if cfg.drop_invalid_rows:
+        if naive:
+            fit, note, advice, must_change = _naive_stamps(index, rows, calendar, interval, cfg.source_timezone,
+                                                           column)
+            if fit is None:
+                refusal.add(as_other + advice)
+        else:
+            outside, schedule = outside_sessions(index, calendar, interval)
+            fit, advice, must_change = ZoneFit(calendar.timezone, index, outside, 0, schedule), OTHER_HOURS, False
+        if fit is not None and fit.outside.any():
+            where = _where_outside(calendar, index, fit, rows, column)
+            if cfg.drop_invalid_rows and not must_change:
                 dropped.append(where)
             else:
-                refusal.add(f"{as_other}{where}; the stamps are {stamps_note or note}. {OTHER_HOURS}")
-            keep = np.flatnonzero(~outside)
-            frame, index, rows = frame.iloc[keep], index[keep], rows[keep]
+                refusal.add(f"{as_other}{where}; the stamps are {stamps_note or note}. {advice}")
+        if fit is not None:
+            keep = np.flatnonzero(~fit.outside)
+            frame, index, rows = frame.iloc[keep], fit.index[keep], rows[keep]
+    elif naive and cfg.source_timezone != "auto" and len(frame):  # no sessions to place them in, but a zone
+        zone = cfg.source_timezone or contract.timezone
+        not_a_time = daylight_saving_problem(index, zone, rows)
+        if not_a_time:
+            refusal.add(f"column '{column}' has {not_a_time}; naive stamps are taken as {zone}")
     min_bars = WARMUP_BARS + MAX_WINDOW + 2
     if len(frame) < min_bars:
         refusal.add(too_few_bars(len(frame), min_bars))
@@ -224,7 +308,7 @@ def market_from_frame(
         splits=time_splits(sessions.session_id, cfg.train_frac, cfg.val_frac),
         dropped_rows=len(bad) - len(frame),
         dropped_note="; ".join(dropped),
-        stamps_note=stamps_note or note,
+        stamps_note="; ".join(filter(None, [read_note, stamps_note or note])),
         scale=scale,
     )
 
@@ -245,6 +329,10 @@ def load_market(cfg: DataConfig | None = None) -> Market:
             raise DataValidationError(f"data.source {cfg.source}: {error}") from None
         note = f"synthetic regular-hours minute bars in {contract.timezone}"
         return market_from_frame(frame, cfg.source, cfg, stamps_note=note)
-    frame, note = read_bars_noted(cfg.source, contract.timezone, cfg.date_format, cfg.text_column,
-                                  cfg.source_timezone or None)
-    return market_from_frame(frame, cfg.source, cfg, stamps_note=note)
+    frame, wall, column, read_note = read_raw_bars(cfg.source, cfg.date_format, cfg.text_column)
+    note = None
+    if frame.index.tz is not None or is_dates(wall):  # stamps with offsets, or dates: no zone to infer
+        index, note = to_exchange_time(pd.DatetimeIndex(frame.index), wall, contract.timezone,
+                                       cfg.source_timezone or None, cfg.source, column)
+        frame = frame.set_axis(index, axis=0)
+    return market_from_frame(frame, cfg.source, cfg, stamps_note=note, read_note=read_note, column=column)

@@ -22,6 +22,10 @@ DAILY_EPISODE_BARS = 252  # the default episode of daily bars: one trading year
 EPISODE_SESSIONS = 5  # the default episode of intraday bars: five sessions
 _MINUTE_NS = 60_000_000_000
 _NEVER = np.int64(2**62)  # a cutoff that never comes: positions may be held across sessions
+# Where naive stamps usually come from, tried after the exchange's zone: UTC, the US exchanges' zones, London, Central
+# Europe, and the servers of retail FX brokers (Europe/Athens, EET/EEST; Etc/GMT-2 and Etc/GMT-3, fixed UTC+2, UTC+3).
+LIKELY_ZONES = ("UTC", "America/New_York", "America/Chicago", "Europe/London", "Europe/Berlin", "Europe/Athens",
+                "Etc/GMT-2", "Etc/GMT-3")
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,47 @@ def outside_sessions(index: pd.DatetimeIndex, spec: ContractSpec, interval: int)
     schedule = choose_schedule(index, spec, interval)
     _, inside = _labels(index, spec, schedule)
     return ~inside, schedule
+
+
+@dataclass
+class ZoneFit:
+    """Naive stamps read as wall-clock times in `zone`, placed on an instrument's calendar."""
+
+    zone: str
+    index: pd.DatetimeIndex  # exchange time; NaT where a wall time is no time in the zone
+    outside: np.ndarray  # bool: outside every session, or no time in the zone (a daylight-saving gap or overlap)
+    off_hours: int  # bars outside the regular hours: a file of regular hours has none in its own zone
+    schedule: Schedule
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        return int(self.outside.sum()), self.off_hours
+
+
+def fit_zone(wall: pd.DatetimeIndex, zone: str, spec: ContractSpec, interval: int) -> ZoneFit:
+    """`wall` (naive) read in `zone`: where its bars fall on `spec`'s calendar."""
+    index = wall.tz_localize(zone, ambiguous="NaT", nonexistent="NaT").tz_convert(spec.timezone)
+    placed = ~np.asarray(index.isna())
+    outside = ~placed
+    outside[placed], schedule = outside_sessions(index[placed], spec, interval)
+    off_hours = 0
+    if spec.rth_open and interval != DAILY:
+        regular = Schedule("regular", minutes_of(spec.rth_open), minutes_of(spec.rth_close) or 1440)
+        minute, _ = _local(index[placed])
+        off_hours = int(((minute - regular.open) % 1440 >= regular.minutes).sum())
+    return ZoneFit(zone, index, outside, off_hours, schedule)
+
+
+def zone_fits(wall: pd.DatetimeIndex, spec: ContractSpec, interval: int, zones: tuple[str, ...]) -> list[ZoneFit]:
+    """`wall` read in each of `zones`, the best fit first: the fewest bars outside the sessions, then outside the
+    regular hours. A zone that reads every stamp as the same instant as an earlier one (UTC and London in winter) is
+    the same fit and left out."""
+    fits: list[ZoneFit] = []
+    for zone in dict.fromkeys(zones):
+        fit = fit_zone(wall, zone, spec, interval)
+        if not any(np.array_equal(fit.index.asi8, other.index.asi8) for other in fits):
+            fits.append(fit)
+    return sorted(fits, key=lambda fit: fit.rank)
 
 
 def session_info(index: pd.DatetimeIndex, spec: ContractSpec, interval: int) -> SessionInfo:
