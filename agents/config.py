@@ -367,6 +367,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         sections = [arm for arm in typing.get_args(tp) if dataclasses.is_dataclass(arm)]
         if isinstance(value, dict) and len(sections) == 1:  # a mapping is that section: its errors name its keys
+            from jaxenv.contracts import ContractSpec, InstrumentError, expand_base
+
+            if "base" in value and sections[0] is ContractSpec:  # a built-in instrument with some fields changed
+                try:
+                    value = expand_base(value)
+                except InstrumentError as error:
+                    raise ConfigError(error.keyed(key)) from None
             return _coerce(value, sections[0], key)
         for arm in typing.get_args(tp):
             if arm is type(None):
@@ -475,11 +482,23 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 valid = ", ".join(hints) if hints else "none"
                 raise ConfigError(f"unknown key '{key}' (no '{part}' in {where}; valid: {valid})")
             tp = hints[part]
+            # a name or a section (data.contract): its fields set one by one change the named one's
+            arms = [arm for arm in typing.get_args(tp) if dataclasses.is_dataclass(arm)]
+            named_section = arms[0] if len(arms) == 1 and str in typing.get_args(tp) else None
             if depth == len(parts) - 1:
                 if dataclasses.is_dataclass(tp):
                     raise ConfigError(f"{key}: is a section; set one of its fields, e.g. {key}.<field>=...")
-                node[part] = _parse_scalar(text, tp, key)
+                value = _parse_scalar(text, tp, key)
+                changed = node.get(part)
+                if named_section and isinstance(value, str) and isinstance(changed, dict) and "base" in changed:
+                    changed["base"] = value  # the fields already set stay set, whichever --set came first
+                else:
+                    node[part] = value
             else:
+                if named_section:
+                    current = node.get(part, getattr(cls(), part))
+                    node[part] = current if isinstance(current, dict) else {"base": current}
+                    tp = named_section
                 if not dataclasses.is_dataclass(tp):
                     raise ConfigError(f"unknown key '{key}' ('{'.'.join(parts[:depth + 1])}' is not a section)")
                 node = node.setdefault(part, {})

@@ -50,7 +50,9 @@ class DataConfig:
     # The instrument the bars are of: a built-in name (jaxenv.contracts.CONTRACTS) or a full ContractSpec (a mapping
     # in YAML): tick size and value, costs, currency, session hours and the exchange's time zone.
     contract: str | ContractSpec = field(default_factory=lambda: get_contract("NQ"))
-    source_timezone: str = ""  # the zone of the file's naive stamps; "" = the instrument's exchange zone
+    # the zone of the file's naive stamps; "" = the instrument's exchange zone; auto = the likely zone that fits the
+    # instrument's sessions best (a tie is an error; the load report names the choice)
+    source_timezone: str = ""
     min_range_ticks: float = 2.0  # a median bar range below this many ticks means the file is another instrument
     date_format: str | None = None  # strptime format for unusual timestamp strings
     drop_invalid_rows: bool = False  # drop rows that fail validation (and report how many) instead of failing
@@ -68,7 +70,7 @@ def resolve_data_config(cfg: DataConfig) -> DataConfig:
         contract = resolve_contract(cfg.contract)
     except InstrumentError as error:
         raise ValueError(error.keyed("data.contract")) from None
-    if cfg.source_timezone and not known_zone(cfg.source_timezone):
+    if cfg.source_timezone not in ("", "auto") and not known_zone(cfg.source_timezone):
         raise ValueError(f"data.source_timezone: unknown time zone {cfg.source_timezone!r} (an IANA name such as UTC, "
                          "Europe/London or America/Chicago)")
     return dataclasses.replace(cfg, contract=contract)

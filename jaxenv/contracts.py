@@ -123,11 +123,39 @@ def minutes_of(hhmm: str) -> int:
     return int(hh) * 60 + int(mm)
 
 
+def expand_base(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A mapping that names a `base` instrument (a built-in name or a ContractSpec) and changes some of its fields ->
+    all the fields: the base's, with the given ones changed. Money that follows from a changed field follows it: a new
+    tick_size or point_value recomputes tick_value, a new tick_value recomputes point_value, and a new lot_size of
+    spot FX or an equity whose 1.0 move was worth one lot recomputes both. So a finer tick (adjusted prices) keeps
+    what a 1.0 move of the price is worth."""
+    base = value["base"]
+    if isinstance(base, str):
+        try:
+            base = get_contract(base)
+        except InstrumentError as error:
+            raise InstrumentError("base", error.message) from None
+    elif not isinstance(base, ContractSpec):
+        raise InstrumentError("base", f"expected the name of a built-in instrument, got {base!r}")
+    changed = {key: item for key, item in value.items() if key != "base"}
+    fields = dataclasses.asdict(base)
+    if "tick_value" not in changed and ("tick_size" in changed or "point_value" in changed):
+        fields["tick_value"] = 0.0
+    elif "tick_value" in changed and "point_value" not in changed:
+        fields["point_value"] = 0.0
+    money_given = "tick_value" in changed or "point_value" in changed
+    if "lot_size" in changed and base.kind != "future" and base.point_value == base.lot_size and not money_given:
+        fields["tick_value"] = fields["point_value"] = 0.0
+    return {**fields, **changed}
+
+
 def resolve_contract(value: str | ContractSpec | Mapping[str, Any]) -> ContractSpec:
-    """A built-in name, a ContractSpec or a mapping of its fields -> a complete, checked ContractSpec. Raises an
-    InstrumentError naming the field ("tick_size: must be > 0")."""
+    """A built-in name, a ContractSpec or a mapping of its fields (or of a `base` instrument's fields to change) -> a
+    complete, checked ContractSpec. Raises an InstrumentError naming the field ("tick_size: must be > 0")."""
     if isinstance(value, str):
         return get_contract(value)
+    if isinstance(value, Mapping) and "base" in value:
+        value = expand_base(value)
     if isinstance(value, Mapping):
         types = {f.name: f.type for f in dataclasses.fields(ContractSpec)}  # "float", "str", "bool"
         unknown = [k for k in value if k not in types]

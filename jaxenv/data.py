@@ -3,7 +3,8 @@ zone, and validating them.
 
 Bad input fails with a `DataValidationError` that names the file, the row and the column: a file that is not bars
 (empty, binary, a truncated Parquet file) as well as a bad value or a daylight-saving gap in naive stamps. Nothing is
-fixed silently: `drop_invalid_rows=True` drops the offending rows and reports how many.
+fixed silently: `drop_invalid_rows=True` drops the offending rows and reports how many. Stamps that start with a day
+and a month are read in the order the file proves (a field above 12), never by a guess.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
+from pandas.tseries.api import guess_datetime_format
 
 PRICE_COLUMNS = ("open", "high", "low", "close")
 REQUIRED_COLUMNS = (*PRICE_COLUMNS, "volume")
@@ -28,11 +31,39 @@ class DataValidationError(ValueError):
     """Bad market data; the message names the file, the rows and the column."""
 
 
+class Refusal:
+    """The problems one load finds, refused together in one line, so that one run shows every fix the data needs."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.problems: list[str] = []
+
+    def add(self, problem: str) -> None:
+        self.problems.append(problem)
+
+    def raise_any(self) -> None:
+        if len(self.problems) == 1:
+            raise DataValidationError(f"{self.source}: {self.problems[0]}")
+        if self.problems:
+            listed = "; ".join(f"({i}) {problem}" for i, problem in enumerate(self.problems, 1))
+            raise DataValidationError(f"{self.source}: {len(self.problems)} problems, all to fix before it loads: "
+                                      f"{listed}")
+
+
 @dataclass
 class LoadedBars:
     frame: pd.DataFrame  # index: tz-aware timestamps; columns open, high, low, close, volume (+ text)
     source: str
     dropped_rows: int  # rows removed by drop_invalid_rows
+
+
+class RawBars(NamedTuple):
+    """A file's bars with their stamps as parsed: naive, or tz-aware where the text carries offsets."""
+
+    frame: pd.DataFrame  # lower-case OHLCV columns (+ headline), indexed by the stamps
+    wall: pd.DatetimeIndex  # the stamps' wall-clock times as written, naive
+    column: str  # the timestamp column's name
+    note: str  # how the stamps' text was read, for the load report ("" when nothing was decided)
 
 
 def read_bars(
@@ -56,6 +87,14 @@ def read_bars_noted(
     source_timezone: str | None = None,
 ) -> tuple[pd.DataFrame, str]:
     """`read_bars`, and a note of how the stamps' zone was read (for the load report)."""
+    frame, wall, column, note = read_raw_bars(path, date_format, text_column)
+    stamps, zone_note = to_exchange_time(pd.DatetimeIndex(frame.index), wall, timezone, source_timezone, str(path),
+                                         column)
+    return frame.set_axis(stamps, axis=0), "; ".join(filter(None, [note, zone_note]))
+
+
+def read_raw_bars(path: str | Path, date_format: str | None = None, text_column: str | None = None) -> RawBars:
+    """A CSV or Parquet file's bars with their stamps as parsed, before any time zone is applied."""
     path = Path(path)
     raw = _read_table(path)
     by_lower: dict[str, str] = {}
@@ -70,8 +109,7 @@ def read_bars_noted(
     if not len(raw):
         raise DataValidationError(f"{path}: has columns but no rows of bars")
 
-    stamps, wall, column = _parse_timestamps(path, raw, by_lower, date_format)
-    stamps, note = to_exchange_time(stamps, wall, timezone, source_timezone, str(path), column)
+    stamps, wall, column, note = _parse_timestamps(path, raw, by_lower, date_format)
     frame = pd.DataFrame({c: pd.to_numeric(raw[by_lower[c]], errors="coerce") for c in REQUIRED_COLUMNS})
     non_numeric = frame.isna() & raw[[by_lower[c] for c in REQUIRED_COLUMNS]].notna().values
     if non_numeric.values.any():
@@ -86,7 +124,7 @@ def read_bars_noted(
         if text_key not in by_lower:
             raise DataValidationError(f"{path}: text column {text_column!r} not found")
         frame["headline"] = raw[by_lower[text_key]].fillna("").astype(str).values
-    return frame, note
+    return RawBars(frame, wall, column, note)
 
 
 def _read_table(path: Path) -> pd.DataFrame:
@@ -144,9 +182,9 @@ def _is_text(path: Path, size: int = 8192) -> bool:
 
 def _parse_timestamps(
     path: Path, raw: pd.DataFrame, by_lower: dict[str, str], date_format: str | None
-) -> tuple[pd.DatetimeIndex, pd.DatetimeIndex, str]:
+) -> tuple[pd.DatetimeIndex, pd.DatetimeIndex, str, str]:
     """(stamps as parsed: naive, or tz-aware where the text carries offsets; their wall-clock times as written,
-    naive; the column's name)."""
+    naive; the column's name; a note of the day and month order where the file decided it)."""
     names = [n for n in TIMESTAMP_NAMES if n in by_lower]
     if "date" in by_lower and "time" in by_lower and not any(n in by_lower for n in TIMESTAMP_NAMES[:3]):
         text = raw[by_lower["date"]].astype(str) + " " + raw[by_lower["time"]].astype(str)
@@ -164,7 +202,9 @@ def _parse_timestamps(
                 f"{path}: no timestamp column; expected one of {', '.join(TIMESTAMP_NAMES)} "
                 "(any case), separate date and time columns, or an unnamed first index column"
             )
-    wall = None
+    wall, note, fmt = None, "", date_format
+    if fmt is None and not pd.api.types.is_numeric_dtype(text):
+        fmt, note = _day_and_month_order(path, column, text)
     try:
         if pd.api.types.is_numeric_dtype(text):
             # Epoch numbers: seconds, milliseconds or nanoseconds by magnitude.
@@ -172,22 +212,58 @@ def _parse_timestamps(
             unit = "s" if np.nanmax(values) < 1e11 else ("ms" if np.nanmax(values) < 1e14 else "ns")
             stamps = pd.to_datetime(values, unit=unit, utc=True)
         else:
-            try:
-                stamps = pd.to_datetime(text, format=date_format, errors="coerce")
-            except ValueError:  # offsets that differ between rows (a daylight-saving change): one common zone
-                stamps = pd.to_datetime(text, format=date_format, errors="coerce", utc=True)
-                written = text.astype(str).str.replace(r"(Z|[+-]\d\d:?\d\d)$", "", regex=True)
-                wall = pd.DatetimeIndex(pd.to_datetime(written, errors="coerce"))
+            # pandas warns in its own words where it cannot infer a format; the error below names the rows instead
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                try:
+                    stamps = pd.to_datetime(text, format=fmt, errors="coerce")
+                except ValueError:  # offsets that differ between rows (a daylight-saving change): one common zone
+                    stamps = pd.to_datetime(text, format=fmt, errors="coerce", utc=True)
+                    written = text.astype(str).str.replace(r"(Z|[+-]\d\d:?\d\d)$", "", regex=True)
+                    wall = pd.DatetimeIndex(pd.to_datetime(written, errors="coerce"))
     except (ValueError, TypeError) as err:
         raise DataValidationError(f"{path}: column '{column}' could not be parsed as timestamps: {err}") from None
     stamps = pd.DatetimeIndex(stamps)
     bad = np.flatnonzero(stamps.isna())
     if len(bad):
-        hint = "" if date_format else "; pass --date-format for unusual formats"
+        if date_format:
+            hint = ""
+        elif fmt:
+            hint = f" as {fmt}; pass --date-format for another format"
+        else:
+            hint = "; pass --date-format for unusual formats"
         raise DataValidationError(f"{path}: column '{column}' has unparseable timestamps at {row_list(bad)}{hint}")
     if wall is None or wall.isna().any():
         wall = stamps if stamps.tz is None else stamps.tz_localize(None)
-    return stamps, wall, column
+    return stamps, wall, column, note
+
+
+def _day_and_month_order(path: Path, column: str, text: pd.Series) -> tuple[str | None, str]:
+    """The format of stamps that start with a day and a month in either order (01.02.2017 22:00:00.000), as the
+    file proves it: a field above 12 is the day. Returns the format and a note of the decision; (None, "") for other
+    stamps (ISO dates, ...). Stamps that read every row both ways, to different dates, are an error that names both
+    formats: a guess would move most dates by months."""
+    guessed = guess_datetime_format(str(text.iloc[0])) or ""
+    if sorted([guessed[:2], guessed[3:5]]) != ["%d", "%m"]:
+        return None, ""
+    rest = guessed[5:]
+    day_first, month_first = f"%d{guessed[2]}%m{rest}", f"%m{guessed[2]}%d{rest}"
+    readings = {fmt: pd.to_datetime(text, format=fmt, errors="coerce") for fmt in (day_first, month_first)}
+    whole = [fmt for fmt, stamps in readings.items() if stamps.notna().all()]
+    if not whole:  # bad rows either way: the reading that parses most of them names them
+        return max(readings, key=lambda fmt: readings[fmt].notna().sum()), ""
+    if len(whole) == 2:
+        if readings[day_first].equals(readings[month_first]):  # every day equals its month
+            return day_first, ""
+        raise DataValidationError(
+            f"{path}: column '{column}' reads both day-first and month-first (no field above 12 tells which), to "
+            f"different dates: pass --date-format \"{day_first}\" (day-first) or --date-format \"{month_first}\" "
+            "(month-first)")
+    fmt = whole[0]
+    other = month_first if fmt == day_first else day_first
+    proof = int(np.flatnonzero(readings[other].isna())[0])
+    order = "day-first" if fmt == day_first else "month-first"
+    return fmt, f"read {order} as {fmt} (row {proof + 1}, {text.iloc[proof]}, reads no other way)"
 
 
 def to_exchange_time(
@@ -203,7 +279,7 @@ def to_exchange_time(
     is an error; stamps that are all midnight are dates, the exchange's trading days as written (no conversion)."""
     if wall is None:
         wall = stamps.tz_localize(None) if stamps.tz is not None else stamps
-    if len(wall) and (wall == wall.normalize()).all():
+    if is_dates(wall):
         dates = wall.normalize().tz_localize(timezone, ambiguous=np.zeros(len(wall), bool), nonexistent="shift_forward")
         return dates, "dates without a time of day: the exchange's trading days as written, no zone conversion"
     if stamps.tz is not None:
@@ -211,25 +287,34 @@ def to_exchange_time(
         return stamps.tz_convert(timezone), f"with UTC offsets, converted to {timezone}{unused}"
     zone = source_timezone or timezone
     why = "data.source_timezone" if source_timezone else "the instrument's exchange zone"
-    try:
-        local = stamps.tz_localize(zone, ambiguous="raise", nonexistent="raise")
-    except ValueError:
-        standard = np.zeros(len(stamps), bool)
-        skipped = np.flatnonzero(stamps.tz_localize(zone, ambiguous=standard, nonexistent="NaT").isna())
-        twice = np.flatnonzero(stamps.tz_localize(zone, ambiguous="NaT", nonexistent="shift_forward").isna())
-        if len(skipped):
-            rows, what = skipped, "do not exist in {z} (the clocks jump forward at a daylight-saving change)"
-        else:
-            rows, what = twice, "occur twice in {z} (the clocks go back at a daylight-saving change)"
+    local = stamps.tz_localize(zone, ambiguous="NaT", nonexistent="NaT")
+    if local.isna().any():
         raise DataValidationError(
-            f"{where}: column '{column}' has times that {what.format(z=zone)} at {row_list(rows)} "
-            f"({stamps[rows[0]]}); naive stamps are taken as {zone} ({why}). If the file is in another zone, name "
-            "it: --set data.source_timezone=UTC (or its zone); else export the stamps with their UTC offset"
-        ) from None
+            f"{where}: column '{column}' has {daylight_saving_problem(stamps, zone)}; naive stamps are taken as {zone} "
+            f"({why}). If the file is in another zone, name it: --set data.source_timezone=UTC (or its zone); else "
+            "export the stamps with their UTC offset"
+        )
     note = f"naive, taken as {zone} ({why})"
     if zone != timezone:
         return local.tz_convert(timezone), f"{note}, converted to {timezone}"
     return local, note
+
+
+def is_dates(wall: pd.DatetimeIndex) -> bool:
+    """Stamps that are all midnight are dates: trading days, not instants."""
+    return bool(len(wall)) and bool((wall == wall.normalize()).all())
+
+
+def daylight_saving_problem(wall: pd.DatetimeIndex, zone: str, rows: np.ndarray | None = None) -> str:
+    """Which naive stamps are no time in `zone` ("times that do not exist in ... at row 3 (2024-03-10 02:00:00)"), or
+    "" where every one is; `rows` are the file's rows of the stamps (default: their positions)."""
+    rows = np.arange(len(wall)) if rows is None else rows
+    skipped = np.flatnonzero(wall.tz_localize(zone, ambiguous=np.zeros(len(wall), bool), nonexistent="NaT").isna())
+    twice = np.flatnonzero(wall.tz_localize(zone, ambiguous="NaT", nonexistent="shift_forward").isna())
+    found = [f"times that {what} at {row_list(rows[at])} ({wall[at[0]]})" for at, what in (
+        (skipped, f"do not exist in {zone} (the clocks jump forward at a daylight-saving change)"),
+        (twice, f"occur twice in {zone} (the clocks go back at a daylight-saving change)")) if len(at)]
+    return " and ".join(found)
 
 
 def row_list(positions: np.ndarray) -> str:
@@ -278,32 +363,39 @@ def row_problems(frame: pd.DataFrame) -> list[tuple[str, str, np.ndarray]]:
     return problems
 
 
+ROW_FIX = "--set data.drop_invalid_rows=true drops such rows instead"
+
+
+def invalid_rows(frame: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Which rows fail a per-row rule, and one text per rule that fails in the frame as given ("column 'high' is below
+    low at row 8"). Setting rows aside can expose a new timestamp order problem, so the rest is checked again until
+    it is clean."""
+    bad = np.zeros(len(frame), bool)
+    texts: list[str] = []
+    while True:
+        kept = np.flatnonzero(~bad)
+        problems = row_problems(frame.iloc[kept])
+        if not problems:
+            return bad, texts
+        if not texts:
+            texts = [f"column '{column}' {rule} at {row_list(np.flatnonzero(rows))}" for rule, column, rows in problems]
+        for _, _, rows in problems:
+            bad[kept[rows]] = True
+
+
+def too_few_bars(bars: int, min_bars: int) -> str:
+    return f"{bars} bars is fewer than the {min_bars} that one observation window and the feature warm-up need"
+
+
 def validate_bars(
     frame: pd.DataFrame, source: str, min_bars: int, drop_invalid_rows: bool = False
 ) -> LoadedBars:
-    """Checks every rule; raises on the first failing one unless drop_invalid_rows, which drops the bad rows
-    (repeating until clean, since dropping a row can expose a new timestamp order problem) and reports."""
-    dropped = 0
-    while True:
-        problems = row_problems(frame)
-        if not problems:
-            break
-        if not drop_invalid_rows:
-            rule, column, bad = problems[0]
-            raise DataValidationError(
-                f"{source}: column '{column}' {rule} at {row_list(np.flatnonzero(bad))} "
-                "(--set data.drop_invalid_rows=true drops such rows instead)"
-            )
-        any_bad = np.zeros(len(frame), dtype=bool)
-        for _, _, bad in problems:
-            any_bad |= bad
-        dropped += int(any_bad.sum())
-        frame = frame.loc[~any_bad]
-    if dropped:
-        warnings.warn(f"{source}: dropped {dropped} invalid row(s) as drop_invalid_rows asked", stacklevel=2)
+    """Checks every rule; raises naming every failing one unless drop_invalid_rows, which drops the bad rows and
+    counts them."""
+    bad, texts = invalid_rows(frame)
+    if texts and not drop_invalid_rows:
+        raise DataValidationError(f"{source}: {'; '.join(texts)} ({ROW_FIX})")
+    frame = frame.iloc[np.flatnonzero(~bad)]
     if len(frame) < min_bars:
-        raise DataValidationError(
-            f"{source}: {len(frame)} bars is fewer than the {min_bars} that one observation window "
-            "and the feature warm-up need"
-        )
-    return LoadedBars(frame=frame, source=source, dropped_rows=dropped)
+        raise DataValidationError(f"{source}: {too_few_bars(len(frame), min_bars)}")
+    return LoadedBars(frame=frame, source=source, dropped_rows=int(bad.sum()))

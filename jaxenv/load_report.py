@@ -1,5 +1,7 @@
 """The one-screen report of a loaded market that `train.py` prints before training: what was read, at which
-interval, in which sessions and time zones, as which instrument, on which scale, and how it was split."""
+interval, in which sessions and time zones, as which instrument, on which scale, how it was split and what was
+dropped. What loading decided (the stamps' zone, day-first dates) and dropped is told here, never as a Python
+warning."""
 
 from __future__ import annotations
 
@@ -15,6 +17,13 @@ from jaxenv.sessions import DAILY, interval_text
 def _stamp(market: Market, i: int) -> str:
     stamp = market.timestamps[i]
     return f"{stamp:%Y-%m-%d}" if market.interval_minutes == DAILY else f"{stamp:%Y-%m-%d %H:%M}"
+
+
+def dropped_text(market: Market) -> str:
+    """What data.drop_invalid_rows dropped and why, on one line: the load report's and evaluate.py's warning."""
+    if not market.dropped_rows:
+        return "0 rows"
+    return f"{market.dropped_rows:,} rows (data.drop_invalid_rows): {market.dropped_note}"
 
 
 def load_report(market: Market, env: EnvConfig | None = None) -> str:
@@ -66,6 +75,6 @@ def load_report(market: Market, env: EnvConfig | None = None) -> str:
         ("time zones", f"stamps {market.stamps_note}; exchange time {spec.timezone}"),
         ("sessions", f"{sessions.num_sessions:,} sessions ({kind}); {holding}"),
         ("splits", f"{', '.join(split_text)}; the first {market.first_decision_bar} bars are feature warm-up"),
-        ("dropped", f"{market.dropped_rows:,} rows" + (" (data.drop_invalid_rows)" if market.dropped_rows else "")),
+        ("dropped", dropped_text(market)),
     ]
     return "\n".join(f"{label:<11} {text}" for label, text in lines)

@@ -22,6 +22,10 @@ DAILY_EPISODE_BARS = 252  # the default episode of daily bars: one trading year
 EPISODE_SESSIONS = 5  # the default episode of intraday bars: five sessions
 _MINUTE_NS = 60_000_000_000
 _NEVER = np.int64(2**62)  # a cutoff that never comes: positions may be held across sessions
+# Where naive stamps usually come from, tried after the exchange's zone: UTC, the US exchanges' zones, London, Central
+# Europe, and the servers of retail FX brokers (Europe/Athens, EET/EEST; Etc/GMT-2 and Etc/GMT-3, fixed UTC+2, UTC+3).
+LIKELY_ZONES = ("UTC", "America/New_York", "America/Chicago", "Europe/London", "Europe/Berlin", "Europe/Athens",
+                "Etc/GMT-2", "Etc/GMT-3")
 
 
 @dataclass(frozen=True)
@@ -82,30 +86,38 @@ def interval_text(minutes: int) -> str:
 def detect_interval(index: pd.DatetimeIndex, source: str) -> int:
     """The bar interval in minutes (DAILY for daily bars): the most common step between stamps. Steps shorter than
     it (bars closer together than the interval) are errors."""
+    interval, problem = measure_interval(index)
+    if problem:
+        raise DataValidationError(f"{source}: {problem}")
+    return interval
+
+
+def measure_interval(index: pd.DatetimeIndex, rows: np.ndarray | None = None) -> tuple[int | None, str]:
+    """The bar interval (None where the stamps have none) and what is wrong with their steps ("" where nothing is),
+    naming the file's `rows` of the bars (default: their positions). Bars closer together than the interval leave it
+    known, so the other checks can still run."""
     ns = index.as_unit("ns").asi8
     steps = np.diff(ns)
     positive = steps[steps > 0]
     if not len(positive):
-        raise DataValidationError(f"{source}: cannot tell the bar interval from {len(index)} bar(s)")
+        return None, f"cannot tell the bar interval from {len(index)} bar(s)"
     values, counts = np.unique(positive, return_counts=True)
     mode = values[np.argmax(counts)] / _MINUTE_NS
     if 23 * 60 <= mode <= 25 * 60:
         interval, shortest = DAILY, 12 * 60
     elif mode > 25 * 60:
-        raise DataValidationError(
-            f"{source}: bars are mostly {mode / 1440:.3g} days apart; the longest bar interval supported is daily")
+        return None, f"bars are mostly {mode / 1440:.3g} days apart; the longest bar interval supported is daily"
     elif mode < 1 or mode != round(mode):
-        raise DataValidationError(
-            f"{source}: bars are mostly {mode * 60:.4g} seconds apart; bars must be whole minutes (1, 5, 15, 30, 60 "
-            "minutes) or daily: resample the file")
+        return None, (f"bars are mostly {mode * 60:.4g} seconds apart; bars must be whole minutes (1, 5, 15, 30, 60 "
+                      "minutes) or daily: resample the file")
     else:
         interval = shortest = int(mode)
     close = np.flatnonzero(steps < shortest * _MINUTE_NS) + 1
     if len(close):
-        raise DataValidationError(
-            f"{source}: column 'timestamp' is closer to the previous row's than the {interval_text(interval)} "
-            f"interval of most bars at {row_list(close)}; one file holds bars of one interval")
-    return interval
+        return interval, (f"column 'timestamp' is closer to the previous row's than the {interval_text(interval)} "
+                          f"interval of most bars at {row_list(close if rows is None else rows[close])}; one file "
+                          "holds bars of one interval")
+    return interval, ""
 
 
 def _local(index: pd.DatetimeIndex) -> tuple[np.ndarray, np.ndarray]:
@@ -149,6 +161,47 @@ def outside_sessions(index: pd.DatetimeIndex, spec: ContractSpec, interval: int)
     schedule = choose_schedule(index, spec, interval)
     _, inside = _labels(index, spec, schedule)
     return ~inside, schedule
+
+
+@dataclass
+class ZoneFit:
+    """Naive stamps read as wall-clock times in `zone`, placed on an instrument's calendar."""
+
+    zone: str
+    index: pd.DatetimeIndex  # exchange time; NaT where a wall time is no time in the zone
+    outside: np.ndarray  # bool: outside every session, or no time in the zone (a daylight-saving gap or overlap)
+    off_hours: int  # bars outside the regular hours: a file of regular hours has none in its own zone
+    schedule: Schedule
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        return int(self.outside.sum()), self.off_hours
+
+
+def fit_zone(wall: pd.DatetimeIndex, zone: str, spec: ContractSpec, interval: int) -> ZoneFit:
+    """`wall` (naive) read in `zone`: where its bars fall on `spec`'s calendar."""
+    index = wall.tz_localize(zone, ambiguous="NaT", nonexistent="NaT").tz_convert(spec.timezone)
+    placed = ~np.asarray(index.isna())
+    outside = ~placed
+    outside[placed], schedule = outside_sessions(index[placed], spec, interval)
+    off_hours = 0
+    if spec.rth_open and interval != DAILY:
+        regular = Schedule("regular", minutes_of(spec.rth_open), minutes_of(spec.rth_close) or 1440)
+        minute, _ = _local(index[placed])
+        off_hours = int(((minute - regular.open) % 1440 >= regular.minutes).sum())
+    return ZoneFit(zone, index, outside, off_hours, schedule)
+
+
+def zone_fits(wall: pd.DatetimeIndex, spec: ContractSpec, interval: int, zones: tuple[str, ...]) -> list[ZoneFit]:
+    """`wall` read in each of `zones`, the best fit first: the fewest bars outside the sessions, then outside the
+    regular hours. A zone that reads every stamp as the same instant as an earlier one (UTC and London in winter) is
+    the same fit and left out."""
+    fits: list[ZoneFit] = []
+    for zone in dict.fromkeys(zones):
+        fit = fit_zone(wall, zone, spec, interval)
+        if not any(np.array_equal(fit.index.asi8, other.index.asi8) for other in fits):
+            fits.append(fit)
+    return sorted(fits, key=lambda fit: fit.rank)
 
 
 def session_info(index: pd.DatetimeIndex, spec: ContractSpec, interval: int) -> SessionInfo:

@@ -3,6 +3,8 @@ splits and synthetic markets."""
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import numpy as np
 import pandas as pd
@@ -125,11 +127,15 @@ def test_too_few_bars_for_one_window():
         validate_bars(small_frame(8), "bars", min_bars=466)
 
 
-def test_drop_invalid_rows_drops_and_reports_count():
+def test_every_failing_rule_is_named_at_once_and_drop_invalid_rows_counts_without_a_python_warning():
     f = small_frame(8)
     f.iloc[3, f.columns.get_loc("close")] = np.nan
     f.iloc[5, f.columns.get_loc("low")] = 99_999.0
-    with pytest.warns(UserWarning, match="dropped 2 invalid row"):
+    with pytest.raises(DataValidationError, match=r"bars: column 'close' is NaN or infinite at row 4; column 'high' is "
+                                                  r"below low at row 6 \(--set data.drop_invalid_rows=true"):
+        validate_bars(f, "bars", min_bars=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the count goes to the load report, not to Python's warnings
         loaded = validate_bars(f, "bars", min_bars=1, drop_invalid_rows=True)
     assert loaded.dropped_rows == 2 and len(loaded.frame) == 6
 

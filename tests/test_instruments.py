@@ -105,7 +105,7 @@ def test_hourly_fx_declared_as_nq_stops_with_the_range_in_ticks_and_the_fix(tmp_
     assert message.startswith(f"{path}: prices around 1.0")
     assert "median bar range of 0.005" in message and "ticks of NQ (tick 0.25)" in message
     assert "bars move less than 2 ticks" in message and "100% of prices are off its tick grid" in message
-    assert "--set data.contract=NAME (built-in instruments whose tick fits these prices: EURUSD, GBPUSD)" in message
+    assert "--set data.contract=EURUSD (built-in instruments whose tick fits these prices: EURUSD, GBPUSD)" in message
     assert load_market(DataConfig(source=path, contract="EURUSD")).scale.median_range_ticks > 50
 
 

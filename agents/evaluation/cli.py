@@ -61,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     from agents.devices.parallel import print_banner
     from agents.runs.saved_runs import CheckpointMismatch
     from jaxenv import DataValidationError
+    from jaxenv.load_report import dropped_text
 
     split = args.split or ("all" if args.data else "test")
     options = EvalOptions(split=split, episodes=args.episodes, seeds=args.seeds, progress=not args.no_progress)
     try:
         runs = [load_run(run_dir, args.checkpoint, args.data, args.sample) for run_dir in args.run_dir]
+        for run in runs:  # what train.py's load report says of dropped rows, on one line
+            if run.market.dropped_rows:
+                print(f"warning: {run.market.source}: dropped {dropped_text(run.market)}", file=sys.stderr)
         print_banner(None, runs[0].cfg)  # walks are one env each: they run on the first device
         result = evaluate(runs, options)
     except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError) as e:
