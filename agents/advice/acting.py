@@ -132,12 +132,13 @@ class HybridActing:
         """Returns (executed action, the action PPO learns from, its log-prob, the mask, extras, new carry)."""
         veto_mask, veto, fired, _ = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
         advice = view(carry.advice, self.query, env_state.side)
-        rules = self.rules.apply(carry.rule_state(), carry.advice, advice, env_state, env_params, veto_mask)
+        state = carry.rule_state()
+        rules = self.rules.apply(state, carry.advice, advice, env_state, env_params, veto_mask)
         context = self.context(obs)
         d = self.decide(network, params, masked_logits(logits, rules.mask), advice, context, rules.mask, key)
         stats = self.step_stats(d, advice, rules, env_mask, fired)
         extras = StepExtras(advice=advice, context=context, pg_weight=d.pg_weight, stats=stats)
-        state = self.rules.update(carry.rule_state(), advice, rules.bound, d.gate, env_state, env_params)
+        state = self.rules.update(state, advice, rules.bound, d.gate, env_state, env_params)
         carry = carry.replace(veto=veto, top_prob=d.pi_rl.max(-1), trust=state.trust,
                               advised_trade=state.advised_trade, record=state.record)
         return d.action, d.learn_action, d.log_prob, rules.mask, extras, carry
