@@ -25,16 +25,15 @@ GATE_INIT_LOGIT = -2.0
 
 
 class TrustGate(nn.Module):
-    """Fusion features [..., F] → trust gate g [...] in (0, 1); before training g = sigmoid(init_logit) everywhere."""
+    """Fusion features [..., F] → trust gate g [...] in (0, 1); before training sigmoid(GATE_INIT_LOGIT) everywhere."""
 
     hidden: int = 64
-    init_logit: float = GATE_INIT_LOGIT
 
     @nn.compact
     def __call__(self, features: jax.Array) -> jax.Array:
         x = nn.tanh(nn.Dense(self.hidden)(features))
         x = nn.tanh(nn.Dense(self.hidden)(x))
-        logit = nn.Dense(1, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.constant(self.init_logit))(x)
+        logit = nn.Dense(1, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.constant(GATE_INIT_LOGIT))(x)
         return jax.nn.sigmoid(logit[..., 0])
 
 
