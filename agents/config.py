@@ -74,17 +74,16 @@ class LogConfig:
 
 @dataclass
 class QueryConfig:
-    """Which envs a query step asks (agents.advice.table.select_queries) and how long advice lasts."""
+    """How advice is keyed and asked for (agents.advice.table) and how long it lasts."""
 
-    interval: int = 5  # k: env steps per chunk; a query step sits between chunks
-    cooldown: int = 10  # env steps before the same env may be asked again
-    uncertainty_threshold: float = 0.6  # the policy is uncertain when its top probability is below this
+    # k: env steps per chunk, a query step between chunks; and the bars per block of the advice keys (bar block,
+    # position side): the answer about block b is in force during block b + 1
+    interval: int = 5
     decay: float = 0.8  # confidence × decay per interval of age
-    max_age_intervals: int = 6  # advice older than this many intervals has expired
-    entries_only: bool = False  # ask only flat envs (entry decisions): for advisors with nothing to say in a trade
-    # a flat env whose question is in flight may not enter until the answer arrives (one query step), nor one that
-    # just exited without advice for being flat until it is asked: the policy cannot otherwise tell that advice is
-    # on its way, and entering first leaves the answer nothing to decide
+    max_age_intervals: int = 6  # where a block's answer is missing, an older block's holds up to this many intervals
+    entries_only: bool = False  # ask only flat keys (entry decisions): for advisors with nothing to say in a trade
+    # a flat env with no answer in force may not enter while the key it reads now is in flight: the policy cannot
+    # otherwise tell that advice is on its way, and entering first leaves the answer nothing to decide
     wait_for_answer: bool = False
     # a trade entered with advice in force keeps its bracket to the end: the policy may not move its stop
     # (MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL). An advisor asked about entries only has nothing to say inside the
@@ -92,7 +91,7 @@ class QueryConfig:
     keep_advised_bracket: bool = False
     # a flat env enters only where valid advice names that side: the policy may still decline advice, but not trade
     # on its own where its trades would take the place of the advised ones. Where the answer in force is PASS (no
-    # view), the policy enters alone, except after a fill or an exit until the env is asked again
+    # view), the policy enters alone
     advised_entries_only: bool = False
     # which envs the rules above (and the veto's near-limit rule) bind to their advice (agents.advice.rules):
     # always | trust (while the env's running trust gate is above min_trust) | record (while the advice's calls
@@ -104,10 +103,6 @@ class QueryConfig:
     # envs overlap on one price path and identical prompts get identical answers, so they count for fewer than
     # this many independent ones
     record_calls: int = 10_000
-    # async latency only: after an update in which the advisor was still busy at most query steps (it could take
-    # no new prompts), the interval doubles, up to k × max_stretch steps: each query step costs a chunk boundary
-    # and a device round trip, and one that cannot ask anything buys nothing. 1: always every k steps.
-    max_stretch: int = 8
 
     @property
     def max_age(self) -> int:
@@ -144,17 +139,15 @@ class LearningConfig(LearningOptions):
 
     enabled: bool = False  # needs a transformers advisor (smollm2, a model path) in score mode
     every_updates: int = 2  # M: a learning round starts after every M PPO updates (the sidecar runs it between answers)
-    move_bars: int = 30  # bars over which the market's move after each answer is measured (<= ppo.num_steps)
+    move_bars: int = 30  # bars over which the market's move after each answered key's bar is measured
 
 
 @dataclass
 class ReasoningConfig:
-    """Chain of thought (the prompt templates' `reasoning` section) on a budget: only where the policy is unsure,
-    at most a few times per episode; every other query is answered in the advisor's usual mode."""
+    """Chain of thought (the prompt templates' `reasoning` section): every key is answered with a thought. A key is
+    answered once for every env and run on its data (the advice store keeps it), so a thought's cost is paid once."""
 
     enabled: bool = False  # needs a prompt template with a `reasoning` section
-    policy_confidence: float = 0.5  # ask for reasoning only when the policy's top probability is below this
-    per_episode: int = 2  # at most this many reasoned answers per env per episode
 
 
 @dataclass
@@ -183,10 +176,13 @@ class HybridConfig:
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
     mock_latency_s: float = 0.0  # mock advisor: injected latency per batch (for tests)
     # mock advisor: rules (indicators and headline) | news (the headline alone; HOLD without news) | news_pass (the
-    # same, PASS without news: no view) | random | shuffled (news answers of other envs and bars: the news advice's
+    # same, PASS without news: no view) | random | shuffled (news answers of other keys: the news advice's
     # statistics without its information)
     mock_answers: str = "rules"
     eval_with_advice: bool = True  # validation walks query the advisor and act fused (else: the RL policy alone)
+    # the persistent advice store (agents.advisor.store): a folder, '' for none, or auto: runs/advice_store for a
+    # model advisor, none for the mock (it answers faster than a store is read)
+    store: str = "auto"
     query: QueryConfig = field(default_factory=QueryConfig)
     veto: VetoConfig = field(default_factory=VetoConfig)
     learning: LearningConfig = field(default_factory=LearningConfig)
@@ -305,7 +301,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "must be a share of the trailing drawdown in [0, 1] (0: off)"),
         (1 <= cfg.hybrid.query.interval <= p.num_steps, "hybrid.query.interval",
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
-        (cfg.hybrid.query.max_stretch >= 1, "hybrid.query.max_stretch", "must be >= 1"),
         (0 <= cfg.hybrid.query.min_trust < 1, "hybrid.query.min_trust", "must be in [0, 1)"),
         (cfg.hybrid.query.bind_on in BIND_ON, "hybrid.query.bind_on", f"must be one of {', '.join(BIND_ON)}"),
         (cfg.hybrid.query.record_calls >= 100, "hybrid.query.record_calls", "must be at least 100"),
@@ -315,10 +310,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "hybrid.learning.enabled", "LoRA learning needs a transformers advisor (smollm2 or a model path) in score mode"),
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
         (cfg.hybrid.learning.move_bars >= 1, "hybrid.learning.move_bars", "must be >= 1"),
-        (not cfg.hybrid.learning.enabled or cfg.hybrid.learning.move_bars <= p.num_steps,
-         "hybrid.learning.move_bars", f"a move is measured inside one rollout: must be <= ppo.num_steps "
-         f"= {p.num_steps}"),
-        (cfg.hybrid.reasoning.per_episode >= 0, "hybrid.reasoning.per_episode", "must be >= 0"),
         (cfg.hybrid.mock_answers in MOCK_ANSWERS, "hybrid.mock_answers", f"must be one of {', '.join(MOCK_ANSWERS)}"),
         (cfg.transfer.checkpoint in ("best", "latest") or cfg.transfer.checkpoint.isdigit(), "transfer.checkpoint",
          "must be best, latest or an update number"),
@@ -521,6 +512,12 @@ REMOVED_KEYS: dict[str, Any] = {
     "hybrid.learning.objective": lambda value, raw: value == "move" or not _learns(raw),
     "hybrid.learning.baseline": lambda value, raw: value == "none" or not _learns(raw),
     "hybrid.learning.anchor_coef": lambda value, raw: value == 0 or not _learns(raw),
+    # per-env queries, replaced by advice keyed by market context (agents.advice.table): nothing left to set
+    "hybrid.query.cooldown": lambda value, raw: True,
+    "hybrid.query.uncertainty_threshold": lambda value, raw: True,
+    "hybrid.query.max_stretch": lambda value, raw: True,
+    "hybrid.reasoning.policy_confidence": lambda value, raw: True,
+    "hybrid.reasoning.per_episode": lambda value, raw: True,
 }
 
 

@@ -9,10 +9,10 @@ answering its backlog beside the RL-only update would slow it too and flatter th
 its RL-only figure from 19.0k to 12.2k steps/s).
 - `mock`: the mock advisor in its own process through the real bridge, k = 5, B = 256, strict latency;
 - `smollm2`: the main command's advisor as configured by default (auto budget, latency auto = async, workers auto,
-  the sidecar at OS niceness 19, the query interval stretching while it is busy), not with --quick, and only where
-  the embedded model is installed;
+  the sidecar at OS niceness 19), not with --quick, and only where the embedded model is installed;
 - `smollm2_strict`: the default, strict latency (bit-reproducible; the trainer waits for every answer).
-Each row carries steps/s, the RL-only steps/s measured beside it, their ratio, the advice coverage (share of
+Each advisor has two rows: `store` `empty` (a fresh advice table) and `filled` (its store filled for the train split
+by the code of scripts/advise.py first, whose keys/s the row carries). Each row carries steps/s, the RL-only steps/s measured beside it, their ratio, the advice coverage (share of
 decisions made with valid advice), the advisor's answers/s, the budget B used, prompts per update and the wait per
 query step, and the 1-minute load average (other processes on the machine distort every figure).
 """
@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import statistics
 import sys
+import tempfile
 import time
 
 import jax
 
 from agents.advice.acting import make_acting
+from agents.advisor.fill import fill_store
 from agents.advisor.link import latency_mode
 from agents.advisor.query_loop import QueryLoop
 from agents.config import load_config
@@ -52,9 +55,8 @@ ADVISORS = {  # name -> config overrides
     "smollm2": ["llm=smollm2", "hybrid.query.interval=5"],  # the main command's defaults
     "smollm2_strict": ["llm=smollm2", "hybrid.query.interval=5", "hybrid.latency=strict"],
 }
-WARMUP_UPDATES = 2  # untimed updates first: compilation, and the auto budget settling ...
-MAX_WARMUP_UPDATES = 8  # ... and, under async latency, until the stretched query interval (a new chunk length to
-# compile) has stopped changing
+WARMUP_UPDATES = 2  # untimed updates first: compilation, and the auto budget settling
+STORES = ("empty", "filled")  # each advisor's rows: a fresh advice table, and one filled by advise.py first
 TARGET_RATIO = 0.85  # issue 5: training with the mock advisor at >= 85% of RL-only steps/s
 MODEL_TARGET_RATIO = 0.9  # issue 23: the main command's advisor keeps >= 90% of RL-only steps/s
 
@@ -118,8 +120,6 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
             states["hybrid"], m = loop.update(states["hybrid"])
             m = jax.device_get(m)
             hybrid_s = time.perf_counter() - t
-            if i + 1 == warmup and loop.query_interval != m["llm_query_interval"] and warmup < MAX_WARMUP_UPDATES:
-                warmup += 1  # the next update runs a new chunk length (a compilation): warm up one more
             i += 1
             if i > warmup:
                 times["rl"].append(rl_s)
@@ -146,7 +146,7 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
         "coverage": mean("advice_coverage"),
         "answers_per_s": mean("llm_rate"),
         "budget": mean("llm_budget"),
-        "query_interval_used": metrics[-1]["llm_query_interval"],
+        "keys_filled": metrics[-1]["advice_keys_filled"],
         "prompts_per_update": mean("llm_prompts"),
         "wait_s_per_query": mean("llm_wait_s_per_query"),
         "latency_p50_s": mean("llm_latency_p50_s"),
@@ -163,14 +163,27 @@ def run(opts: BenchOptions) -> list[dict]:
     num_steps = QUICK_NUM_STEPS if opts.quick else load_config(None, []).ppo.num_steps
     setup = make_env_setup(load_config(None, base_overrides(256, num_steps) + ["llm=none"]))
     advisors = ["mock"] if opts.quick or not smollm2_available() else list(ADVISORS)
+    root = tempfile.mkdtemp(prefix="advice_store_")  # filled once per advisor, for every env count
+    fills: dict[str, dict] = {}
     results = []
     for n in opts.envs or (QUICK_ENVS if opts.quick else DEFAULT_ENVS):
         for advisor in advisors:
-            print(f"  hybrid: {n} envs, {advisor} advisor and RL only, alternating ...", file=sys.stderr, flush=True)
-            figures = time_hybrid(ADVISORS[advisor], n, num_steps, opts.reps, setup)
-            results.append({"suite": "hybrid", "advisor": advisor, "envs": n, "num_steps": num_steps,
-                            "query_interval": 5, **figures, "peak_host_mb": peak_host_memory_mb(),
-                            "device": jax_device_name()})  # fmt: skip
+            for store in STORES:
+                overrides = [f"hybrid.store={root if store == 'filled' else ''}"]
+                if store == "filled" and advisor not in fills:
+                    print(f"  hybrid: filling the {advisor} advisor's store (train split) ...", file=sys.stderr)
+                    cfg = load_config(None, base_overrides(n, num_steps) + ADVISORS[advisor] + overrides)
+                    fills[advisor] = fill_store(cfg, ["train"], progress=False)
+                print(f"  hybrid: {n} envs, {advisor} advisor ({store} store) and RL only, alternating ...",
+                      file=sys.stderr, flush=True)
+                figures = time_hybrid(ADVISORS[advisor], n, num_steps, opts.reps, setup, overrides)
+                fill = fills[advisor] if store == "filled" else {}
+                results.append({"suite": "hybrid", "advisor": advisor, "store": store, "envs": n,
+                                "num_steps": num_steps, "query_interval": 5, **figures,
+                                **({"fill_s": fill["seconds"], "fill_keys": fill["answered"],
+                                    "fill_keys_per_s": fill["keys_per_s"]} if fill else {}),
+                                "peak_host_mb": peak_host_memory_mb(), "device": jax_device_name()})  # fmt: skip
+    shutil.rmtree(root, ignore_errors=True)
     return results
 
 
@@ -183,7 +196,8 @@ def markdown(rows: list[dict]) -> str:
         "query step between chunks, synthetic:headlines) with the advisor in its own process(es) through the real "
         "bridge, alternating update by update with RL-only updates (`--llm none`) of the same env count, so that "
         "other load falls on both alike; the advisor processes are stopped while an RL-only update is timed (a "
-        "`--llm none` run has none). "
+        "`--llm none` run has none). store: `empty`, a fresh advice table (a few updates: the coverage of a run's "
+        "start); `filled`, a store filled first by `scripts/advise.py` for the train split (fill: its keys/s). "
         f"`ratio` = hybrid ÷ RL-only steps/s (targets: mock advisor ≥ {TARGET_RATIO}, the main command's SmolLM2 "
         f"advisor ≥ {MODEL_TARGET_RATIO}); coverage = share of decisions made with valid advice; answers/s = the "
         "advisor's ok answers per second of training; B = prompts per query step (`auto`: sized from the advisor's "
@@ -192,6 +206,7 @@ def markdown(rows: list[dict]) -> str:
     )
     body = table(rows, [
         ("advisor", lambda r: r["advisor"]),
+        ("store", lambda r: r.get("store", "per env")),  # rows before keyed advice: each env asked separately
         ("latency", lambda r: r.get("latency", "strict")),  # rows before issue 23: strict, one worker
         ("workers", lambda r: r.get("workers", 1)),
         ("envs", lambda r: r["envs"]),
@@ -200,7 +215,7 @@ def markdown(rows: list[dict]) -> str:
         ("ratio", lambda r: r["ratio"]),
         ("coverage", lambda r: f"{r['coverage']:.2%}"),
         ("answers/s", lambda r: r.get("answers_per_s", "")),
-        ("query every", lambda r: r.get("query_interval_used", r["query_interval"])),
+        ("fill keys/s", lambda r: r.get("fill_keys_per_s", "")),
         ("B", lambda r: r["budget"]),
         ("prompts / update", lambda r: r["prompts_per_update"]),
         ("wait s / query step", lambda r: r["wait_s_per_query"]),
@@ -215,14 +230,15 @@ def markdown(rows: list[dict]) -> str:
         verdict = f"{'meets' if r['ratio'] >= target else 'misses'} the {target} target"
         if r["advisor"] == "smollm2_strict":
             verdict = "strict, for reproducibility"
-        notes.append(f"{r['advisor']} ({r.get('latency', 'strict')}) at {r['envs']:,} envs: {r['ratio']:.2f} of RL-only throughput "
+        notes.append(f"{r['advisor']} ({r.get('latency', 'strict')}, {r.get('store', 'per env')}) at {r['envs']:,} envs: "
+                     f"{r['ratio']:.2f} of RL-only throughput "
                      f"with {r['coverage']:.2%} of decisions advised ({verdict})")
-    why = ("Where the time goes: the rollout is split into T/k jitted chunks, and each query step adds a device "
-           "round trip (selection, state gather), prompt rendering, a shared-memory submit and, in strict mode, "
-           "the wait for the previous step's answers. A model on the CPU shares its cores with the JAX trainer, "
-           "niced to 19 so that it mostly runs in the trainer's idle time; under async latency the query interval "
-           "stretches while it cannot be asked ('query every'). In strict mode the trainer waits for every answer, so a CPU model costs its "
-           "whole answer time. Learning, most of an update, is unchanged.")
+    why = ("Where the time goes: the rollout is split into T/k jitted chunks, and each query step adds one donated "
+           "program (write the answers, pick the keys), the picked keys' copy to the host, prompt rendering and a "
+           "shared-memory submit while the next chunk runs and, in strict mode, the wait for the previous step's "
+           "answers. A model on the CPU shares its cores with the JAX trainer, niced to 19 so that it mostly runs "
+           "in the trainer's idle time. With a filled store nothing is asked: the advice costs a gather per step "
+           "and the fusion. Learning, most of an update, is unchanged.")
     if any("load_avg_1m" not in r for r in rows):
         notes[-1] += (". Rows without a load figure come from a run before advisor workers (issue 23): RL-only timed "
                       "once before the advisors rather than alternating, on an otherwise idle machine")

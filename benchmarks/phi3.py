@@ -21,6 +21,7 @@ cases; `BENCH_PHI3_DIR` keeps the built model between runs (default: a temporary
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -188,18 +189,30 @@ def learning_row(path: Path, quantize: str, opts: BenchOptions, renderer, contex
 def hybrid_rows(path: Path, quantize: str, opts: BenchOptions, about: dict) -> list[dict]:
     from agents.config import load_config
     from agents.training.env_setup import make_env_setup
-    from benchmarks.hybrid import QUICK_ENVS, QUICK_NUM_STEPS, base_overrides, time_hybrid
+    from agents.advisor.fill import fill_store
+    from benchmarks.hybrid import QUICK_ENVS, QUICK_NUM_STEPS, STORES, base_overrides, time_hybrid
 
     num_steps = QUICK_NUM_STEPS if opts.quick else load_config(None, []).ppo.num_steps
     setup = make_env_setup(load_config(None, base_overrides(256, num_steps) + ["llm=none"]))
     advisor = [f"llm={path}", f"hybrid.quantization={quantize}", "hybrid.query.interval=5"]
+    root = tempfile.mkdtemp(prefix="advice_store_")
+    fill = None
     rows = []
     for n in opts.envs or (QUICK_ENVS if opts.quick else HYBRID_ENVS):
-        print(f"  phi3: hybrid at {n} envs, quantize={quantize}, and RL only, alternating ...", file=sys.stderr,
-              flush=True)
-        figures = time_hybrid(advisor, n, num_steps, opts.reps, setup)
-        rows.append({"suite": "phi3", "case": "hybrid", **about, "quantize": quantize, "envs": n,
-                     "num_steps": num_steps, **figures, "peak_host_mb": peak_host_memory_mb(), "device": gpu_name()})
+        for store in STORES:
+            overrides = [f"hybrid.store={root if store == 'filled' else ''}"]
+            if store == "filled" and fill is None:  # the train split's keys, as scripts/advise.py fills them
+                fill = fill_store(load_config(None, base_overrides(n, num_steps) + advisor + overrides), ["train"],
+                                  progress=False)
+            print(f"  phi3: hybrid at {n} envs, quantize={quantize}, {store} store, and RL only, alternating ...",
+                  file=sys.stderr, flush=True)
+            figures = time_hybrid(advisor, n, num_steps, opts.reps, setup, overrides)
+            rows.append({"suite": "phi3", "case": "hybrid", **about, "quantize": quantize, "store": store, "envs": n,
+                         "num_steps": num_steps, **figures,
+                         **({"fill_s": fill["seconds"], "fill_keys": fill["answered"],
+                             "fill_keys_per_s": fill["keys_per_s"]} if store == "filled" else {}),
+                         "peak_host_mb": peak_host_memory_mb(), "device": gpu_name()})
+    shutil.rmtree(root, ignore_errors=True)
     return rows
 
 
@@ -287,7 +300,8 @@ def markdown(rows: list[dict]) -> str:
             ("steps/s [min–max]", lambda r: fmt_range(r, "steps_per_s")),
             ("RL-only steps/s", lambda r: r["rl_only_steps_per_s"]), ("ratio", lambda r: r["ratio"]),
             ("coverage", lambda r: f"{r['coverage']:.2%}"), ("answers/s", lambda r: r["answers_per_s"]),
-            ("B", lambda r: r["budget"]), ("query every", lambda r: r["query_interval_used"]),
+            ("store", lambda r: r.get("store", "per env")), ("fill keys/s", lambda r: r.get("fill_keys_per_s", "")),
+            ("B", lambda r: r["budget"]),
             ("sidecar start s", lambda r: r["sidecar_start_s"]), ("reps", lambda r: r["reps"]),
         ]))  # fmt: skip
     return "\n\n".join(parts)

@@ -230,6 +230,11 @@ class PromptRenderer:
                     raise ValueError(f"{source}: context: field {name} is text and takes no format ({spec!r})")
             self._parts.append((_clean_text(literal), field, fmt))
 
+    @property
+    def fields_used(self) -> set[str]:
+        """The prompt fields the context template names."""
+        return {name for _, name, _ in self._parts if name is not None}
+
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> "PromptRenderer":
         unknown = set(data) - _TEMPLATE_KEYS

@@ -104,9 +104,8 @@ def walk_config(args: argparse.Namespace, arm: str, prompts_file: str):
 
     overrides = ["hybrid.learning.enabled=false", f"hybrid.prompts={prompts_file}",
                  f"hybrid.sidecar_threads={args.threads}", f"hybrid.llm_adapter={args.adapter or ''}"]
-    if arm == "reasoned":  # every asked env is unsure (top probability < 1) and has reasoning left
-        overrides += ["hybrid.reasoning.enabled=true", "hybrid.reasoning.policy_confidence=1.0",
-                      "hybrid.reasoning.per_episode=1000000"]
+    if arm == "reasoned":  # every key asked is answered with a thought
+        overrides += ["hybrid.reasoning.enabled=true"]
     return load_config(args.config, overrides)
 
 

@@ -134,7 +134,7 @@ def prop_firm_result(trace: Trace, days: pd.Series, rules: PropFirmRules) -> dic
 def trades_table(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int = 1) -> pd.DataFrame:
     """One row per closed trade: entry/exit time (bar open stamps) and price, side, contracts, net P&L, exit
     reason, bars held, and the advice in force at the entry decision when the trace has it (columns
-    `advice_action`/`advice_confidence`/`advice_valid` per step and `reasons` {bar: text} with `advice_from`, as
+    `advice_action`/`advice_confidence`/`advice_valid` per step and `reasons` {key: text} with `advice_from` (the key in force), as
     agents.evaluation.advised_walk writes); empty otherwise. A position still open at the walk's end is not a trade."""
     entries = np.flatnonzero(np.asarray(trace["entry_side"]) != 0)
     exits = np.flatnonzero(np.asarray(trace["exit_reason"]) != NO_EXIT)

@@ -60,3 +60,10 @@ def hand_market():
 def bar_at(days_offset: int, hh: int, mm: int) -> int:
     """Index of the bar stamped hh:mm on the given session (0-based)."""
     return days_offset * SESSION_BARS + (hh * 60 + mm) - (9 * 60 + 30)
+
+
+@pytest.fixture(autouse=True)
+def advice_store_in_tmp(tmp_path, monkeypatch):
+    """A model advisor's default advice store (runs/advice_store) lives in the test's own folder: a test run never
+    starts from answers another one stored."""
+    monkeypatch.setattr("agents.advisor.store.DEFAULT_ROOT", tmp_path / "advice_store")

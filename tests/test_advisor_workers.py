@@ -106,7 +106,7 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
 
 def test_auto_budget_asks_only_what_the_advisor_answered_in_a_chunk():
     """Answers that kept the advisor busy until collected (async: not ready a query step later), or not all
-    answered, size B to 90% of what it answered per chunk at its measured rate (a niced advisor's rate is the idle
+    answered, size B to 90% of what it answered between query steps at its measured rate (a niced advisor's rate is the idle
     CPU it found); answers all ready let B grow by a quarter."""
     from agents.advisor.link import AdvisorLink
     from bridge.client import Answers
@@ -119,12 +119,12 @@ def test_auto_budget_asks_only_what_the_advisor_answered_in_a_chunk():
 
     link = AdvisorLink.__new__(AdvisorLink)  # only the budget's state: no sidecar, no market
     link.budget, link.cap = 16, 1024
-    link._resize(answers(ok=4, timed_out=0), latency=2.0, busy=True, chunk_s=1.0)
+    link._resize(answers(ok=4, timed_out=0), latency=2.0, busy=True, since_s=1.0)
     assert link.budget == 4  # 4 answers in 2 s: 2/s × 1 s chunk × 0.9, at least the floor of 4
     link.budget = 40
-    link._resize(answers(ok=30, timed_out=10), latency=1.0, busy=False, chunk_s=1.0)
+    link._resize(answers(ok=30, timed_out=10), latency=1.0, busy=False, since_s=1.0)
     assert link.budget == 27
-    link._resize(answers(ok=27, timed_out=0), latency=1.0, busy=False, chunk_s=1.0)
+    link._resize(answers(ok=27, timed_out=0), latency=1.0, busy=False, since_s=1.0)
     assert link.budget == 33  # all ready: a quarter more
 
 

@@ -9,14 +9,54 @@ import pytest
 
 from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
 from agents.advice.risk_veto import VetoState, apply_veto
-from agents.advice.table import AdviceTable, select_queries, view
+from agents.advice.table import SIDES, STATUS_ASKED, STATUS_NONE, AdviceTable, select_keys, view
 from agents.config import QueryConfig, VetoConfig
-from bridge.protocol import BUY, ENABLE_TRAIL, HOLD, SELL
+from bridge.protocol import BUY, ENABLE_TRAIL, HOLD, SELL, STATUS_NO_VIEW, STATUS_OK
 from jaxenv.config import EnvConfig
 from jaxenv.env import TradingEnv
 from tests.conftest import HandMarket, bar_at
 
 ALL = jnp.ones((1, 6), bool)
+K = 5  # the query interval of these tests' tables
+
+
+APART = 8  # blocks between two envs' bars: more than max_age_intervals, so no env reads another's answer
+
+
+def bars_of(n: int) -> jax.Array:
+    """Env i decides at the first bar of block APART·(i + 1): the answer in force is its side's key of the block
+    before."""
+    return (jnp.arange(n, dtype=jnp.int32) + 1) * APART * K
+
+
+def key_for(envs, sides) -> jax.Array:
+    """The keys envs `envs` read at bars_of, for their sides `sides`."""
+    return ((jnp.asarray(envs, jnp.int32) + 1) * APART - 1) * SIDES + jnp.asarray(sides, jnp.int32) + 1
+
+
+def table_with(n: int, envs, probs, confidence, status, sides) -> AdviceTable:
+    """A table for n envs at bars_of(n) in which env envs[j] has the answer (probs[j], confidence[j], status[j]) for
+    its side `sides[envs[j]]`."""
+    envs = jnp.asarray(envs, jnp.int32)
+    keys = key_for(envs, jnp.asarray(sides, jnp.int32)[envs])
+    m = envs.shape[0]
+    return AdviceTable.create((n + 1) * APART * SIDES).write(keys, jnp.asarray(probs, jnp.float32),
+                                                     jnp.asarray(confidence, jnp.float32),
+                                                     jnp.asarray(status, jnp.int32), jnp.zeros(m, jnp.int32),
+                                                     jnp.ones(m, bool))
+
+
+def params_for(n: int):
+    from jaxenv.env import EnvParams
+
+    return EnvParams(bars=jnp.zeros(((n + 1) * APART * K, 8)))  # the record reads the decision bar's close
+
+
+def state_of(side, t=None):
+    import types
+
+    side = jnp.asarray(side, jnp.int32)
+    return types.SimpleNamespace(side=side, t=bars_of(side.shape[0]) if t is None else t)
 
 
 def acting_with(fusion: str, query: QueryConfig, veto: VetoConfig):
@@ -29,10 +69,7 @@ def acting_with(fusion: str, query: QueryConfig, veto: VetoConfig):
 
 def waiting(acting, carry, side, advice):
     """[N] bool: the flat envs the wait holds out of the market (the entry rules, on every action valid)."""
-    import types
-
-    rules = acting.rules.apply(carry.rule_state(), carry.advice, advice, types.SimpleNamespace(side=side), None,
-                               jnp.ones((side.shape[0], 6), bool))
+    rules = acting.rules.apply(carry.rule_state(), advice, state_of(side), None, jnp.ones((side.shape[0], 6), bool))
     return rules.waiting
 
 
@@ -99,45 +136,79 @@ def test_veto_expires_after_cooldown_and_at_new_session_and_does_not_lock_out():
 
 
 @pytest.mark.nojit
-def test_advice_table_decays_expires_and_selection_respects_budget():
-    cfg = QueryConfig(interval=5, cooldown=10, decay=0.8, max_age_intervals=2)
-    table = AdviceTable.create(4)
-    probs = jnp.tile(jnp.array([0.1, 0.6, 0.1, 0.1, 0.05, 0.05]), (4, 1))
-    table = table.write(jnp.array([0, 1, 2, 3]), probs, jnp.full(4, 0.6), jnp.array([0, 0, 1, 0]), jnp.array([True, True, True, False]))
-    for _ in range(5):
-        table = table.tick()
-    v = view(table, cfg, jnp.zeros(4, jnp.int32))
-    assert v.valid.tolist() == [True, True, False, False]  # env 2 had a parse error; env 3 was padding
-    np.testing.assert_allclose(v.confidence[:2], 0.6 * 0.8, rtol=1e-5)  # one interval old
-    for _ in range(6):
-        table = table.tick()
-    assert not bool(view(table, cfg, jnp.zeros(4, jnp.int32)).valid.any())  # older than 2 intervals: expired
+def test_advice_in_force_is_the_previous_blocks_decays_with_age_and_expires():
+    """At bar t the flat key of block t // K − 1 is in force; where it has no answer (a parse error), the newest older
+    answer holds until it is max_age bars old."""
+    cfg = QueryConfig(interval=K, decay=0.8, max_age_intervals=2)
+    probs = jnp.tile(jnp.array([0.1, 0.6, 0.1, 0.1, 0.05, 0.05]), (2, 1))
+    flat_keys = jnp.array([0, 1]) * SIDES + 1  # blocks 0 (bars 0-4) and 1 (bars 5-9)
+    table = AdviceTable.create(6 * SIDES).write(flat_keys, probs, jnp.full(2, 0.6), jnp.array([0, 1]),
+                                                jnp.zeros(2, jnp.int32), jnp.ones(2, bool))
+    bars = jnp.array([4, 5, 10, 14, 15])
+    v = view(table, cfg, bars, jnp.zeros(5, jnp.int32))
+    assert v.valid.tolist() == [False, True, True, True, False]  # bar 4: block 0's answer is not in force yet
+    assert v.age[1:4].tolist() == [1, 6, 10]  # rendered at bar 4, the last of block 0; block 1 had a parse error
+    np.testing.assert_allclose(v.confidence[1:4], 0.6 * 0.8 ** (np.array([1, 6, 10]) / K), rtol=1e-5)
+    assert not bool(view(table, cfg, bars, jnp.ones(5, jnp.int32)).valid.any())  # nothing for a long env
 
-    pi = jnp.array([[0.9, 0.02, 0.02, 0.02, 0.02, 0.02], [0.4, 0.3, 0.3, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0], [0.3, 0.3, 0.4, 0, 0, 0]])
-    long = jnp.ones(4, jnp.int32)
-    ids, ok = select_queries(AdviceTable.create(4), cfg, 2, pi, long, jnp.zeros(4, bool))
-    assert ok.tolist() == [True, True] and sorted(ids.tolist()) == [1, 3]  # the two most uncertain
-    table = AdviceTable.create(4).mark_queried(jnp.array([1, 3]), jnp.array([True, True]), long)
-    ids, ok = select_queries(table, cfg, 2, pi, long, jnp.zeros(4, bool))
-    assert ids[ok].tolist() == [2]  # 1 and 3 are cooling down, 0 is confident and not flat
-    ids, ok = select_queries(table, cfg, 2, pi, jnp.array([0, 1, 1, 1]), jnp.zeros(4, bool))
-    assert sorted(ids[ok].tolist()) == [0, 2]  # a flat env is a candidate however confident
+
+@pytest.mark.nojit
+def test_no_advice_in_force_was_rendered_from_a_bar_after_the_previous_block():
+    """The latency contract, whatever the advisor's speed: for every fill of the table and every bar, the answer in
+    force at bar t is about a block that ended before t's block began, for the env's own side."""
+    cfg = QueryConfig(interval=K, max_age_intervals=6)
+    rng = np.random.default_rng(0)
+    n_keys = 40 * SIDES
+    for trial in range(20):
+        status = rng.choice([STATUS_NONE, STATUS_ASKED, STATUS_OK, STATUS_NO_VIEW, 2], n_keys)
+        table = AdviceTable.create(n_keys).replace(status=jnp.asarray(status, jnp.int32))
+        bar = jnp.asarray(rng.integers(0, 40 * K, 256), jnp.int32)
+        side = jnp.asarray(rng.integers(-1, 2, 256), jnp.int32)
+        v = view(table, cfg, bar, side)
+        key = np.asarray(v.key)
+        found = key >= 0
+        rendered = (key // SIDES) * K + K - 1
+        assert (rendered[found] < (np.asarray(bar)[found] // K) * K).all()
+        assert (key[found] % SIDES - 1 == np.asarray(side)[found]).all()
+        assert (np.asarray(v.age)[found] == np.asarray(bar)[found] - rendered[found]).all()
+        assert not (np.asarray(v.valid) & ~found).any()
+
+
+@pytest.mark.nojit
+def test_query_steps_ask_the_keys_most_envs_will_read_missing_before_stale_and_never_twice():
+    cfg = QueryConfig(interval=K)
+    table = AdviceTable.create(10 * SIDES)
+    # three flat envs in block 2, one long env in block 2, one flat env in block 6
+    bar = jnp.array([10, 11, 12, 13, 30], jnp.int32)
+    side = jnp.array([0, 0, 0, 1, 0], jnp.int32)
+    keys, ok = select_keys(table, cfg, 3, bar, side)
+    flat_2, flat_3 = 2 * SIDES + 1, 3 * SIDES + 1  # read during blocks 3 and 4, where they are next
+    assert ok.tolist() == [True, True, True] and sorted(keys[:2].tolist()) == [flat_2, flat_3]
+    asked = table.mark_asked(keys, ok)
+    keys, ok = select_keys(asked, cfg, 8, bar, side)
+    assert set(keys[ok].tolist()) == {2 * SIDES + 2, 3 * SIDES + 2, 6 * SIDES + 1, 7 * SIDES + 1} - set(
+        np.asarray(asked.status == STATUS_ASKED).nonzero()[0].tolist())  # in flight: not asked again
+    # a new advisor version: answered keys are stale, asked again after every missing one
+    answered_all = table.write(jnp.arange(10 * SIDES), jnp.full((10 * SIDES, 6), 1 / 6), jnp.ones(10 * SIDES),
+                               jnp.zeros(10 * SIDES, jnp.int32), jnp.zeros(10 * SIDES, jnp.int32),
+                               jnp.arange(10 * SIDES) != flat_3)
+    keys, ok = select_keys(answered_all.replace(current=jnp.int32(1)), cfg, 2, bar, side)
+    assert keys.tolist() == [flat_3, flat_2]
+    # entries_only: only flat envs' keys
+    keys, ok = select_keys(table, QueryConfig(interval=K, entries_only=True), 8, bar, side)
+    assert all(k % SIDES == 1 for k in keys[ok].tolist())
 
 
 @pytest.mark.nojit
 def test_advice_holds_only_for_the_position_side_it_was_asked_about():
-    """Envs 0 and 1 are asked while flat; env 0 goes long before the answer comes: its BUY advice is not in force
-    while long, is again once flat, and a long env whose advice is about flat is a candidate again at once."""
-    cfg = QueryConfig(interval=5, cooldown=0)
+    """A BUY answered for being flat is not in force for a long env at the same bar, and is again once it is flat."""
+    cfg = QueryConfig(interval=K)
     flat = jnp.zeros(2, jnp.int32)
-    table = AdviceTable.create(2).mark_queried(jnp.arange(2), jnp.ones(2, bool), flat)
     probs = jnp.tile(jnp.array([0.05, 0.75, 0.05, 0.05, 0.05, 0.05]), (2, 1))
-    table = table.tick().write(jnp.arange(2), probs, jnp.full(2, 0.75), jnp.zeros(2, jnp.int32), jnp.ones(2, bool))
+    table = table_with(2, [0, 1], probs, jnp.full(2, 0.75), jnp.zeros(2), flat)
     now = jnp.array([1, 0])  # env 0 is long now
-    assert view(table, cfg, now).valid.tolist() == [False, True]
-    assert view(table, cfg, flat).valid.tolist() == [True, True]  # flat again: the advice applies again
-    ids, ok = select_queries(table, cfg, 2, jnp.full((2, 6), 1 / 6), now, jnp.zeros(2, bool))
-    assert ids[ok].tolist() == [0]  # env 1's flat advice is fresh: not asked again yet
+    assert view(table, cfg, bars_of(2), now).valid.tolist() == [False, True]
+    assert view(table, cfg, bars_of(2), flat).valid.tolist() == [True, True]
 
 
 @pytest.mark.nojit
@@ -153,8 +224,9 @@ def test_learned_mixture_is_a_masked_distribution_and_gate_starts_low():
     p0 = mix(pi_rl, pi_llm, jnp.array([0.0]), mask)
     np.testing.assert_allclose(p0, pi_rl)
 
-    tbl = AdviceTable.create(1).write(jnp.array([0]), advice, jnp.array([0.9]), jnp.array([0]), jnp.array([True]))
-    features = fusion_features(pi_rl, view(tbl, QueryConfig(), jnp.zeros(1, jnp.int32)), jnp.zeros((1, 6)))
+    flat = jnp.zeros(1, jnp.int32)
+    tbl = table_with(1, [0], advice, [0.9], [0], flat)
+    features = fusion_features(pi_rl, view(tbl, QueryConfig(interval=K), bars_of(1), flat), jnp.zeros((1, 6)))
     gate = TrustGate()
     g = gate.apply(gate.init(jax.random.PRNGKey(0), features), features)
     assert 0.05 < float(g[0]) < 0.2
@@ -163,24 +235,21 @@ def test_learned_mixture_is_a_masked_distribution_and_gate_starts_low():
 @pytest.mark.nojit
 def test_an_advisor_with_no_view_leaves_the_policy_acting_alone_where_hold_would_pull_it_out():
     """The news advisor flat without news: its HOLD (status ok) is advice in force that moves probability onto HOLD;
-    its PASS (no_view) is no advice: the gate is 0, the acting distribution is the policy's, and the env is asked
-    again at the next query step."""
+    its PASS (no_view) is no advice: the gate is 0 and the acting distribution is the policy's."""
     from agents.advice.acting import trust_where_valid
-    from bridge.protocol import STATUS_NO_VIEW
     from llm_sidecar.backends import MockBackend
 
-    quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
+    quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat"
     hold = MockBackend(answers="news").advise([quiet])
     no_view = MockBackend(answers="news_pass").advise([quiet])
     assert no_view.status.tolist() == [STATUS_NO_VIEW]
-    cfg = QueryConfig(interval=5, cooldown=0)
+    cfg = QueryConfig(interval=K)
     flat = jnp.zeros(2, jnp.int32)
-    table = AdviceTable.create(2).mark_queried(jnp.arange(2), jnp.ones(2, bool), flat).tick()
-    table = table.write(jnp.arange(2), jnp.asarray(np.concatenate([hold.probs, no_view.probs])),
-                        jnp.asarray(np.concatenate([hold.confidence, no_view.confidence])),
-                        jnp.asarray(np.concatenate([hold.status, no_view.status]), jnp.int32), jnp.ones(2, bool))
-    advice = view(table, cfg, flat)
-    assert advice.valid.tolist() == [True, False]
+    table = table_with(2, [0, 1], np.concatenate([hold.probs, no_view.probs]),
+                       np.concatenate([hold.confidence, no_view.confidence]),
+                       np.concatenate([hold.status, no_view.status]), flat)
+    advice = view(table, cfg, bars_of(2), flat)
+    assert advice.valid.tolist() == [True, False] and advice.passed.tolist() == [False, True]
     pi_rl = jnp.tile(jnp.array([[0.2, 0.5, 0.3, 0.0, 0.0, 0.0]]), (2, 1))
     mask = jnp.tile(jnp.array([[True, True, True, False, False, False]]), (2, 1))
     acting = acting_with("learned", cfg, VetoConfig(enabled=False))
@@ -190,10 +259,6 @@ def test_an_advisor_with_no_view_leaves_the_policy_acting_alone_where_hold_would
     p = jnp.exp(acting.fused_log_probs(pi_rl, advice, gate, mask))
     assert float(p[0, HOLD]) > 0.2 + 0.1 and float(p[0, BUY]) < 0.5  # HOLD advice pulls the env out of the market
     np.testing.assert_allclose(p[1], pi_rl[1], atol=1e-6)  # no view: the policy alone
-    for _ in range(cfg.interval):
-        table = table.tick()
-    ids, ok = select_queries(table, cfg, 2, pi_rl, flat, jnp.zeros(2, bool))
-    assert sorted(ids[ok].tolist()) == [0, 1]  # both are asked again at the next query step
 
 
 def constant_gate(g: float):
@@ -205,10 +270,11 @@ def constant_gate(g: float):
 
 @pytest.mark.nojit
 def test_rules_fusion_priorities():
+    flat = jnp.zeros(1, jnp.int32)
+
     def advice_for(action, conf):
-        probs = jax.nn.one_hot(jnp.array([action]), 6)
-        tbl = AdviceTable.create(1).write(jnp.array([0]), probs, jnp.array([conf]), jnp.array([0]), jnp.array([True]))
-        return view(tbl, QueryConfig(), jnp.zeros(1, jnp.int32))
+        tbl = table_with(1, [0], jax.nn.one_hot(jnp.array([action]), 6), [conf], [0], flat)
+        return view(tbl, QueryConfig(interval=K), bars_of(1), flat)
 
     def pi(action, conf):
         rest = (1.0 - conf) / 5.0
@@ -222,7 +288,7 @@ def test_rules_fusion_priorities():
     assert run(BUY, pi(BUY, 0.7), advice_for(SELL, 0.8)) == BUY  # 0.3·0.8 < 0.7·0.7
     no_sell = ALL.at[0, SELL].set(False)
     assert int(rules_action(jnp.array([BUY]), pi(BUY, 0.55), advice_for(SELL, 0.95), no_sell)[0]) == BUY  # invalid → RL
-    invalid = view(AdviceTable.create(1), QueryConfig(), jnp.zeros(1, jnp.int32))
+    invalid = view(AdviceTable.create(2 * APART * SIDES), QueryConfig(interval=K), bars_of(1), flat)
     assert run(ENABLE_TRAIL, pi(BUY, 0.3), invalid) == ENABLE_TRAIL  # no advice: the policy's sample
 
 
@@ -230,33 +296,30 @@ def test_switch_fusion_lets_valid_advice_act_and_the_policy_everywhere_else():
     """fusion switch: a flat env with a view in force takes the advice's action; one whose advisor passed, or that has
     no advice, takes the policy's. The steps the advice decided carry no policy gradient."""
     import dataclasses
-    import types
 
     from agents.config import NetworkConfig
     from agents.rl.networks import make_network
     from jaxenv.env import N_BAR_FEATURES, N_POSITION
     from llm_sidecar.backends import MockBackend
 
-    quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
+    quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat"
     no_view = MockBackend(answers="news_pass").advise([quiet])
-    cfg = QueryConfig(interval=5, cooldown=0, bind_on="always")
+    cfg = QueryConfig(interval=K, bind_on="always")
     acting = dataclasses.replace(acting_with("switch", cfg, VetoConfig(enabled=False)),
                                  greedy=True)
     flat = jnp.zeros(3, jnp.int32)
-    asked = jnp.array([0, 1])  # env 2 has no advice
     probs = jnp.concatenate([jax.nn.one_hot(jnp.array([BUY]), 6) * 0.9 + 0.1 / 6, jnp.asarray(no_view.probs)])
     status = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.asarray(no_view.status, jnp.int32)])
-    advice = AdviceTable.create(3).mark_queried(asked, jnp.ones(2, bool), flat).tick()
-    advice = advice.write(asked, probs, jnp.full(2, 0.8), status, jnp.ones(2, bool))
-    assert view(advice, cfg, flat).valid.tolist() == [True, False, False]
+    advice = table_with(3, [0, 1], probs, jnp.full(2, 0.8), status, flat)  # env 2 has no advice
+    assert view(advice, cfg, bars_of(3), flat).valid.tolist() == [True, False, False]
 
     n_obs = N_BAR_FEATURES + N_POSITION
     network = make_network(NetworkConfig(), 6)
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
     policy_sells = jnp.tile(jnp.log(jnp.array([[0.1, 0.1, 0.8, 1e-9, 1e-9, 1e-9]])), (3, 1))
     action, learn_action, _, _, extras, _ = acting.act(
-        network, params, acting.init_carry(3).replace(advice=advice), policy_sells, jnp.ones((3, 6), bool),
-        jnp.zeros((3, n_obs)), types.SimpleNamespace(side=flat), None, jax.random.PRNGKey(1))
+        network, params, acting.init_carry(3, params_for(3)).replace(advice=advice), policy_sells,
+        jnp.ones((3, 6), bool), jnp.zeros((3, n_obs)), state_of(flat), None, jax.random.PRNGKey(1))
     assert action.tolist() == [BUY, SELL, SELL] and learn_action.tolist() == [SELL] * 3
     assert extras.pg_weight.tolist() == [0.0, 1.0, 1.0]
     assert acting.trust_gate() == (None, 0)  # nothing is learned about trust
@@ -287,95 +350,47 @@ def test_win_rate_rule_fires_below_the_brackets_break_even_less_the_margin():
 
 
 @pytest.mark.nojit
-def test_a_flat_env_with_a_question_in_flight_waits_for_the_answer():
-    """query.wait_for_answer: between its question and the answer a flat env may not enter (HOLD and the rest stay),
-    nor after an exit until it has advice for being flat; once answered, or in a position, or for the policy alone
-    (rl_only ablation), nothing is held back."""
-    from agents.advice.table import pending
-
-    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True, bind_on="always")
-    acting = acting_with("learned", cfg, VetoConfig(enabled=False))
-    carry = acting.init_carry(3)
-    side = jnp.array([0, 0, 1])
-    advice = carry.advice.mark_queried(jnp.array([0, 2]), jnp.ones(2, bool), side)  # env 1 was not asked
-    for _ in range(3):
-        advice = advice.tick()
-    carry = carry.replace(advice=advice)
-    assert pending(advice, cfg).tolist() == [True, False, True]
-    assert waiting(acting, carry, side, view(advice, cfg, side)).tolist() == [True, False, False]  # env 2 is long: no entry to hold back
+def test_a_flat_env_whose_key_is_in_flight_waits_for_the_answer():
+    """query.wait_for_answer: a flat env with no answer in force may not enter while the key it reads now is in
+    flight; once answered, in a position, or for the policy alone (rl_only ablation), nothing is held back. Bound on
+    trust, an env whose running trust has fallen to min_trust or below does not wait."""
     import dataclasses
 
-    assert not bool(waiting(dataclasses.replace(acting, fusion="none"), carry, side, view(advice, cfg, side)).any())
-    answered = advice.write(jnp.array([0, 2]), jnp.full((2, 6), 1 / 6), jnp.full(2, 0.8), jnp.zeros(2, jnp.int32),
-                            jnp.ones(2, bool))
-    assert not bool(pending(answered, cfg).any())
-    # env 1 exited a trade (changed) and has no advice: it waits for the question the next query step asks it;
-    # env 0 has its answer: it may enter although it changed too
-    exited = carry.replace(advice=answered, changed=jnp.array([True, True, False]))
-    assert waiting(acting, exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
-    for _ in range(10):  # an answer that never comes stops holding the env after two intervals
-        advice = advice.tick()
-    assert not bool(pending(advice, cfg).any())
-    # bind_on trust: an env whose running trust in its advice has fallen to it or below enters without waiting
-    gated = dataclasses.replace(acting, query=dataclasses.replace(cfg, bind_on="trust", min_trust=0.05))
-    low = exited.replace(trust=jnp.array([1.0, 0.05, 1.0]))
-    assert waiting(gated, low, side, view(answered, cfg, side)).tolist() == [False, False, False]
-    assert waiting(gated, exited, side, view(answered, cfg, side)).tolist() == [False, True, False]
-
-
-@pytest.mark.nojit
-def test_a_flat_env_whose_advisor_passed_does_not_wait_for_its_next_answer():
-    """query.wait_for_answer with an advisor that can say PASS: a flat env whose latest answer was HOLD waits for the
-    answer to its next question, but one whose latest answer was PASS does not: the advisor said it has no view,
-    and the agent would otherwise sit out every quiet spell waiting for passes. Once the advisor answers with a
-    view again, the env waits as before."""
-    from agents.advice.table import pending
-    from llm_sidecar.backends import MockBackend
-
-    quiet = "10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
-    hold, no_view = MockBackend(answers="news").advise([quiet]), MockBackend(answers="news_pass").advise([quiet])
-    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True, bind_on="always")
+    cfg = QueryConfig(interval=K, wait_for_answer=True, bind_on="always")
     acting = acting_with("learned", cfg, VetoConfig(enabled=False))
-    flat, both = jnp.zeros(2, jnp.int32), jnp.ones(2, bool)
-
-    def answer(table, answers):
-        return table.write(jnp.arange(2), jnp.asarray(np.concatenate([a.probs for a in answers])),
-                           jnp.asarray(np.concatenate([a.confidence for a in answers])),
-                           jnp.asarray(np.concatenate([a.status for a in answers]), jnp.int32), both)
-
-    def ask_again(table):
-        for _ in range(cfg.interval):
-            table = table.tick()
-        return table.mark_queried(jnp.arange(2), both, flat).tick()
-
-    table = ask_again(answer(AdviceTable.create(2).mark_queried(jnp.arange(2), both, flat).tick(), [hold, no_view]))
-    assert pending(table, cfg).tolist() == [True, True]
-    carry = acting.init_carry(2).replace(advice=table)
-    assert waiting(acting, carry, flat, view(table, cfg, flat)).tolist() == [True, False]
-    # the advisor has a view again (HOLD for env 1 this time): its next question is waited for
-    table = ask_again(answer(table, [hold, hold]))
-    assert waiting(acting, carry.replace(advice=table), flat, view(table, cfg, flat)).tolist() == [True, True]
+    carry = acting.init_carry(3, params_for(3))
+    side = jnp.array([0, 0, 1])
+    keys = key_for([0, 2], side[jnp.array([0, 2])])  # envs 0 and 2's keys are asked, env 1's not
+    advice = carry.advice.mark_asked(keys, jnp.ones(2, bool))
+    carry = carry.replace(advice=advice)
+    now = view(advice, cfg, bars_of(3), side)
+    assert now.asked.tolist() == [True, False, True]
+    assert waiting(acting, carry, side, now).tolist() == [True, False, False]  # env 2 is long: no entry to hold back
+    assert not bool(waiting(dataclasses.replace(acting, fusion="none"), carry, side, now).any())
+    answered_now = advice.write(keys, jnp.full((2, 6), 1 / 6), jnp.full(2, 0.8), jnp.zeros(2, jnp.int32),
+                                jnp.zeros(2, jnp.int32), jnp.ones(2, bool))
+    assert not bool(waiting(acting, carry, side, view(answered_now, cfg, bars_of(3), side)).any())
+    gated = dataclasses.replace(acting, query=dataclasses.replace(cfg, bind_on="trust", min_trust=0.05))
+    assert waiting(gated, carry.replace(trust=jnp.array([0.05, 1.0, 1.0])), side, now).tolist() == [False] * 3
+    assert waiting(gated, carry, side, now).tolist() == [True, False, False]
 
 
 def act_on_window_one(learned, n_envs: int):
     """`act(acting, carry, side) -> (mask, carry)`: an acting step with all actions valid, on a network with the
     trust gate of `learned`, for window-1 observations of zeros (the fusion context reads the bar's and the
     position's columns)."""
-    import types
-
     from agents.config import NetworkConfig
     from agents.rl.networks import make_network
-    from jaxenv.env import N_BAR_FEATURES, N_POSITION, EnvParams
+    from jaxenv.env import N_BAR_FEATURES, N_POSITION
 
     n_obs = N_BAR_FEATURES + N_POSITION
     network = make_network(NetworkConfig(), 6, *learned.trust_gate())
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, n_obs)))
-
-    env_params = EnvParams(bars=jnp.zeros((2, 8)))  # the record reads the decision bar's close
+    env_params = params_for(n_envs)
 
     def act(acting, carry, side):
         """`side`: the envs' position sides, or their whole env state (which the veto reads)."""
-        state = side if hasattr(side, "side") else types.SimpleNamespace(side=side, t=jnp.zeros_like(side))
+        state = side if hasattr(side, "side") else state_of(side)
         out = acting.act(network, params, carry, jnp.zeros((n_envs, 6)), jnp.ones((n_envs, 6), bool),
                          jnp.zeros((n_envs, n_obs)), state, env_params, jax.random.PRNGKey(1))
         return out[3], out[5]
@@ -391,35 +406,27 @@ def test_a_trade_entered_on_trusted_advice_keeps_its_bracket_until_it_closes():
     from agents.advice.rules import STOP_MOVES
     from bridge.protocol import ACTIONS
 
-    cfg = QueryConfig(interval=5, cooldown=0, keep_advised_bracket=True, wait_for_answer=True, bind_on="trust", min_trust=0.05)
+    cfg = QueryConfig(interval=K, keep_advised_bracket=True, wait_for_answer=True, bind_on="trust", min_trust=0.05)
     acting = acting_with("learned", cfg, VetoConfig(enabled=False))
-    carry = acting.init_carry(3)
+    carry = acting.init_carry(3, params_for(3))
     flat = jnp.zeros(3, jnp.int32)
-    advice = carry.advice.mark_queried(jnp.array([0, 1]), jnp.ones(2, bool), flat)  # env 2 has no advice
-    advice = advice.tick().write(jnp.array([0, 1]), jnp.full((2, 6), 1 / 6), jnp.full(2, 0.8), jnp.zeros(2, jnp.int32),
-                                 jnp.ones(2, bool))
+    advice = table_with(3, [0, 1], jnp.full((2, 6), 1 / 6), jnp.full(2, 0.8), jnp.zeros(2), flat)  # env 2: none
     carry = carry.replace(advice=advice, trust=jnp.array([1.0, 0.01, 1.0]))  # env 1's advisor is ignored by now
-    assert view(advice, cfg, flat).valid.tolist() == [True, True, False]
+    assert view(advice, cfg, bars_of(3), flat).valid.tolist() == [True, True, False]
     act = act_on_window_one(acting, 3)
 
-    def step(carry, side, entered, exited):
-        mask, carry = act(acting, carry, side)
-        return mask, acting.after_step(carry, {"entry_side": entered, "exit_reason": exited,
-                                               "trade_pnl": jnp.zeros(3)})
-
-    # the three envs decide while flat and all enter (the env fills the entry on the same step)
-    _, carry = step(carry, flat, jnp.array([1, 1, 1]), jnp.zeros(3, jnp.int32))
+    # the three envs decide while flat and all enter
+    _, carry = act(acting, carry, flat)
     assert carry.advised_trade.tolist() == [True, False, False]
     entered = carry
-    mask, carry = step(carry, jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.array([0, 0, 1]))
+    mask, carry = act(acting, carry, jnp.ones(3, jnp.int32))
     moves = np.asarray(mask)[:, list(STOP_MOVES)]
     assert not moves[0].any() and moves[1].all() and moves[2].all()
     assert {ACTIONS[a] for a in STOP_MOVES} == {"MOVE_TO_BE", "ENABLE_TRAIL", "DISABLE_TRAIL"}
     assert bool(np.asarray(mask)[0, 0])  # HOLD stays
     # the trades close; the next ones, entered with no advice in force, are the policy's to manage
-    _, carry = step(carry, jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.array([1, 1, 0]))
-    _, carry = step(carry.replace(advice=AdviceTable.create(3)), flat, jnp.array([1, 1, 1]), jnp.zeros(3, jnp.int32))
-    mask, carry = step(carry, jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32))
+    _, carry = act(acting, carry.replace(advice=AdviceTable.create(4 * APART * SIDES)), flat)
+    mask, carry = act(acting, carry, jnp.ones(3, jnp.int32))
     assert np.asarray(mask)[:, list(STOP_MOVES)].all()
     # off (the default), or for the policy alone (rl_only ablation), nothing is held back
     for other in (dataclasses.replace(acting, query=dataclasses.replace(cfg, keep_advised_bracket=False)),
@@ -434,17 +441,14 @@ def test_an_env_that_trusts_its_advice_enters_only_on_the_side_the_advice_names(
     enters as it likes, and so does every env with the option off or for the policy alone."""
     import dataclasses
 
-
-    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, wait_for_answer=True, bind_on="trust", min_trust=0.05)
+    cfg = QueryConfig(interval=K, advised_entries_only=True, wait_for_answer=True, bind_on="trust", min_trust=0.05)
     acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     flat = jnp.zeros(4, jnp.int32)
-    asked = jnp.array([0, 1, 3])  # env 2 has no advice
     probs = jax.nn.one_hot(jnp.array([BUY, SELL, HOLD]), 6) * 0.9 + 0.1 / 6
-    advice = acting.init_carry(4).advice.mark_queried(asked, jnp.ones(3, bool), flat)
-    advice = advice.tick().write(asked, probs, jnp.full(3, 0.8), jnp.zeros(3, jnp.int32), jnp.ones(3, bool))
+    advice = table_with(4, [0, 1, 3], probs, jnp.full(3, 0.8), jnp.zeros(3), flat)  # env 2 has no advice
     # env 1's advisor is ignored by now (running trust below min_trust)
-    carry = acting.init_carry(4).replace(advice=advice, trust=jnp.array([1.0, 0.01, 1.0, 1.0]))
-    assert view(advice, cfg, flat).valid.tolist() == [True, True, False, True]
+    carry = acting.init_carry(4, params_for(4)).replace(advice=advice, trust=jnp.array([1.0, 0.01, 1.0, 1.0]))
+    assert view(advice, cfg, bars_of(4), flat).valid.tolist() == [True, True, False, True]
 
     act = act_on_window_one(acting, 4)
 
@@ -465,20 +469,21 @@ def test_near_the_drawdown_limit_a_bound_env_enters_only_where_its_advice_names_
     as it likes."""
     import dataclasses
 
-
     state, params = env_states()
     # equity 48,500 against a threshold of 47,500: 0.4 of the 2,500 trailing drawdown left (the buffer rule fires
     # below 0.2); env 2 is at its peak, 1.0 left
     state = jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), state)
-    state = state.replace(equity=jnp.array([48_500.0, 48_500.0, 50_000.0, 48_500.0]))
-    cfg = QueryConfig(interval=5, cooldown=0, wait_for_answer=True, bind_on="trust", min_trust=0.05)
+    state = state.replace(equity=jnp.array([48_500.0, 48_500.0, 50_000.0, 48_500.0]),
+                          t=state.t + jnp.arange(4, dtype=state.t.dtype) * APART * K)  # apart: no env reads another's
+    cfg = QueryConfig(interval=K, wait_for_answer=True, bind_on="trust", min_trust=0.05)
     acting = acting_with("learned", cfg, VetoConfig())
     assert acting.veto.advised_only_below == 0.5  # on by default
     flat = jnp.zeros(4, jnp.int32)
-    advice = acting.init_carry(4).advice.mark_queried(jnp.array([0]), jnp.ones(1, bool), flat)
-    advice = advice.tick().write(jnp.array([0]), jax.nn.one_hot(jnp.array([BUY]), 6) * 0.9 + 0.1 / 6,
-                                 jnp.full(1, 0.8), jnp.zeros(1, jnp.int32), jnp.ones(1, bool))  # env 0: BUY
-    carry = acting.init_carry(4).replace(advice=advice, trust=jnp.array([1.0, 1.0, 1.0, 0.01]))  # env 3 unbound
+    env_0 = (state.t[0] // K - 1) * SIDES + 1  # env 0's flat key: BUY
+    advice = AdviceTable.create(int(state.t[-1] // K + 2) * SIDES).write(
+        env_0[None], jax.nn.one_hot(jnp.array([BUY]), 6) * 0.9 + 0.1 / 6, jnp.full(1, 0.8), jnp.zeros(1, jnp.int32),
+        jnp.zeros(1, jnp.int32), jnp.ones(1, bool))
+    carry = acting.init_carry(4, params).replace(advice=advice, trust=jnp.array([1.0, 1.0, 1.0, 0.01]))  # env 3 unbound
     network_act = act_on_window_one(acting, 4)
 
     def entries(acting):
@@ -492,19 +497,14 @@ def test_near_the_drawdown_limit_a_bound_env_enters_only_where_its_advice_names_
         assert entries(other) == [[True, True]] * 4
 
 
-def test_an_env_bound_to_its_advice_enters_alone_where_its_advisor_passes_but_not_straight_after_a_trade():
+def test_an_env_bound_to_its_advice_enters_alone_where_its_advisor_passes():
     """query.advised_entries_only with a PASS advisor: where the answer in force is PASS (no view) the policy may enter
-    on its own, but not after a fill or an exit until the env is asked again."""
-    from bridge.protocol import STATUS_NO_VIEW
-
-    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, bind_on="always")
+    on its own; where no answer is in force it may not."""
+    cfg = QueryConfig(interval=K, advised_entries_only=True, bind_on="always")
     acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     flat = jnp.zeros(2, jnp.int32)
-    both = jnp.array([0, 1])
-    advice = acting.init_carry(2).advice.mark_queried(both, jnp.ones(2, bool), flat)
-    advice = advice.tick().write(both, jnp.full((2, 6), 1 / 6), jnp.zeros(2), jnp.full(2, STATUS_NO_VIEW, jnp.int32),
-                                 jnp.ones(2, bool))
-    carry = acting.init_carry(2).replace(advice=advice, changed=jnp.array([False, True]))  # env 1 traded since
+    advice = table_with(2, [0], jnp.full((1, 6), 1 / 6), jnp.zeros(1), [STATUS_NO_VIEW], flat)  # env 1: none
+    carry = acting.init_carry(2, params_for(2)).replace(advice=advice)
     mask, _ = act_on_window_one(acting, 2)(acting, carry, flat)
     assert np.asarray(mask)[:, [BUY, SELL]].tolist() == [[True, True], [False, False]]
 
@@ -562,16 +562,13 @@ def test_the_advice_binds_envs_once_its_calls_earn_by_four_standard_errors_until
     by over four standard errors, a flat env may enter only on the advice's side (advised entries only), until it is
     above 0 by under two; otherwise on either side. A walk from a checkpoint starts from the record saved in it."""
     from agents.advice.rules import RECORD_MIN_CALLS
-    from bridge.protocol import STATUS_OK
 
-    cfg = QueryConfig(interval=5, cooldown=0, advised_entries_only=True, bind_on="record")
+    cfg = QueryConfig(interval=K, advised_entries_only=True, bind_on="record")
     acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     flat = jnp.zeros(2, jnp.int32)
-    env_0 = jnp.array([0])  # env 0 is advised to buy; env 1 has no advice
-    advice = acting.init_carry(2).advice.mark_queried(env_0, jnp.ones(1, bool), flat)
-    advice = advice.tick().write(env_0, jax.nn.one_hot(jnp.array([BUY]), 6), jnp.ones(1),
-                                 jnp.full(1, STATUS_OK, jnp.int32), jnp.ones(1, bool))
-    start = acting.init_carry(2).replace(advice=advice)
+    # env 0 is advised to buy; env 1 has no advice
+    advice = table_with(2, [0], jax.nn.one_hot(jnp.array([BUY]), 6), jnp.ones(1), [STATUS_OK], flat)
+    start = acting.init_carry(2, params_for(2)).replace(advice=advice)
     entries = [BUY, SELL]
 
     def entries_allowed(carry) -> list:
@@ -601,6 +598,7 @@ def test_the_advice_binds_envs_once_its_calls_earn_by_four_standard_errors_until
 
     # a walk from a checkpoint (restored as dicts) starts bound, with no call in flight
     saved = jax.tree.map(np.asarray, paying.record)
-    walk = acting.carry_for_walk({"calls": vars(saved.calls), "bound": saved.bound})
+    walk = acting.carry_for_walk(params_for(1), {"calls": vars(saved.calls), "bound": saved.bound})
     assert bool(walk.record.bound) and np.asarray(walk.record.side).tolist() == [0]
     assert float(walk.record.calls.weight) == float(paying.record.calls.weight)
+

@@ -237,7 +237,7 @@ def test_unreadable_thoughts_still_answer_through_the_sidecar_and_their_reason_r
     assert (answers.action[[0, 2]] == MockBackend().advise([prompts[i].decode() for i in (0, 2)]).action).all()
     link = AdvisorLink.__new__(AdvisorLink)  # only the logging: no market, no sidecar of its own
     link.h = load_config(None, ["llm=mock", "hybrid.log_llm=8"]).hybrid
-    link.logged = 0
+    link.logged, link.interval = 0, 5
     with open(tmp_path / "llm_log.jsonl", "a") as link.llm_log:
         link._log_llm(prompts, answers)
     logged = [json.loads(line) for line in (tmp_path / "llm_log.jsonl").read_text().splitlines()]

@@ -21,11 +21,10 @@ from flax import struct
 from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
 from agents.advice.risk_veto import RULES, VetoState, apply_veto
 from agents.advice.rules import ENTRIES, STOP_MOVES, AdviceRecord, CallTally, EntryRules, RuleState
-from agents.advice.table import AdviceTable, AdviceView, view
+from agents.advice.table import SIDES, AdviceTable, AdviceView, num_blocks, view
 from agents.config import GATED_FUSIONS, QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
 from bridge.protocol import NUM_ACTIONS, action_flags
-from jaxenv.env import NO_EXIT
 
 # The trust gate's market and account context, by observation feature (jaxenv.env.TradingEnv.observation_column):
 # regime, volatility, time of day, position, then (extended observations only, else 0) win rate and losing streak
@@ -37,16 +36,14 @@ GATE_ROWS_SHARE = 1 / 16
 
 @struct.dataclass
 class HybridCarry:
-    advice: AdviceTable
+    advice: AdviceTable  # per key of the market's blocks × sides, shared by every env
     veto: VetoState
-    changed: jax.Array  # [N] bool: a fill or an exit since the env was last considered for a query
-    top_prob: jax.Array  # [N] the policy's top probability at the latest step
     trust: jax.Array  # [N] running mean of the trust gate over the env's advised decisions (1 before the first)
     advised_trade: jax.Array  # [N] bool: the open trade was entered by a bound env with advice in force
     record: AdviceRecord | None = None  # bind_on=record only (None: no leaves)
 
     def rule_state(self) -> RuleState:
-        return RuleState(self.trust, self.advised_trade, self.changed, self.record)
+        return RuleState(self.trust, self.advised_trade, self.record)
 
 
 class StepExtras(NamedTuple):
@@ -56,7 +53,6 @@ class StepExtras(NamedTuple):
     context: jax.Array  # [N, len(CONTEXT_FEATURES)]
     pg_weight: jax.Array  # [N] 1 where the policy chose the action, 0 where the advice overrode it
     stats: dict[str, jax.Array]  # per-step sums over envs, for metrics
-    trade: Any = None  # {"bar": the decision bar}, leaves [N]: the advisor's outcomes measure the market's move after it
 
 
 class Decision(NamedTuple):
@@ -102,21 +98,20 @@ class HybridActing:
             return []
         return [optax.masked(optax.scale(self.gate_lr_scale), gate_params)]
 
-    def init_carry(self, n_envs: int) -> HybridCarry:
+    def init_carry(self, n_envs: int, env_params) -> HybridCarry:
+        """The carry of n_envs envs on the market of `env_params` (its advice table has a key per block and side)."""
         return HybridCarry(
-            advice=AdviceTable.create(n_envs),
+            advice=AdviceTable.create(num_blocks(env_params.bars.shape[0], self.query.interval) * SIDES),
             veto=VetoState.create(n_envs),
-            changed=jnp.zeros(n_envs, bool),
-            top_prob=jnp.ones(n_envs),
             trust=jnp.ones(n_envs),
             advised_trade=jnp.zeros(n_envs, bool),
             record=self.rules.create_record(n_envs),
         )
 
-    def carry_for_walk(self, record: Any = None) -> HybridCarry:
+    def carry_for_walk(self, env_params, record: Any = None) -> HybridCarry:
         """The carry of a one-env walk: fresh, but with the trained agent's advice record where it binds on one (a
         record from a checkpoint, restored as a dict, or the training state's)."""
-        carry = self.init_carry(1)
+        carry = self.init_carry(1, env_params)
         if carry.record is None or record is None:
             return carry
         if isinstance(record, dict):
@@ -131,15 +126,15 @@ class HybridActing:
     def act(self, network, params, carry: HybridCarry, logits, env_mask, obs, env_state, env_params, key):
         """Returns (executed action, the action PPO learns from, its log-prob, the mask, extras, new carry)."""
         veto_mask, veto, fired, _ = apply_veto(self.veto, carry.veto, env_state, env_params, env_mask)
-        advice = view(carry.advice, self.query, env_state.side)
+        advice = view(carry.advice, self.query, env_state.t, env_state.side)
         state = carry.rule_state()
-        rules = self.rules.apply(state, carry.advice, advice, env_state, env_params, veto_mask)
+        rules = self.rules.apply(state, advice, env_state, env_params, veto_mask)
         context = self.context(obs)
         d = self.decide(network, params, masked_logits(logits, rules.mask), advice, context, rules.mask, key)
         stats = self.step_stats(d, advice, rules, env_mask, fired)
         extras = StepExtras(advice=advice, context=context, pg_weight=d.pg_weight, stats=stats)
         state = self.rules.update(state, advice, rules.bound, d.gate, env_state, env_params)
-        carry = carry.replace(veto=veto, top_prob=d.pi_rl.max(-1), trust=state.trust,
+        carry = carry.replace(veto=veto, trust=state.trust,
                               advised_trade=state.advised_trade, record=state.record)
         return d.action, d.learn_action, d.log_prob, rules.mask, extras, carry
 
@@ -178,6 +173,7 @@ class HybridActing:
         return {
             "decisions": jnp.asarray(d.pi_rl.shape[0], jnp.float32),
             "with_advice": valid.sum(),
+            "with_current_advice": sum_of(advice.current),
             "advice_confidence": advice.confidence.sum(),
             "agreement": (valid * (jnp.argmax(advice.probs, -1) == jnp.argmax(d.pi_rl, -1))).sum(),
             "overrides": sum_of(d.changed_by_advice),
@@ -195,19 +191,10 @@ class HybridActing:
         pi_llm = masked_advice_probs(advice.probs, mask)
         return jnp.log(jnp.maximum(mix(pi_rl, pi_llm, gate, mask), 1e-30))
 
-    def after_step(self, carry: HybridCarry, info: dict) -> HybridCarry:
-        event = (info["entry_side"] != 0) | (info["exit_reason"] != NO_EXIT)  # a fill or an exit
-        return carry.replace(advice=carry.advice.tick(), changed=carry.changed | event)
-
-    @staticmethod
-    def with_outcome(extras: StepExtras, env_state) -> StepExtras:
-        """The step's decision bar, after which the advisor's outcomes measure the market's move."""
-        return extras._replace(trade={"bar": env_state.t})
-
     @staticmethod
     def loss_extras(extras: StepExtras) -> StepExtras:
-        """What the loss reads of a stored step (the metrics and outcomes stay out of the minibatches)."""
-        return extras._replace(stats={}, trade=None)
+        """What the loss reads of a stored step (the metrics stay out of the minibatches)."""
+        return extras._replace(stats={})
 
     def log_prob_entropy(self, network, params, logits, mask, extras: StepExtras, action):
         """Log-prob of `action`, entropy, and policy-loss weight under the current parameters."""

@@ -7,10 +7,10 @@ Which envs are bound is defined once (`EntryRules.bound`, by `hybrid.query.bind_
 - `record`: every env while the advice's record binds (`AdviceRecord`: its calls have earned on paper).
 
 Every rule reads that one definition, and applies only where the fusion acts on advice:
-- the wait (`query.wait_for_answer`): a bound flat env may not enter while its question is in flight, nor after an
-  exit before it is asked again, unless its latest answer for being flat was PASS (no view);
+- the wait (`query.wait_for_answer`): a bound flat env with no answer in force may not enter while the key it reads
+  now is in flight;
 - advised entries (`query.advised_entries_only`): a bound flat env enters only on the side its valid advice names,
-  alone only where the answer in force is PASS and no fill or exit happened since;
+  alone only where the answer in force is PASS;
 - the kept bracket (`query.keep_advised_bracket`): a trade entered by a bound env with advice in force keeps its
   stop to the end (no MOVE_TO_BE, ENABLE_TRAIL, DISABLE_TRAIL);
 - near the drawdown limit (`veto.advised_only_below`, a veto rule): a bound env enters only on its advice's side.
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from agents.advice.risk_veto import near_the_limit
-from agents.advice.table import AdviceTable, AdviceView, passed, pending
+from agents.advice.table import AdviceView
 from agents.config import ADVISED_FUSIONS, GATED_FUSIONS, QueryConfig, VetoConfig
 from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, SELL, action_flags
 from jaxenv.env import CLOSE
@@ -123,7 +123,6 @@ class RuleState(NamedTuple):
 
     trust: jax.Array  # running mean of the trust gate over the env's advised decisions (1 before the first)
     advised_trade: jax.Array  # bool: the open trade was entered by a bound env with advice in force
-    changed: jax.Array  # bool: a fill or an exit since the env was last considered for a query
     record: AdviceRecord | None  # bind_on=record only
 
 
@@ -172,8 +171,7 @@ class EntryRules:
             return state.trust > self.query.min_trust
         return jnp.full(state.trust.shape, self.binding == "always")
 
-    def apply(self, state: RuleState, table: AdviceTable, view: AdviceView, env_state, env_params,
-              veto_mask: jax.Array) -> RuleMasks:
+    def apply(self, state: RuleState, view: AdviceView, env_state, env_params, veto_mask: jax.Array) -> RuleMasks:
         """The masks of one step: the veto's (`veto_mask`) with its near-limit rule, then the wait, advised entries
         and the kept bracket. `view`: the advice in force for the env's side."""
         side = env_state.side
@@ -190,12 +188,10 @@ class EntryRules:
             veto_mask = veto_mask & ~(near_limit[:, None] & own_entry)
         waiting = off
         if self.query.wait_for_answer:
-            asked = pending(table, self.query) | (state.changed & ~view.valid)
-            waiting = asked & (side == 0) & ~passed(table, self.query, side) & bound
+            waiting = view.asked & (side == 0) & bound
         mask = veto_mask & ~(waiting[:, None] & entries)
         if self.query.advised_entries_only:  # the policy enters alone only where the advisor passes
-            alone = passed(table, self.query, side) & ~state.changed
-            mask = mask & ~((bound & ~alone)[:, None] & own_entry)
+            mask = mask & ~((bound & ~view.passed)[:, None] & own_entry)
         kept = off
         if self.query.keep_advised_bracket:
             kept = state.advised_trade & (side != 0)

@@ -1,11 +1,14 @@
-"""The on-device advice table and the selection of envs to ask at a query step.
+"""The on-device advice table, keyed by market context, and the choice of keys to ask at a query step.
 
-The table holds, per env, the last LLM answer: probabilities over the 6 actions, the confidence it came
-with, its age in env steps and its status. Confidence decays by `decay` per query interval of age and the
-advice expires after `max_age_intervals` intervals. Answers arrive one query step after their prompts, and an
-answer holds only while the env's position side (flat, long, short) is the one it was asked about: advice to
-BUY given for a flat account says nothing about the long position opened meanwhile, and "hold" given for a
-long position is no reason to stay out of the market once flat.
+All envs walk the same bars, so what the advisor can say about a bar is the same for every env at that bar with
+the same position side. The unit it answers is a key: a block of the data's bars (bars [b·k, b·k + k), k the query
+interval) and a position side (short, flat, long). A key's prompt is rendered at the block's last bar; its answer is
+in force for every env with that side during block b + 1, so advice used at bar t was rendered from a bar before t
+(one query step of latency, whatever the advisor's speed). Where block b's answer is missing, the newest answered
+block before it is in force while it is younger than `max_age` bars.
+
+The table holds, per key, the answer's probabilities over the 6 actions, its confidence, its status and the
+version of the advisor that gave it (the number of LoRA rounds it had finished). Every env reads it with a gather.
 """
 
 from __future__ import annotations
@@ -17,114 +20,138 @@ from flax import struct
 from agents.config import QueryConfig
 from bridge.protocol import NUM_ACTIONS, STATUS_NO_VIEW, STATUS_OK
 
-STATUS_NONE = -1  # no answer yet; the others are the bridge's (bridge.protocol.STATUS_NAMES)
+SIDES = 3  # a key's side index is side + 1: 0 short, 1 flat, 2 long
+STATUS_NONE = -1  # never answered (the others are the bridge's, bridge.protocol.STATUS_NAMES)
+STATUS_ASKED = -2  # asked, its answer not back yet
+
+
+def num_blocks(num_bars: int, interval: int) -> int:
+    return -(-num_bars // interval)
+
+
+def answered(status: jax.Array) -> jax.Array:
+    """A real answer: a view (OK) or the advisor's "no view" (PASS). Errors and timeouts are asked again."""
+    return (status == STATUS_OK) | (status == STATUS_NO_VIEW)
 
 
 @struct.dataclass
 class AdviceTable:
-    probs: jax.Array  # [N, 6]
-    confidence: jax.Array  # [N] as answered
-    age: jax.Array  # [N] int32 env steps since the answer arrived
-    status: jax.Array  # [N] int32, STATUS_NONE before the first answer
-    since_query: jax.Array  # [N] int32 env steps since the env was last asked
-    asked_side: jax.Array  # [N] int32 the env's side (-1, 0, 1) when it was last asked
-    side: jax.Array  # [N] int32 the side the stored advice was asked about
+    probs: jax.Array  # [K·3, 6] per key (block-major: key = block · 3 + side + 1)
+    confidence: jax.Array  # [K·3] as answered
+    status: jax.Array  # [K·3] int32: STATUS_NONE, STATUS_ASKED or the answer's status
+    version: jax.Array  # [K·3] int32: the advisor version that answered (-1: none)
+    current: jax.Array  # [] int32: the advisor's version now
 
     @classmethod
-    def create(cls, n_envs: int, num_actions: int = NUM_ACTIONS) -> "AdviceTable":
-        big = jnp.full(n_envs, 1 << 20, jnp.int32)
+    def create(cls, num_keys: int, num_actions: int = NUM_ACTIONS) -> AdviceTable:
         return cls(
-            probs=jnp.full((n_envs, num_actions), 1.0 / num_actions),
-            confidence=jnp.zeros(n_envs),
-            age=big,
-            status=jnp.full(n_envs, STATUS_NONE, jnp.int32),
-            since_query=big,
-            asked_side=jnp.zeros(n_envs, jnp.int32),
-            side=jnp.zeros(n_envs, jnp.int32),
+            probs=jnp.full((num_keys, num_actions), 1.0 / num_actions),
+            confidence=jnp.zeros(num_keys),
+            status=jnp.full(num_keys, STATUS_NONE, jnp.int32),
+            version=jnp.full(num_keys, -1, jnp.int32),
+            current=jnp.zeros((), jnp.int32),
         )
 
-    def tick(self) -> "AdviceTable":
-        """One env step passes."""
-        return self.replace(age=self.age + 1, since_query=self.since_query + 1)
+    @property
+    def num_keys(self) -> int:
+        return self.status.shape[0]
 
-    def write(self, env_ids: jax.Array, probs: jax.Array, confidence: jax.Array, status: jax.Array, valid: jax.Array) -> "AdviceTable":
-        """Stores answers for env_ids [M] (rows with valid=False are padding and are dropped)."""
-        n = self.age.shape[0]
-        ids = jnp.where(valid, env_ids, n)  # out of range → dropped by the scatter
+    def write(self, keys: jax.Array, probs: jax.Array, confidence: jax.Array, status: jax.Array,
+              version: jax.Array, valid: jax.Array) -> AdviceTable:
+        """Stores answers for `keys` [M] (rows with valid=False are padding and are dropped)."""
+        ids = jnp.where(valid, keys, self.num_keys)  # out of range → dropped by the scatter
         return self.replace(
             probs=self.probs.at[ids].set(probs, mode="drop"),
             confidence=self.confidence.at[ids].set(confidence, mode="drop"),
-            age=self.age.at[ids].set(0, mode="drop"),
             status=self.status.at[ids].set(status, mode="drop"),
-            side=self.side.at[ids].set(self.asked_side[jnp.minimum(ids, n - 1)], mode="drop"),
+            version=self.version.at[ids].set(version, mode="drop"),
         )
 
-    def mark_queried(self, env_ids: jax.Array, valid: jax.Array, side: jax.Array) -> "AdviceTable":
-        """env_ids [M] were asked now; `side` [N]: every env's position side now."""
-        n = self.age.shape[0]
-        ids = jnp.where(valid, env_ids, n)
-        return self.replace(since_query=self.since_query.at[ids].set(0, mode="drop"),
-                            asked_side=self.asked_side.at[ids].set(side[jnp.minimum(ids, n - 1)], mode="drop"))
+    def mark_asked(self, keys: jax.Array, valid: jax.Array) -> AdviceTable:
+        ids = jnp.where(valid, keys, self.num_keys)
+        return self.replace(status=self.status.at[ids].set(STATUS_ASKED, mode="drop"))
 
 
 @struct.dataclass
 class AdviceView:
-    """What acting reads: the advice valid now, its decayed confidence and its age as a fraction of the
-    expiry."""
+    """What acting reads, per env: the advice in force for its bar and side, its decayed confidence and age."""
 
-    probs: jax.Array
-    confidence: jax.Array
-    valid: jax.Array
-    age_frac: jax.Array
+    probs: jax.Array  # [N, 6]
+    confidence: jax.Array  # [N] decayed with age; 0 where not valid
+    valid: jax.Array  # [N] bool: a view (status OK) is in force
+    age_frac: jax.Array  # [N] age / max_age where valid, else 1
+    age: jax.Array  # [N] int32 bars since the bar its prompt was rendered from (where answered)
+    passed: jax.Array  # [N] bool: the answer in force is "no view" (PASS)
+    asked: jax.Array  # [N] bool: no answer is in force and the env's key for now is in flight
+    current: jax.Array  # [N] bool: valid, and given by the advisor's current version
+    key: jax.Array  # [N] int32 the key whose answer is in force (-1: none)
 
 
-def in_force(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> jax.Array:
-    """[N] bool: the env's latest answer is about its side `side` [N] now and has not expired."""
-    return (table.age <= cfg.max_age) & (table.side == side)
-
-
-def view(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> AdviceView:
-    """The advice in force for envs whose position side is `side` [N] now."""
-    valid = (table.status == STATUS_OK) & in_force(table, cfg, side)
-    decayed = table.confidence * jnp.power(cfg.decay, table.age / cfg.interval)
+def view(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.Array) -> AdviceView:
+    """The advice in force for envs at decision bar `bar` [N] with position side `side` [N]: the answer for the
+    key of block bar // k − 1, else the newest answered older block within max_age bars."""
+    k = cfg.interval
+    block = bar // k
+    side_idx = side.astype(jnp.int32) + 1
+    found = jnp.zeros(bar.shape, bool)
+    key = jnp.zeros(bar.shape, jnp.int32)
+    age = jnp.zeros(bar.shape, jnp.int32)
+    for back in range(1, cfg.max_age_intervals + 1):  # newest first; a static few gathers
+        b = block - back
+        cand = jnp.maximum(b, 0) * SIDES + side_idx
+        a = bar - (b * k + k - 1)
+        take = ~found & (b >= 0) & (a <= cfg.max_age) & answered(table.status[cand])
+        key, age, found = jnp.where(take, cand, key), jnp.where(take, a, age), found | take
+    status = table.status[key]
+    valid = found & (status == STATUS_OK)
+    now = jnp.maximum(block - 1, 0) * SIDES + side_idx
+    decayed = table.confidence[key] * jnp.power(cfg.decay, age / k)
     return AdviceView(
-        probs=table.probs,
+        probs=table.probs[key],
         confidence=jnp.where(valid, decayed, 0.0),
         valid=valid,
-        age_frac=jnp.where(valid, table.age / cfg.max_age, 1.0),
+        age_frac=jnp.where(valid, age / cfg.max_age, 1.0),
+        age=age,
+        passed=found & (status == STATUS_NO_VIEW),
+        asked=~found & (table.status[now] == STATUS_ASKED),
+        current=valid & (table.version[key] == table.current),
+        key=jnp.where(found, key, -1),
     )
 
 
-def passed(table: AdviceTable, cfg: QueryConfig, side: jax.Array) -> jax.Array:
-    """[N] bool: the env's latest answer, for its side `side` [N] now and not expired, was "no view" (PASS): the
-    advisor said it has nothing to say here, so there is nothing to wait for until it says otherwise."""
-    return (table.status == STATUS_NO_VIEW) & in_force(table, cfg, side)
+AHEAD = (0, 1)  # training: the blocks an env reads in the chunk after next (t // k and t // k + 1), its own side
+# A walk (one account, strict latency) also asks for the block it reads now and for every side: each key it reads is
+# then answered before it is read, whatever earlier walks asked, so a walk's figures do not depend on its history.
+WALK_AHEAD = (-1, 0, 1)
 
 
-def pending(table: AdviceTable, cfg: QueryConfig) -> jax.Array:
-    """[N] bool: the env was asked and its answer has not arrived yet. Answers come one query step (`interval`
-    steps) after their prompts, later under async latency; one that has not come in two intervals is given up on."""
-    return (table.since_query < table.age) & (table.since_query < 2 * cfg.interval)
+def key_demand(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.Array, ahead=AHEAD,
+               all_sides: bool = False) -> jax.Array:
+    """[K·3] how many envs will read each key: an env at bar t reads block t // k + a for each a in `ahead` (answers
+    to keys asked now arrive at the next query step, when the env reads blocks t // k and t // k + 1), for its side
+    (every side with `all_sides`). Flat only with `entries_only`."""
+    k = cfg.interval
+    sides = (0,) if cfg.entries_only else (-1, 0, 1)
+    demand = jnp.zeros(table.num_keys, jnp.float32)
+    for a in ahead:
+        block = bar // k + a
+        for s in sides:
+            reads = jnp.ones(side.shape, bool) if all_sides else (side == s)
+            keys = jnp.where(block >= 0, block * SIDES + s + 1, table.num_keys)
+            demand = demand.at[keys].add(reads.astype(jnp.float32), mode="drop")
+    return demand
 
 
-def select_queries(
-    table: AdviceTable, cfg: QueryConfig, budget: int, pi_rl: jax.Array, side: jax.Array, changed: jax.Array,
-    blocks: int = 1,
-):
-    """Picks at most `budget` envs to ask (`side` [N]: their position sides now): candidates have advice older
-    than the interval (or none, or about another side),
-    are past their cooldown, and either the policy is uncertain, the env is flat (an entry decision) or its
-    state changed (a fill, an exit, a new loss). Most uncertain first. With `blocks` > 1 the envs are that many
-    equal contiguous blocks (one per process, each asking its own advisor) and at most `budget` are picked in each.
-    Returns (env_ids [blocks × B], valid [blocks × B]), block by block."""
-    top = pi_rl.max(-1)
-    flat = side == 0
-    stale = (table.age >= cfg.interval) | (table.status != STATUS_OK) | (table.side != side)
-    candidate = stale & (table.since_query >= cfg.cooldown) & ((top < cfg.uncertainty_threshold) | flat | changed)
-    if cfg.entries_only:
-        candidate &= flat
-    priority = jnp.where(candidate, 1.0 - top, -1.0).reshape(blocks, -1)
-    block = priority.shape[1]
-    score, env_ids = jax.lax.top_k(priority, min(budget, block))
-    env_ids = env_ids + block * jnp.arange(blocks)[:, None]
-    return env_ids.reshape(-1).astype(jnp.int32), score.reshape(-1) >= 0.0
+def select_keys(table: AdviceTable, cfg: QueryConfig, cap: int, bar: jax.Array, side: jax.Array, ahead=AHEAD,
+                all_sides: bool = False):
+    """The at most `cap` keys most in demand (`key_demand`) that have no answer from the advisor's current version
+    and are not in flight: missing keys before stale ones. Returns (keys [cap], valid [cap]) in priority order."""
+    demand = key_demand(table, cfg, bar, side, ahead, all_sides)
+    has = answered(table.status)
+    stale = has & (table.version < table.current)
+    wanted = (demand > 0) & (~has | stale) & (table.status != STATUS_ASKED)
+    # a missing key outranks any stale one; within each, the envs that will read it
+    missing_first = jnp.where(has, 0.0, bar.shape[0] + 1.0)  # above any key's demand (at most one per env)
+    priority = jnp.where(wanted, demand + missing_first, -1.0)
+    score, keys = jax.lax.top_k(priority, min(cap, table.num_keys))
+    return keys.astype(jnp.int32), score > 0.0

@@ -13,13 +13,14 @@ from agents.advice.risk_veto import RULES
 
 # name -> what it is: the figures of advice_metrics (training logs, evaluation tables and JSON)
 ADVICE_METRICS: dict[str, str] = {
-    "advice_coverage": "share of decisions made with valid advice",
+    "advice_coverage": "share of decisions made with valid advice (from any version of the advisor)",
+    "advice_coverage_current": "share of decisions made with valid advice from the advisor's current version",
     "advice_confidence": "mean confidence of the advice in force (decayed with its age) over advised decisions",
     "agreement": "share of advised decisions where the advice names the policy's most probable action",
     "override_rate": "share of decisions whose action the advice changed",
     "mean_trust": "mean trust gate g over advised decisions (learned fusion)",
     "veto_rate": "share of decisions where the veto blocked an otherwise valid action",
-    "wait_rate": "share of decisions where a flat account waited for an answer in flight instead of entering",
+    "wait_rate": "share of decisions where a flat account waited for the answer in flight instead of entering",
     "bracket_kept_rate": "share of decisions where a trade entered on advice kept its bracket: its stop could not move",
     "bound_rate": "share of decisions where the env was bound to its advice (hybrid.query.bind_on)",
     **{f"vetoes_{rule}": f"times the {rule.replace('_', ' ')} rule started a veto" for rule in RULES},
@@ -33,6 +34,7 @@ def advice_metrics(sums: Mapping[str, float]) -> dict[str, float]:
     advised = max(float(sums["with_advice"]), 1.0)
     return {
         "advice_coverage": float(sums["with_advice"]) / decisions,
+        "advice_coverage_current": float(sums.get("with_current_advice", 0.0)) / decisions,
         "advice_confidence": float(sums["advice_confidence"]) / advised,
         "agreement": float(sums["agreement"]) / advised,
         "override_rate": float(sums["overrides"]) / decisions,

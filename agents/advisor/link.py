@@ -1,18 +1,22 @@
 """A query step (docs/design.md, "One training update, as data flows"), between two jitted chunks:
 
-1. on device, pick at most B envs to ask and gather their prompt scalars;
-2. on the host, render their prompts and submit them to the sidecar (never blocking);
-3. collect the answers to the previous query step (strict: wait for them; async: take them once all are ready)
-   and write them into the on-device advice table. Prompts sent at query step q are answered into the table
-   at q+1: one query step of latency (async: at least one).
+1. on the host, collect the answers to earlier query steps' keys (strict: wait for the previous step's; async: take
+   those that are ready, never waiting) and keep them in the host's copy of the advice table;
+2. on device, one donated program writes them into the advice table and picks the keys to ask next: the missing or
+   stale keys (agents.advice.table) the envs will read soonest, at most B;
+3. once the next chunk is dispatched (`send`), the host fetches the picked keys, renders their prompts and submits
+   them to the advisor while the device runs the chunk.
+
+An answer about block b is in force during block b + 1 whatever the advisor's speed: the latency contract is the
+key's, not the query step's. A slow advisor leaves keys missing (lower coverage), never stale advice in force.
 
 `AdvisorLink` owns the advisor workers (an `AdvisorPool` of sidecar processes) for training and evaluation walks
-alike, restarts a dead one, sizes budget `auto`, and counts everything.
+alike, restarts a dead one, sizes budget `auto`, keeps the persistent advice store (agents.advisor.store) and counts
+everything.
 
-Several processes (`shared`: training over agents.devices.parallel's multi-process mesh) each run their own workers for
-their own block of envs. Every decision that shapes the jitted program is agreed through host collectives: each
-process's budget for the query step (0 where its advisor cannot take prompts), and the answers each collected,
-which every process then writes into the one global advice table.
+Several processes (`shared`: training over agents.devices.parallel's multi-process mesh) run the same selection over
+the one global table; process p asks its own workers about every P-th picked key, and the answers each collected are
+gathered, so every process writes the same rows into its table and its host copy.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.advice.table import select_queries
-from agents.advisor.prompt_fields import PromptFieldBuilder, gather_state
+from agents.advice.table import AHEAD, SIDES, WALK_AHEAD, answered, num_blocks, select_keys
+from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder
 from agents.advisor.sidecar import learning_options, worker_count, worker_options
+from agents.advisor.store import AdviceStore, Answers, adapter_digest, identity, store_root
 from agents.advisor.workers import AdvisorPool
 from agents.config import ConfigError, HybridConfig
-from agents.devices.parallel import gather_processes, to_host
+from agents.devices.parallel import gather_processes, is_writer, to_host
 from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
@@ -48,71 +53,85 @@ def latency_mode(cfg) -> str:
     return "strict" if cfg.llm == "mock" else "async"
 
 
+def prompt_template(cfg) -> tuple[PromptRenderer, str]:
+    """The run's prompt renderer and its template's text; refuses a template naming one account's fields."""
+    path = Path(cfg.hybrid.prompts or DEFAULT_PROMPTS_PATH)
+    renderer = PromptRenderer.from_yaml(path)
+    account = sorted(renderer.fields_used & set(ACCOUNT_FIELDS))
+    if account:
+        raise ConfigError(f"{path}: context names {', '.join(account)}: advice is keyed by market context (bar block "
+                          "and position side) and shared by every account, so a prompt cannot hold one account's "
+                          "figures; remove them from the template")
+    return renderer, path.read_text()
+
+
 class AdvisorLink:
-    """Query steps for any carry with `.env_state` and `.hybrid` (a RunnerState in training, a one-account walk
-    in evaluation): select envs on device, render and submit their prompts, collect the previous query step's
-    answers into the advice table. Owns the advisor workers, restarts a dead one, and counts everything."""
+    """Query steps for any carry with `.env_state` and `.hybrid` (a RunnerState in training, a one-account walk in
+    evaluation): collect answers into the advice table, pick the keys to ask on device, render and submit their
+    prompts. Owns the advisor workers and the advice store."""
 
     def __init__(self, cfg, market, n_envs: int, run_dir: Path | None = None, client: SidecarClient | None = None,
                  latency: str | None = None, learn: bool = False, adapter: str | None = None,
-                 log_stem: Path | None = None, shared: bool = False):
+                 log_stem: Path | None = None, shared: bool = False, walk: bool = False):
         """`learn`: the sidecar learns from outcomes (training's link; never a validation walk's). `adapter`: the
         LoRA adapter to start from instead of the run's (a resumed run's learned one). `client`: one started
         sidecar to use instead of starting the run's workers. `log_stem`: worker i logs to {log_stem}_w{i}.log
         (default RUN_DIR/advisor). `shared`: the carry is global over several processes (training); each
-        process asks its own workers about its own block of envs, and B is per process."""
+        process asks its own workers about its share of the keys, and B is per process. `walk`: an evaluation walk's
+        link, which asks for every key its account will read before it reads it (agents.advice.table.WALK_AHEAD)."""
+        from agents.advisor.adapters import starting_adapter
+
         self.cfg = cfg
         self.h: HybridConfig = cfg.hybrid
+        self.market = market
         self.latency = latency or latency_mode(cfg)
         self.processes = jax.process_count() if shared else 1
         self.rank = jax.process_index() if shared else 0
         if self.processes > 1 and learn:
             raise ConfigError("hybrid.learning: the advisor learns from outcomes in one process only; turn learning "
                               "off or train in one process (on all its local devices)")
-        self.cap = min(self.h.max_budget, n_envs // self.processes)  # per process
-        self.auto = self.h.budget == "auto"
-        self.budget = min(AUTO_START, self.cap) if self.auto else min(int(self.h.budget), self.cap)
-        self.renderer = PromptRenderer.from_yaml(self.h.prompts or DEFAULT_PROMPTS_PATH)
-        self.fields = PromptFieldBuilder(market, list(self.renderer.markets), cfg.env.contracts_per_trade)
+        self.interval = self.h.query.interval
+        self.num_keys = num_blocks(market.num_bars, self.interval) * SIDES
+        self.cap = min(self.h.max_budget, self.num_keys // self.processes)  # per process
+        # a walk asks every key it will read, a handful per query step: never fewer (budget auto could shrink B)
+        self.auto = self.h.budget == "auto" and not walk
+        self.budget = self.cap if walk else min(AUTO_START, self.cap) if self.auto else min(int(self.h.budget), self.cap)
+        self.renderer, template = prompt_template(cfg)
+        self.fields = PromptFieldBuilder(market, list(self.renderer.markets), cfg.env.contracts_per_trade,
+                                         self.interval)
         self.texts = list(market.text_table) or None
         self.learning = learning_options(cfg) if learn else None
-        r = self.h.reasoning
-        self.reasoning = r.enabled and self.renderer.reasoning is not None
-        self.think_used = np.zeros(n_envs, np.int32)  # reasoned answers this episode, per env
-        self.episode_time = np.zeros(n_envs, np.int64)  # the env's episode step when last asked
-        self.n_thoughts = 0
+        self.reasoning = self.h.reasoning.enabled and self.renderer.reasoning is not None
+        root = store_root(cfg)
+        self.adapter = adapter or starting_adapter(cfg)
+        self.store = AdviceStore(root, identity(cfg, market, template, self.adapter), self.num_keys) if root else None
+        self.known = self.store.load() if self.store else Answers.empty(self.num_keys)  # the host's copy of the table
+        self.loaded = int(self.known.filled().sum())
+        self.version = 0  # the advisor's version: LoRA rounds finished since it started (QueryLoop sets it)
         self.client = AdvisorPool([client]) if client else self._start_workers(adapter, log_stem or (run_dir and run_dir / "advisor"))
-        self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, env ids) written, ok only
-        self.pending: list[list] = []  # [query step, submit time, prompts, late] of submissions not yet collected
+        self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, keys) written, ok only
+        self.pending: list[list] = []  # [query step, submit time, prompts, keys, version, late] not yet collected
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
+        self.picks = None  # the latest selection (device arrays), sent by send()
+        self.last_step_at: float | None = None
         self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.log_llm) else None
         self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
         self.reset_counters()
 
-        def select(carry, budgets):
-            """Picks and marks as asked at most budgets[p] envs of each process p's block (traced counts: one
-            compiled selection for every B). Only envs that are really asked are marked: a marked env counts as
-            waiting for an answer."""
+        def step(carry, rows, budgets, version):
+            """Writes the collected answers, then picks and marks as asked at most budgets[p] keys for each process
+            p (traced counts: one compiled program for every B)."""
             hy = carry.hybrid
-            n = hy.changed.shape[0]
-            side = carry.env_state.side.astype(jnp.int32)
-            pi_top = jnp.stack([hy.top_prob, 1.0 - hy.top_prob], -1)  # only the top probability matters here
-            env_ids, valid = select_queries(hy.advice, self.h.query, self.cap, pi_top, side, hy.changed,
-                                            blocks=self.processes)
-            valid &= (jnp.arange(self.cap)[None, :] < budgets[:, None]).reshape(-1)  # top_k sorted them by priority
-            advice = hy.advice.mark_queried(env_ids, valid, side)
-            hy = hy.replace(advice=advice, changed=hy.changed.at[jnp.where(valid, env_ids, n)].set(False, mode="drop"))
-            scalars = gather_state(carry.env_state, env_ids)
-            scalars["top_prob"] = hy.top_prob[env_ids]
-            scalars["episode_time"] = carry.env_state.time[env_ids]
-            return carry.replace(hybrid=hy), env_ids, valid, scalars
+            table = hy.advice.write(*rows).replace(current=version)
+            state = carry.env_state
+            keys, valid = select_keys(table, self.h.query, self.cap * self.processes, state.t, state.side,
+                                      WALK_AHEAD if walk else AHEAD, all_sides=walk)
+            rank = jnp.arange(keys.shape[0])
+            valid &= rank // self.processes < budgets[rank % self.processes]  # process p asks picks p, p + P, ...
+            table = table.mark_asked(keys, valid)
+            return carry.replace(hybrid=hy.replace(advice=table)), keys, valid
 
-        def write(carry, env_ids, probs, confidence, status, valid):
-            hy = carry.hybrid
-            return carry.replace(hybrid=hy.replace(advice=hy.advice.write(env_ids, probs, confidence, status, valid)))
-
-        self._select = jax.jit(select)
-        self._write = jax.jit(write)
+        self._step = jax.jit(step, donate_argnums=0)
 
     def _start_workers(self, adapter: str | None, log_stem: Path | None) -> AdvisorPool:
         options = worker_options(self.cfg, worker_count(self.cfg, self.cap), adapter)
@@ -120,9 +139,28 @@ class AdvisorLink:
                                  learning=self.learning)
 
     def close(self) -> None:
+        self.save_store()
         if self.llm_log:
             self.llm_log.close()
         self.client.close()
+
+    def save_store(self) -> None:
+        """Writes the answers of the advisor as it started to the advice store (process 0; nothing when none is new)."""
+        if self.store is not None and is_writer():
+            self.store.save(self.known)
+
+    def use_adapter(self, path: str | None) -> None:
+        """The advisor answers with LoRA adapter `path` (None: the base model) from now on: its answers are another
+        advisor's, so the host's copy becomes that adapter's store (or empty)."""
+        self.client.command("load", path=path, timeout_s=600.0)
+        self.save_store()
+        self.adapter = path
+        if self.store is not None:
+            ident = {**self.store.ident, "adapter": adapter_digest(path)}
+            self.store = AdviceStore(self.store.dir.parent, ident, self.num_keys)
+            self.known = self.store.load()
+        else:
+            self.known = Answers.empty(self.num_keys)
 
     def reset_counters(self) -> None:
         self.n_query_steps = 0
@@ -136,115 +174,142 @@ class AdvisorLink:
         self.counting_since = time.perf_counter()
         self.client.reset_counters()
 
-    def query_step(self, carry, chunk_s: float | None = None):
-        """`chunk_s`: how long the chunk since the previous query step ran (sizes budget `auto`)."""
+    def sync(self, carry):
+        """The carry with its advice table holding the host's copy (the store's answers and every answer this link
+        collected), merged with what the table already had (a resumed run's). Once per table: at a training run's
+        start, and at each walk's."""
+        table = carry.hybrid.advice
+        if table.num_keys != self.num_keys:
+            raise ValueError(f"advice table of {table.num_keys} keys for a market of {self.num_keys}")
+        device = to_host(table) if self.processes > 1 else jax.device_get(table)
+        have = np.asarray(answered(device.status))
+        take = have & ~self.known.filled()
+        keys = np.flatnonzero(take)
+        self.known.put(keys, device.probs[take], device.confidence[take], device.status[take], device.version[take])
+        k = self.known
+        table = table.replace(probs=jnp.asarray(k.probs), confidence=jnp.asarray(k.confidence),
+                              status=jnp.asarray(k.status), version=jnp.asarray(k.version))
+        # own buffers for every leaf: query steps donate the carry, and a carry built eagerly can share one
+        return jax.tree.map(jnp.copy, carry.replace(hybrid=carry.hybrid.replace(advice=table)))
+
+    def query_step(self, carry):
+        """Collects answers into the table and picks the keys to ask (dispatched on device, not waited for); `send`
+        asks them once the next chunk is dispatched."""
         step = self.query_steps_total
         self.query_steps_total += 1
         self.n_query_steps += 1
+        now = time.perf_counter()
+        since = None if self.last_step_at is None else now - self.last_step_at
+        self.last_step_at = now
+        # The answers to earlier query steps' prompts. Async takes a submission once all its answers are ready
+        # (never waiting): a slow advisor's answers arrive some query steps late, not never.
+        taken = []
+        while self.pending and self.pending[0][0] < step:
+            if self.latency == "async" and not self.client.oldest_done:
+                self.pending[0][5] = True  # late: the advisor was busy with it for at least a whole chunk
+                break
+            taken.append(self._collect(wait=self.latency == "strict", since_s=since))
+        rows = self._rows([t for t in taken if t is not None])
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
         self.client.restart_dead()
         ready = self.client.alive and self.client.pending < MAX_IN_FLIGHT
         if not ready:
             self.n_busy += 1  # nobody asked: the advisor is busy with earlier prompts, or down
         budgets = np.array([self.budget if ready else 0], np.int32)
-        if self.processes > 1:  # every process runs the same selection: on the budgets of all of them
+        if self.processes > 1:  # every process writes every process's answers and selects on all budgets
             budgets = gather_processes(budgets).reshape(-1)
-        if budgets.any():
-            carry, env_ids, valid, scalars = self._select(carry, budgets)
-            env_ids, valid, scalars = to_host((env_ids, valid, scalars)) if self.processes > 1 else \
-                jax.device_get((env_ids, valid, scalars))
-            mine = slice(self.rank * self.cap, (self.rank + 1) * self.cap)  # this process's block's picks
-            take = np.flatnonzero(valid[mine]) + mine.start
-            if len(take):
-                rows = {k: v[take] for k, v in scalars.items()}
-                prompts = self.renderer.render(self.fields.build(rows), self.texts)
-                self.client.submit(env_ids[take], prompts, self._think(env_ids[take], rows))
-                self.pending.append([step, time.perf_counter(), prompts, False])
-                self.n_prompts += len(take)
-        # The answers to earlier query steps' prompts: one step of latency. Async takes a submission once all its
-        # answers are ready (never waiting): a slow advisor's answers arrive some query steps late, not never.
-        taken = []
-        while self.pending and self.pending[0][0] < step:
-            if self.latency == "async" and not self.client.oldest_done:
-                self.pending[0][3] = True  # late: the advisor was busy with it for at least a whole chunk
-                break
-            taken.append(self._collect(wait=self.latency == "strict", chunk_s=chunk_s))
-        if self.processes == 1:
-            for rows in taken:
-                carry = self._write(carry, *rows) if rows is not None else carry
-            return carry
-        # Several processes write the same answers in the same order: each contributes one row block per slot
-        for slot in range(MAX_IN_FLIGHT):
-            rows = gather_processes(taken[slot] if slot < len(taken) and taken[slot] is not None else self._rows())
-            rows = [x.reshape(-1, *x.shape[2:]) for x in rows]
-            if rows[-1].any():
-                carry = self._write(carry, *rows)
+            rows = tuple(x.reshape(-1, *x.shape[2:]) for x in gather_processes(rows))
+        carry, keys, valid = self._step(carry, rows, budgets, np.int32(self.version))
+        self.picks = (keys, valid) if budgets[self.rank] > 0 else None
+        if self.picks is not None:
+            for x in self.picks:
+                x.copy_to_host_async()
         return carry
 
-    def _think(self, env_ids: np.ndarray, rows: dict) -> np.ndarray | None:
-        """Which of the asked envs get chain of thought: the policy is unsure, and the env has reasoning left
-        in this episode (an episode step below the last one seen means a new episode)."""
-        if not self.reasoning:
-            return None
-        r = self.h.reasoning
-        time_now = rows["episode_time"].astype(np.int64)
-        new_episode = time_now < self.episode_time[env_ids]
-        self.think_used[env_ids[new_episode]] = 0
-        self.episode_time[env_ids] = time_now
-        think = (rows["top_prob"] < r.policy_confidence) & (self.think_used[env_ids] < r.per_episode)
-        self.think_used[env_ids[think]] += 1
-        self.n_thoughts += int(think.sum())
-        return think
+    def send(self) -> None:
+        """Renders and submits the prompts of the keys the last query step picked for this process (the host's work
+        while the device runs the chunk)."""
+        if self.picks is None:
+            return
+        keys, valid = to_host(self.picks) if self.processes > 1 else jax.device_get(self.picks)
+        self.picks = None
+        take = np.flatnonzero(valid)
+        take = take[take % self.processes == self.rank]
+        if not len(take):
+            return
+        keys = keys[take]
+        prompts = self.renderer.render(self.fields.build(keys), self.texts)
+        think = np.ones(len(keys), bool) if self.reasoning else None
+        self.n_thoughts += int(think.sum()) if think is not None else 0
+        self.client.submit(keys, prompts, think)
+        self.pending.append([self.query_steps_total - 1, time.perf_counter(), prompts, keys, self.version, False])
+        self.n_prompts += len(keys)
 
     def take_written(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """The (seq, answer rows, env ids) of ok answers written into the advice table since the last call."""
+        """The (seq, answer rows, keys) of ok answers written into the advice table since the last call."""
         written, self.written = self.written, []
         return written
 
     def drain(self, carry):
         """Collects every pending answer (waiting for them), e.g. at the end of an evaluation walk (one process)."""
+        self.send()
+        taken = []
         while self.pending:
             rows = self._collect(wait=True)
-            carry = self._write(carry, *rows) if rows is not None else carry
+            if rows is not None:
+                taken.append(rows)
+        if taken:
+            carry = carry.replace(hybrid=carry.hybrid.replace(
+                advice=carry.hybrid.advice.write(*self._rows(taken, len(taken) * self.cap))))
         return carry
 
-    def _collect(self, wait: bool, chunk_s: float | None = None):
-        """The oldest submission's answers as advice-table rows (`_rows`), None when none came, with everything
-        counted, logged and kept for learning."""
+    def _collect(self, wait: bool, since_s: float | None = None):
+        """The oldest submission's answers as rows (keys, probs, confidence, status, version), None when none came,
+        with everything counted, logged, kept in the host's copy and kept for learning. A key whose answer did not
+        come (a timeout, a dead worker) is set back to missing, so it is asked again."""
         t0 = time.perf_counter()
         answers = self.client.collect(timeout_s=self.h.strict_timeout_s if wait else 0.0)
         waited = time.perf_counter() - t0
         self.wait_s += waited
-        _, submitted_at, prompts, late = self.pending.pop(0)
+        _, submitted_at, prompts, keys, version, late = self.pending.pop(0)
         if not len(answers):
-            return None
+            n = len(keys)
+            return (keys, np.full((n, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32), np.zeros(n, np.float32),
+                    np.full(n, STATUS_BACKEND_ERROR, np.int32), np.full(n, version, np.int32))
         for name, count in answers.counts().items():
             self.n_answers[name] = self.n_answers.get(name, 0) + count
         latency = time.perf_counter() - submitted_at
         self.latencies.append(latency)
-        if self.auto and chunk_s:
-            self._resize(answers, latency, late or waited > 0.05 * chunk_s, chunk_s)
+        if self.auto and since_s:
+            self._resize(answers, latency, late or waited > 0.05 * since_s, since_s)
         self._log_llm(prompts, answers)
         if self.on_answers is not None:
             self.on_answers(answers)
-        ok = np.flatnonzero(answers.status == STATUS_OK)
+        status = answers.status.astype(np.int32)
+        got = np.asarray(answered(status))
+        self.known.put(answers.env_ids[got], answers.probs[got], answers.confidence[got], status[got], version)
+        ok = np.flatnonzero(status == STATUS_OK)
         if self.learning and len(ok):
             self.written.append((answers.seq, ok, answers.env_ids[ok]))
-        return self._rows(answers)
+        return (answers.env_ids.astype(np.int32), answers.probs.astype(np.float32),
+                answers.confidence.astype(np.float32), status, np.full(len(answers), version, np.int32))
 
-    def _rows(self, answers=None) -> tuple[np.ndarray, ...]:
-        """(env ids, probabilities, confidence, status, valid) padded to `cap` rows (fixed shapes: one compiled
-        write for every answer count); no answers: all rows invalid."""
-        n = len(answers) if answers is not None else 0
-        pad = self.cap - n
-        ids = np.zeros(pad, np.int32)
-        probs = np.full((pad, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32)
-        conf, status = np.zeros(pad, np.float32), np.zeros(pad, np.int32)
-        if n:
-            ids, probs = np.concatenate([answers.env_ids, ids]), np.concatenate([answers.probs, probs])
-            conf, status = np.concatenate([answers.confidence, conf]), np.concatenate([answers.status, status])
-        return (ids.astype(np.int32), probs.astype(np.float32), conf.astype(np.float32), status.astype(np.int32),
-                np.arange(self.cap) < n)
+    def _rows(self, taken: list, size: int | None = None) -> tuple[np.ndarray, ...]:
+        """(keys, probabilities, confidence, status, version, valid) of the collected answers, padded to
+        MAX_IN_FLIGHT × cap rows (fixed shapes: one compiled program for every answer count)."""
+        size = size or MAX_IN_FLIGHT * self.cap
+        parts = list(zip(*taken)) if taken else [[np.zeros(0, np.int32)], [np.zeros((0, NUM_ACTIONS), np.float32)],
+                                                  [np.zeros(0, np.float32)], [np.zeros(0, np.int32)],
+                                                  [np.zeros(0, np.int32)]]
+        keys, probs, conf, status, version = (np.concatenate(p) for p in parts)
+        n, pad = len(keys), size - len(keys)
+        status = np.where(np.asarray(answered(status)), status, -1)  # errors and timeouts: missing, asked again
+        return (np.concatenate([keys, np.zeros(pad, np.int32)]).astype(np.int32),
+                np.concatenate([probs, np.full((pad, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32)]).astype(np.float32),
+                np.concatenate([conf, np.zeros(pad, np.float32)]).astype(np.float32),
+                np.concatenate([status, np.zeros(pad, np.int32)]).astype(np.int32),
+                np.concatenate([version, np.zeros(pad, np.int32)]).astype(np.int32),
+                np.arange(size) < n)
 
     def _log_llm(self, prompts, answers) -> None:
         if not self.llm_log or self.logged >= self.h.log_llm:
@@ -253,8 +318,11 @@ class AdvisorLink:
             return x.decode(errors="replace") if isinstance(x, bytes) else str(x)
 
         for i in range(min(len(answers), self.h.log_llm - self.logged)):
+            key = int(answers.env_ids[i])
             self.llm_log.write(json.dumps({
-                "env": int(answers.env_ids[i]),
+                "key": key,
+                "bar": key // SIDES * self.interval + self.interval - 1,  # the block's last bar
+                "side": key % SIDES - 1,
                 "prompt": text(prompts[i]),
                 "answer": text(answers.reasons[i]) if answers.reasons is not None else None,
                 "probs": [round(float(x), 4) for x in answers.probs[i]],
@@ -264,21 +332,20 @@ class AdvisorLink:
             self.logged += 1
         self.llm_log.flush()
 
-    def _resize(self, answers, latency: float, busy: bool, chunk_s: float) -> None:
-        """Budget `auto`: B such that answering one query step's prompts hides behind one chunk. Answers that
-        kept the advisor `busy` until collected (strict: the loop waited for them; async: they were not ready a
-        query step later) or were not all answered were its whole work since they were submitted, so their rate
-        sizes B to 90% of the chunk; answers that were all ready let B grow by a quarter. A niced advisor's rate
-        is what the trainer left idle: B uses only that."""
-        answered = int(((answers.status != STATUS_TIMEOUT) & (answers.status != STATUS_BACKEND_ERROR)).sum())
-        if busy or answered < len(answers):
-            target = answered / max(latency, 1e-6) * chunk_s * 0.9
+    def _resize(self, answers, latency: float, busy: bool, since_s: float) -> None:
+        """Budget `auto`: B such that answering one query step's prompts hides behind the time between query steps.
+        Answers that kept the advisor `busy` until collected (strict: the loop waited for them; async: they were not
+        ready a query step later) or were not all answered were its whole work since they were submitted, so their
+        rate sizes B to 90% of that time; answers that were all ready let B grow by a quarter."""
+        got = int(((answers.status != STATUS_TIMEOUT) & (answers.status != STATUS_BACKEND_ERROR)).sum())
+        if busy or got < len(answers):
+            target = got / max(latency, 1e-6) * since_s * 0.9
         else:
             target = max(self.budget * 1.25, self.budget + 1)
         self.budget = int(np.clip(target, AUTO_MIN, self.cap))
 
     def metrics(self) -> dict:
-        """The query side's counters since reset_counters()."""
+        """The query side's counters since reset_counters(), and how much of the table is filled."""
         client_stats = self.client.stats()
         hits, misses = client_stats.get("cache_hits", 0), client_stats.get("cache_misses", 0)
         lat = np.array(self.latencies) if self.latencies else np.array([0.0])
@@ -291,6 +358,8 @@ class AdvisorLink:
             "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
             "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
             "llm_cache_hit_rate": hits / max(hits + misses, 1),
+            "advice_keys_filled": float(self.known.filled().mean()),
+            "advice_keys_filled_current": float(self.known.filled(self.version).mean()),
         }
         out.update(self.client.metrics())
         if self.reasoning:
@@ -298,5 +367,3 @@ class AdvisorLink:
         for name in STATUS_NAMES:
             out[f"llm_{name}"] = self.n_answers.get(name, 0)
         return out
-
-

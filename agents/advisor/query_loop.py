@@ -1,13 +1,13 @@
 """The hybrid update (docs/design.md, "One training update, as data flows"): the rollout runs as T/k jitted chunks
-of k steps with a query step (`AdvisorLink.query_step`) between chunks, then PPO learns from the concatenated
-chunks through the fused distribution the actions were sampled from. With `hybrid.learning` on, each update's
-outcomes go to the sidecar and a LoRA round starts every M updates."""
+of k steps with a query step (`AdvisorLink.query_step`) before each chunk and the chosen keys' prompts sent while it
+runs (`AdvisorLink.send`), then PPO learns from the concatenated chunks through the fused distribution the actions
+were sampled from. With `hybrid.learning` on, each update's outcomes go to the sidecar, a LoRA round starts every M
+updates, and each finished round is a new advisor version whose answers replace the older ones by demand."""
 
 from __future__ import annotations
 
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -39,8 +39,6 @@ class QueryLoop:
     def __init__(self, cfg, ppo, market, run_dir: Path | None, client: SidecarClient | None = None,
                  adapter: str | None = None):
         self.num_steps, self.interval = cfg.ppo.num_steps, cfg.hybrid.query.interval
-        self.max_stretch = cfg.hybrid.query.max_stretch
-        self.stretch = 1  # query steps every interval × stretch env steps (async: see _restretch)
         self.learning = cfg.hybrid.learning if cfg.hybrid.learning.enabled else None
         self.market = market  # its prices measure the market's move after each answer (the outcomes' `move`)
         # Several processes: each asks its own workers about its own envs (agents.advisor.link); only process 0
@@ -50,15 +48,8 @@ class QueryLoop:
         self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
         self._learn = jax.jit(ppo.learn)
         self.rounds_seen = 0
-
-    @property
-    def query_interval(self) -> int:
-        """Env steps between query steps in the next update."""
-        return self.interval * self.stretch
-
-    @property
-    def chunks(self) -> list[int]:
-        return chunk_lengths(self.num_steps, self.query_interval)
+        self.synced = False  # the run's advice table holds the store's answers (after the first query step)
+        self.chunks = chunk_lengths(self.num_steps, self.interval)
 
     @property
     def client(self) -> AdvisorPool:
@@ -70,34 +61,29 @@ class QueryLoop:
     def update(self, rs):
         """One PPO update: T/k chunks with query steps between them, then learning."""
         self.link.reset_counters()
-        chunk_s = None  # the first query step follows learning, not a chunk
-        trajs, applied, t0 = [], [], 0
+        if not self.synced:
+            rs, self.synced = self.link.sync(rs), True
+        trajs = []
         for k in self.chunks:
-            rs = self.link.query_step(rs, chunk_s)
-            applied.append((t0, self.link.take_written()))
-            t = time.perf_counter()
+            rs = self.link.query_step(rs)
             rs, traj = self._chunk(rs, k)
-            jax.block_until_ready(traj.reward)
-            chunk_s = time.perf_counter() - t
+            self.link.send()  # renders and submits while the device runs the chunk
             trajs.append(traj)
-            t0 += k
         traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *trajs)
         stats = jax.device_get(jax.tree.map(jnp.sum, traj.extras.stats))
-        sent = self._send_outcomes(traj, applied) if self.learning else 0
+        sent = self._send_outcomes() if self.learning else 0
         rs, metrics = self._learn(rs, traj)
         metrics = dict(metrics)
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
         metrics.update(advice_metrics(stats))
         metrics.update(self._link_metrics())
-        metrics["llm_query_interval"] = self.query_interval
-        self._restretch(metrics["llm_busy_rate"])
         if self.learning:
             metrics.update(self._learning_step(int(rs.update), sent))
         return rs, metrics
 
     def _link_metrics(self) -> dict:
-        """The advisor's counters; with several processes, every process's combined (the same on each, so the
-        stretch below is agreed): counts and rates summed, the rest averaged, and each process's rate."""
+        """The advisor's counters; with several processes, every process's combined: counts and rates summed, the
+        rest averaged, and each process's rate."""
         own = self.link.metrics()
         processes = self.link.processes
         if processes == 1:
@@ -110,20 +96,10 @@ class QueryLoop:
         out.update({f"llm_rate_p{p}": float(table[p, keys.index("llm_rate")]) for p in range(processes)})
         return out
 
-    def _restretch(self, busy_rate: float) -> None:
-        """Async latency: after an update in which most query steps asked nobody (the advisor still had two
-        submissions to answer), the interval doubles, up to interval × max_stretch and the rollout's length.
-        Such a query step buys nothing and costs a chunk boundary and a device round trip; the advisor answers as
-        many prompts either way (budget `auto` sizes B to the longer chunk). It never shrinks within a run, so
-        the rollout compiles for a few chunk lengths at most; strict latency always asks every interval."""
-        if self.link.latency != "async" or busy_rate <= 0.5:
-            return
-        if 2 * self.stretch <= self.max_stretch and 2 * self.query_interval <= self.num_steps:
-            self.stretch *= 2
-
-    def _send_outcomes(self, traj, applied) -> int:
-        bars = np.asarray(jax.device_get(traj.extras.trade["bar"]))
-        return self.client.send_outcomes(outcome_rows(applied, bars, self.market, self.learning.move_bars), wait_s=1.0)
+    def _send_outcomes(self) -> int:
+        rows = outcome_rows(self.link.take_written(), self.link.fields.rendered_bar, self.market,
+                            self.market.split_range("train"), self.learning.move_bars)
+        return self.client.send_outcomes(rows, wait_s=1.0)
 
     def _learning_step(self, update: int, sent: int) -> dict:
         """Starts a LoRA round every M updates; the metrics of rounds finished since the last update."""
@@ -152,6 +128,9 @@ class QueryLoop:
         for record in stats["rounds"][self.rounds_seen:]:  # the latest finished round's figures
             out.update({f"lora_{k}": float(v) for k, v in record.items() if k != "round"})
         self.rounds_seen = len(stats["rounds"])
+        # an adopted round is a new advisor version: its answers replace the older ones, most read keys first
+        self.link.version = int(stats.get("version", 0))
+        out["lora_version"] = float(self.link.version)
         return out
 
     def save_adapter(self, run_dir: Path, update: int) -> str | None:

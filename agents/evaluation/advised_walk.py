@@ -1,9 +1,10 @@
 """Walking a split with the LLM advisor: the hybrid agent and its ablations, scored like `jaxenv.walk_split`.
 
 One account walks the split bar by bar (after a drawdown breach a fresh account continues from the next bar).
-Every k bars a query step asks the advisor about the account exactly as in training: prompts sent at one query
-step are answered into the advice table at the next, waiting for them (strict), so a walk with the mock advisor
-is reproducible. Acting is greedy by default: the most probable action of the distribution the agent acts from.
+Every k bars a query step asks the advisor for the keys (bar block, position side) the account will read, exactly
+as in training: keys asked at one query step are answered into the advice table at the next, waiting for them
+(strict), so a walk with the mock advisor is reproducible. The walk starts from every answer the link has (the
+advice store's, earlier walks'), so keys answered once are not asked again. Acting is greedy by default: the most probable action of the distribution the agent acts from.
 
     walker = AdvisedWalker(cfg, ppo, env, market)
     trace = walker.walk(params, obs_norm, "val", key)                          # the agent as trained
@@ -98,7 +99,7 @@ class AdvisedWalker:
     def link(self) -> AdvisorLink:
         if self._link is None:  # strict: a walk must be reproducible, whatever the run's training latency
             self._link = AdvisorLink(self.cfg, self.market, 1, client=self._client, latency="strict",
-                                     log_stem=self.log_dir and self.log_dir / "advisor_eval")
+                                     log_stem=self.log_dir and self.log_dir / "advisor_eval", walk=True)
         return self._link
 
     def close(self) -> None:
@@ -112,7 +113,7 @@ class AdvisedWalker:
         advisor learned has one per checkpoint; other runs keep the adapter they started with."""
         if self.cfg.llm in ("none", "mock") or path == self._adapter:
             return
-        self.link.client.command("load", path=path, timeout_s=600.0)
+        self.link.use_adapter(path)
         self._adapter = path
 
     def acting_for(self, fusion: str | None = None, veto: bool | VetoConfig | None = None,
@@ -133,7 +134,7 @@ class AdvisedWalker:
              adapter: Any = ..., record: Any = None) -> dict[str, Any]:
         """Per-bar trace with `jaxenv.walk_split`'s columns plus the advice in force at each bar
         (`advice_action`, `advice_confidence` (decayed), `advice_valid`), the acting step's stats (`stat_*`) and
-        `reasons`: {bar the answer arrived at: reason text}; `advice_from` gives that bar per step (-1: none).
+        `reasons`: {key: the advisor's reason text}; `advice_from` gives the key in force per step (-1: none).
         `adapter`: the advisor's LoRA adapter for this walk (a path, or None for the base model; `...` keeps the
         current one). `record`: the trained agent's advice record (hybrid.query.bind_on=record), which the walk starts
         from and keeps up; None: a fresh one."""
@@ -145,36 +146,38 @@ class AdvisedWalker:
         num_steps = int(env_params.max_steps_in_episode)
         k_init, key = jax.random.split(key)
         state = jax.vmap(self.env.initial_state, in_axes=(0, None))(k_init[None], env_params)
-        carry = WalkCarry(env_state=state, hybrid=acting.carry_for_walk(record), key=key)
+        carry = WalkCarry(env_state=state, hybrid=acting.carry_for_walk(env_params, record), key=key)
 
         reasons: dict[int, str] = {}
-        bar_now = [0]  # the bar at which answers being collected enter the advice table
 
         def keep_reason(answers) -> None:
-            if len(answers):
-                reasons[bar_now[0]] = answers.reasons[0].decode(errors="replace")
+            for key_id, reason in zip(answers.env_ids, answers.reasons):
+                reasons[int(key_id)] = reason.decode(errors="replace")
 
         if uses_advice:
             link = self.link
             link.reset_counters()
             link.on_answers = keep_reason
+            carry = link.query_step(link.sync(carry))  # the keys the first chunk reads, answered before it
+            link.send()
         chunks = chunk_lengths(num_steps, self.k)
         pieces = []
         try:
             for k in chunks:
                 if uses_advice:
-                    bar_now[0] = int(carry.env_state.t[0])
                     carry = link.query_step(carry)
                 carry, trace = self._chunk_fn(acting, k)(carry, params, obs_norm, env_params)
+                if uses_advice:
+                    link.send()
                 pieces.append(trace)
             if uses_advice:
-                bar_now[0] = int(carry.env_state.t[0])
                 link.drain(carry)  # nothing pending is left for the next walk
+                link.save_store()
         finally:
             if uses_advice:
                 link.on_answers = None
         out = {name: np.concatenate([np.asarray(p[name]) for p in pieces]) for name in pieces[0]}
-        out["advice_from"] = np.where(out["advice_valid"], out["t"] - out.pop("advice_age"), -1)
+        out["advice_from"] = out.pop("advice_key")
         out["reasons"] = reasons
         if uses_advice:
             out["llm"] = link.metrics()
@@ -194,19 +197,18 @@ def _chunk(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool,
         mask = v_mask(state, env_params)
         net_in = obs_norm.normalize(obs) if normalize_obs else obs
         logits = network.apply(params, net_in, method=ActorCritic.logits)
-        advice = view(carry.hybrid.advice, acting.query, state.side)
+        advice = view(carry.hybrid.advice, acting.query, state.t, state.side)
         action, _, _, _, extras, hybrid = acting.act(
             network, params, carry.hybrid, logits, mask, obs, state, env_params, k_act
         )
         next_state, _, terminated, info = v_transition(state, action, env_params)
-        hybrid = acting.after_step(hybrid, info)
         step = jax.tree.map(lambda x: x[0], jax.vmap(trace_step, in_axes=(0, 0, 0, 0, 0, None))(
             state, action, next_state, terminated, info, env_params))
         step.update({
             "advice_action": jnp.argmax(advice.probs[0]).astype(jnp.int32),
             "advice_confidence": advice.confidence[0],
             "advice_valid": advice.valid[0],
-            "advice_age": carry.hybrid.advice.age[0],
+            "advice_key": jnp.where(advice.valid[0], advice.key[0], -1),
             **{STAT_PREFIX + k: v for k, v in extras.stats.items()},  # one decision's sums: advice_metrics' input
         })
         next_state = jax.vmap(continue_after_breach, in_axes=(None, 0, 0, 0, None))(

@@ -29,14 +29,15 @@ LABELS = {
     "avg_holding_bars": "avg holding (bars)", "commissions": "commissions", "commission_share": "commissions / gross",
     "breaches": "breaches", "days_to_first_breach": "days to 1st breach", "prop_passed": "prop-firm target",
     "days": "trading days", "bars": "bars walked",
-    "advice_coverage": "advice coverage", "advice_confidence": "advice confidence", "agreement": "advice agrees",
+    "advice_coverage": "advice coverage", "advice_coverage_current": "advice coverage (current advisor)",
+    "advice_confidence": "advice confidence", "agreement": "advice agrees",
     "override_rate": "overridden by advice", "mean_trust": "mean trust g", "veto_rate": "vetoed decisions",
     "wait_rate": "waited for advice", "bracket_kept_rate": "advised bracket kept",
     "bound_rate": "bound to advice",
     **{f"vetoes_{rule}": f"vetoes: {rule.replace('_', ' ')}" for rule in RULES},
 }
 MONEY = {"net_pnl", "max_drawdown", "expectancy", "trade_pnl_std", "commissions"}
-PERCENT = {"win_rate", "commission_share", "advice_coverage", "agreement", "override_rate", "veto_rate", "wait_rate",
+PERCENT = {"win_rate", "commission_share", "advice_coverage", "advice_coverage_current", "agreement", "override_rate", "veto_rate", "wait_rate",
            "bracket_kept_rate", "bound_rate"}
 WHOLE = {"trades", "breaches", "days_to_first_breach", "days", "bars", *(f"vetoes_{rule}" for rule in RULES)}
 

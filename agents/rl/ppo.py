@@ -197,7 +197,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
             disc_return=jnp.zeros(n_envs),
             key=key,
             update=jnp.zeros((), jnp.int32),
-            hybrid=acting.init_carry(n_envs) if acting else None,
+            hybrid=acting.init_carry(n_envs, env_params) if acting else None,
         ))
 
     def _step(rs: RunnerState, _) -> tuple[RunnerState, Transition]:
@@ -216,9 +216,6 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
         obs, env_state, reward, terminated, truncated, info = v_step(
             jax.random.split(k_env, n_envs), rs.env_state, action, env_params
         )
-        if acting is not None:
-            hybrid = acting.after_step(hybrid, info)
-            extras = acting.with_outcome(extras, rs.env_state)
         obs = flat(obs)
         reward = reward.astype(jnp.float32)
         terminated, truncated = terminated.astype(bool), truncated.astype(bool)

@@ -1,0 +1,156 @@
+"""Filling the advice store ahead of training (`python scripts/advise.py`): every key (bar block × position side) of
+the chosen splits that the store has no answer for is asked, in batches at the advisor's full rate, with a progress
+bar. The store is saved every SAVE_EVERY_S seconds and on Ctrl-C, so a second run continues where the first
+stopped."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from agents.advice.table import SIDES, answered, num_blocks
+from agents.advisor.prompt_fields import PromptFieldBuilder
+from agents.advisor.sidecar import worker_count, worker_options
+from agents.advisor.store import AdviceStore, identity, store_root
+from agents.advisor.workers import AdvisorPool
+from agents.advisor.adapters import starting_adapter
+from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
+from agents.config import ConfigError, load_config
+from bridge import BridgeConfig
+
+SAVE_EVERY_S = 60.0
+SPLITS = ("train", "val", "test")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="YAML config file, as for train.py (its data, advisor, template, interval)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config key, e.g. --set hybrid.query.interval=10; repeatable")
+    ap.add_argument("--data", help="market data: a CSV/Parquet file or synthetic:PRESET (data.source)")
+    ap.add_argument("--llm", help="the advisor whose answers to store (llm; default smollm2)")
+    ap.add_argument("--llm-adapter", metavar="PATH", help="a peft LoRA adapter directory (hybrid.llm_adapter)")
+    ap.add_argument("--store", help="the store folder (hybrid.store; default runs/advice_store)")
+    ap.add_argument("--splits", default="train,val,test",
+                    help=f"comma-separated splits whose keys to fill, of {', '.join(SPLITS)} (default: all)")
+    ap.add_argument("--batch", type=int, help="prompts per submission (default hybrid.max_budget)")
+    return ap.parse_args(argv)
+
+
+def split_keys(market, splits: list[str], interval: int, sides: tuple[int, ...]) -> np.ndarray:
+    """The keys a walk over `splits` reads: block b's key is in force during block b + 1, so the blocks from the one
+    before each split's first bar to the one before its last."""
+    blocks = set()
+    for split in splits:
+        start, end = market.split_range(split)
+        blocks.update(range(max(start // interval - 1, 0), max((end - 1) // interval, 0)))
+    blocks = np.array(sorted(blocks), np.int64)
+    return (blocks[:, None] * SIDES + np.array(sides)[None, :] + 1).reshape(-1)
+
+
+def fill(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides)
+    for flag, key in (("data", "data.source"), ("llm", "llm"), ("store", "hybrid.store"),
+                      ("llm_adapter", "hybrid.llm_adapter")):
+        if getattr(args, flag) is not None:
+            overrides.append(f"{key}={getattr(args, flag)}")
+    cfg = load_config(args.config, overrides)
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    bad = [s for s in splits if s not in SPLITS]
+    if bad or not splits:
+        raise ConfigError(f"--splits: {', '.join(bad) or 'none given'}: choose among {', '.join(SPLITS)}")
+    result = fill_store(cfg, splits, args.batch)
+    if result["stopped"]:
+        print("stopped (Ctrl-C): the answers so far are saved; run the same command again to continue",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool = True) -> dict:
+    """Asks every key of `splits` the run's store has no answer for; {asked, answered, seconds, keys_per_s, filled,
+    keys, stopped} (filled: the store's share of the splits' keys after)."""
+    if cfg.llm == "none":
+        raise ConfigError("--llm none: there is no advisor to ask")
+    root = store_root(cfg)
+    if root is None:
+        raise ConfigError("hybrid.store: no store for this advisor (the mock's default); pass --store PATH")
+
+    from jaxenv import load_market
+
+    market = load_market(cfg.data)
+    k = cfg.hybrid.query.interval
+    renderer, template = prompt_template(cfg)
+    store = AdviceStore(root, identity(cfg, market, template, starting_adapter(cfg)),
+                        num_blocks(market.num_bars, k) * SIDES)
+    known = store.load()
+    sides = (0,) if cfg.hybrid.query.entries_only else (-1, 0, 1)
+    keys = split_keys(market, splits, k, sides)
+    todo = keys[~known.filled()[keys]]
+    print(f"advice store {store.dir}: {len(keys) - len(todo)} of {len(keys)} keys of {', '.join(splits)} answered; "
+          f"asking {len(todo)}", file=sys.stderr)
+    out = {"asked": int(len(todo)), "answered": 0, "seconds": 0.0, "keys_per_s": 0.0, "keys": int(len(keys)),
+           "stopped": False}
+    if not len(todo):
+        return {**out, "filled": 1.0}
+    batch = int(batch or cfg.hybrid.max_budget)
+    fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k)
+    texts = list(market.text_table) or None
+    options = worker_options(cfg, worker_count(cfg, batch))
+    pool = AdvisorPool.start(options, BridgeConfig(capacity=batch), None, prompts=renderer)
+    stopped = []
+    previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batch in flight, save
+    t0, saved_at, done, pending = time.perf_counter(), time.perf_counter(), 0, []
+    bar = tqdm(total=len(todo), unit="key", desc="advising", disable=not progress)
+    try:
+        for start in range(0, len(todo), batch):
+            if stopped:
+                break
+            chunk = todo[start:start + batch]
+            pool.submit(chunk, renderer.render(fields.build(chunk), texts))
+            pending.append(chunk)
+            while len(pending) >= MAX_IN_FLIGHT:
+                done += _take(pool, known, pending.pop(0), cfg.hybrid.strict_timeout_s)
+                bar.update(done - bar.n)
+                if time.perf_counter() - saved_at > SAVE_EVERY_S:
+                    store.save(known)
+                    saved_at = time.perf_counter()
+        while pending:
+            done += _take(pool, known, pending.pop(0), cfg.hybrid.strict_timeout_s)
+            bar.update(done - bar.n)
+    finally:
+        bar.close()
+        store.save(known)
+        pool.close()
+        signal.signal(signal.SIGINT, previous)
+    seconds = time.perf_counter() - t0
+    print(f"answered {done} keys in {seconds / 60:.1f} min ({done / max(seconds, 1e-9):.1f} keys/s); the store "
+          f"holds {int(known.filled()[keys].sum())} of the {len(keys)} keys of {', '.join(splits)}", file=sys.stderr)
+    return {**out, "answered": done, "seconds": seconds, "keys_per_s": done / max(seconds, 1e-9),
+            "filled": float(known.filled()[keys].mean()), "stopped": bool(stopped)}
+
+
+def _take(pool, known, keys: np.ndarray, timeout_s: float) -> int:
+    """Collects the oldest submission into `known`; how many of its keys got an answer."""
+    answers = pool.collect(timeout_s=timeout_s)
+    status = answers.status.astype(np.int32)
+    got = np.asarray(answered(status))
+    known.put(answers.env_ids[got], answers.probs[got], answers.confidence[got], status[got], 0)
+    return int(got.sum())
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bridge import SidecarError
+    from jaxenv import DataValidationError
+
+    args = parse_args(argv)
+    try:
+        return fill(args)
+    except (ConfigError, DataValidationError, FileNotFoundError, SidecarError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
