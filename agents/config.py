@@ -76,8 +76,8 @@ class LogConfig:
 class QueryConfig:
     """How advice is keyed and asked for (agents.advice.table) and how long it lasts."""
 
-    # k: env steps per chunk, a query step between chunks; and the bars per block of the advice keys (bar block,
-    # position side): the answer about block b is in force during block b + 1
+    # k: bars per block of the advice keys (bar block, position side): the answer about block b is in force during
+    # block b + 1 (training asks once per update; an evaluation walk every k bars)
     interval: int = 5
     decay: float = 0.8  # confidence × decay per interval of age
     max_age_intervals: int = 6  # where a block's answer is missing, an older block's holds up to this many intervals

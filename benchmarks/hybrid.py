@@ -7,7 +7,7 @@ compiled update) alternating update by update, so that load from other processes
 processes are stopped (SIGSTOP) while an RL-only update is timed, as in a `--llm none` run, which has none: a model
 answering its backlog beside the RL-only update would slow it too and flatter the ratio (SmolLM2 on 2 cores took
 its RL-only figure from 19.0k to 12.2k steps/s).
-- `mock`: the mock advisor in its own process through the real bridge, k = 5, B = 256, strict latency;
+- `mock`: the mock advisor in its own process through the real bridge, k = 5, B = 1024 (per update), strict latency;
 - `smollm2`: the main command's advisor as configured by default (auto budget, latency auto = async, workers auto,
   the sidecar at OS niceness 19), not with --quick, and only where the embedded model is installed;
 - `smollm2_strict`: the default, strict latency (bit-reproducible; the trainer waits for every answer).
@@ -51,7 +51,7 @@ DEFAULT_ENVS = [4096]
 QUICK_ENVS = [256]
 QUICK_NUM_STEPS = 20
 ADVISORS = {  # name -> config overrides
-    "mock": ["llm=mock", "hybrid.budget=256", "hybrid.query.interval=5", "hybrid.latency=strict"],
+    "mock": ["llm=mock", "hybrid.budget=1024", "hybrid.query.interval=5", "hybrid.latency=strict"],
     "smollm2": ["llm=smollm2", "hybrid.query.interval=5"],  # the main command's defaults
     "smollm2_strict": ["llm=smollm2", "hybrid.query.interval=5", "hybrid.latency=strict"],
 }
@@ -192,9 +192,9 @@ def markdown(rows: list[dict]) -> str:
         return "No hybrid rows."
     r0 = rows[0]
     intro = (
-        f"Whole PPO updates ({r0['num_steps']}-step rollouts as chunks of k = {r0['query_interval']} steps with a "
-        "query step between chunks, synthetic:headlines) with the advisor in its own process(es) through the real "
-        "bridge, alternating update by update with RL-only updates (`--llm none`) of the same env count, so that "
+        f"Whole PPO updates ({r0['num_steps']}-step rollouts, one query step per update, advice keyed by blocks of "
+        f"k = {r0['query_interval']} bars and the position side, synthetic:headlines) with the advisor in its own "
+        "process(es) through the real bridge, alternating update by update with RL-only updates (`--llm none`) of the same env count, so that "
         "other load falls on both alike; the advisor processes are stopped while an RL-only update is timed (a "
         "`--llm none` run has none). store: `empty`, a fresh advice table (a few updates: the coverage of a run's "
         "start); `filled`, a store filled first by `scripts/advise.py` for the train split (fill: its keys/s). "
@@ -217,7 +217,7 @@ def markdown(rows: list[dict]) -> str:
         ("answers/s", lambda r: r.get("answers_per_s", "")),
         ("fill keys/s", lambda r: r.get("fill_keys_per_s", "")),
         ("B", lambda r: r["budget"]),
-        ("prompts / update", lambda r: r["prompts_per_update"]),
+        ("keys asked / update", lambda r: r["prompts_per_update"]),
         ("wait s / query step", lambda r: r["wait_s_per_query"]),
         ("answer latency p50 s", lambda r: r["latency_p50_s"]),
         ("sidecar start s", lambda r: r["sidecar_start_s"]),
@@ -233,12 +233,12 @@ def markdown(rows: list[dict]) -> str:
         notes.append(f"{r['advisor']} ({r.get('latency', 'strict')}, {r.get('store', 'per env')}) at {r['envs']:,} envs: "
                      f"{r['ratio']:.2f} of RL-only throughput "
                      f"with {r['coverage']:.2%} of decisions advised ({verdict})")
-    why = ("Where the time goes: the rollout is split into T/k jitted chunks, and each query step adds one donated "
-           "program (write the answers, pick the keys), the picked keys' copy to the host, prompt rendering and a "
-           "shared-memory submit while the next chunk runs and, in strict mode, the wait for the previous step's "
-           "answers. A model on the CPU shares its cores with the JAX trainer, niced to 19 so that it mostly runs "
-           "in the trainer's idle time. With a filled store nothing is asked: the advice costs a gather per step "
-           "and the fusion. Learning, most of an update, is unchanged.")
+    why = ("Where the time goes: each update adds one query step (a program that writes the answers and picks the "
+           "keys, the picked keys' copy to the host, prompt rendering and a shared-memory submit while the update "
+           "runs and, in strict mode, the wait for the previous update's answers), and every env step adds the "
+           "advice's gathers, the entry rules and the fusion (the learned trust gate on every advised row, in the "
+           "rollout and in each minibatch of learning). A model on the CPU shares its cores with the JAX trainer, "
+           "niced to 19 so that it mostly runs in the trainer's idle time. With a filled store nothing is asked.")
     if any("load_avg_1m" not in r for r in rows):
         notes[-1] += (". Rows without a load figure come from a run before advisor workers (issue 23): RL-only timed "
                       "once before the advisors rather than alternating, on an otherwise idle machine")

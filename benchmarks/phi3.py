@@ -294,7 +294,8 @@ def markdown(rows: list[dict]) -> str:
     if hybrid:
         parts.append("Training with this advisor in its own process as the main command runs one (async latency, "
                      "auto budget, one worker per GPU), alternating update by update with RL-only updates; "
-                     "`ratio` = hybrid ÷ RL-only steps/s.")
+                     "`ratio` = hybrid ÷ RL-only steps/s. store: `empty`, a fresh advice table; `filled`, the store "
+                     "filled first for the train split (fill keys/s: that fill's rate).")
         parts.append(table(hybrid, [
             ("quantize", lambda r: r["quantize"]), ("envs", lambda r: r["envs"]),
             ("steps/s [min–max]", lambda r: fmt_range(r, "steps_per_s")),

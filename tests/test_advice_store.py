@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["num_envs=32", "ppo.num_steps=20", "ppo.num_minibatches=2", "ppo.update_epochs=1", "total_steps=640",
          "network.actor_hidden=[32]", "network.critic_hidden=[32]", "data.source=synthetic:headlines",
          "data.synthetic_days=30", "checkpoint.eval_every_updates=0", "log.progress=false", "log.tensorboard=false",
-         "llm=mock", "hybrid.budget=16"]
+         "llm=mock", "hybrid.budget=256"]
 
 
 def answers(n_keys: int, keys: list[int]) -> Answers:

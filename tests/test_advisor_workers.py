@@ -69,6 +69,7 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
     try:
         assert len(loop.client.workers) == 2
         state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
+        state, _ = loop.update(state)  # asks; the answers come into the table at the next update
         state, first = loop.update(state)
         assert first["llm_workers_alive"] == 2
         assert first["llm_answered_w0"] > 0 and first["llm_answered_w1"] > 0  # both workers answered
@@ -89,7 +90,8 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
         assert (answers.status[n0:] == STATUS_BACKEND_ERROR).all()  # the dead worker's share
         assert (answers.status[:n0] != STATUS_BACKEND_ERROR).all()  # the other answered its own
 
-        state, second = loop.update(state)  # goes on: worker 1 restarts while worker 0 answers
+        state, _ = loop.update(state)  # goes on: worker 1 restarts while worker 0 is asked ...
+        state, second = loop.update(state)  # ... and its answers come in at the next update
         assert math.isfinite(second["policy_loss"]) and second["llm_answered_w0"] > 0
         deadline, back = time.monotonic() + 60, None
         while back is None and time.monotonic() < deadline:  # updates go on; worker 1 answers again once it is up
@@ -107,7 +109,7 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
 def test_auto_budget_asks_only_what_the_advisor_answered_in_a_chunk():
     """Answers that kept the advisor busy until collected (async: not ready a query step later), or not all
     answered, size B to 90% of what it answered between query steps at its measured rate (a niced advisor's rate is the idle
-    CPU it found); answers all ready let B grow by a quarter."""
+    CPU it found); answers all ready let B double."""
     from agents.advisor.link import AdvisorLink
     from bridge.client import Answers
 
@@ -125,7 +127,7 @@ def test_auto_budget_asks_only_what_the_advisor_answered_in_a_chunk():
     link._resize(answers(ok=30, timed_out=10), latency=1.0, busy=False, since_s=1.0)
     assert link.budget == 27
     link._resize(answers(ok=27, timed_out=0), latency=1.0, busy=False, since_s=1.0)
-    assert link.budget == 33  # all ready: a quarter more
+    assert link.budget == 54  # all ready: twice as many
 
 
 def test_a_slow_answer_is_collected_when_done_not_abandoned():

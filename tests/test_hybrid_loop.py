@@ -26,7 +26,7 @@ TIMING = ("steps_per_s", "achieved_gflops", "update_s", "compile_s")
 SMALL = ["num_envs=32", "ppo.num_steps=20", "ppo.num_minibatches=2", "ppo.update_epochs=1", "total_steps=1280",
          "network.actor_hidden=[32]", "network.critic_hidden=[32]", "data.source=synthetic:headlines",
          "data.synthetic_days=30", "checkpoint.eval_every_updates=0", "log.progress=false", "log.tensorboard=false",
-         "llm=mock", "hybrid.budget=16"]
+         "llm=mock", "hybrid.budget=256"]
 
 
 def shm_segments() -> set[str]:
@@ -65,13 +65,12 @@ def test_strict_mode_with_mock_advisor_is_reproducible(tmp_path):
 
 
 def test_every_update_gets_answers(tmp_path):
-    """Submissions left pending at the end of an update are collected in the next one, so advice keeps coming; a
-    query step marks as asked exactly the keys it asks (at most B)."""
-    # 13 chunks: 12 of 5 steps, one of 4
+    """The keys asked at one update are answered into the table at the next, so advice keeps coming; a query step
+    marks as asked exactly the keys it asks (at most B)."""
     with hybrid_loop(["ppo.num_steps=64", "total_steps=2048", "hybrid.budget=8"], tmp_path) as (loop, state):
-        for _ in range(4):
+        for update in range(4):
             state, m = loop.update(state)
-            assert m["llm_prompts"] > 0 and m["llm_ok"] > 0
+            assert m["llm_prompts"] == 8 and (m["llm_ok"] == 8 or update == 0)
         before = loop.link.n_prompts
         state = loop.link.query_step(state)
         loop.link.send()
@@ -80,9 +79,9 @@ def test_every_update_gets_answers(tmp_path):
 
 
 def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arrive(tmp_path):
-    """Async latency with an advisor that takes 0.5 s a batch: query steps never wait for it, the answers come some
-    query steps later and are in force for the blocks after the ones they are about."""
-    overrides = ["hybrid.latency=async", "hybrid.mock_latency_s=0.5"]
+    """Async latency with an advisor that takes 0.2 s a batch: query steps never wait for it, the answers come some
+    query steps later, and the keys are asked that many query steps further ahead, so they are read."""
+    overrides = ["hybrid.latency=async", "hybrid.mock_latency_s=0.2", "hybrid.budget=64"]
     with hybrid_loop(overrides, tmp_path) as (loop, state):
         covered, deadline = 0.0, time.monotonic() + 60
         while covered == 0.0 and time.monotonic() < deadline:
@@ -90,7 +89,7 @@ def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arr
             assert m["llm_wait_s_per_query"] < 0.05
             covered = m["advice_coverage"]
         assert covered > 0 and m["advice_keys_filled"] > 0
-        assert m["llm_busy_rate"] > 0  # some query steps found the advisor busy and asked nobody
+        assert loop.link.lag > 0  # the answers took more than one query step
 
 
 def test_training_survives_a_killed_sidecar(tmp_path):

@@ -181,21 +181,21 @@ def test_query_steps_ask_the_keys_most_envs_will_read_missing_before_stale_and_n
     # three flat envs in block 2, one long env in block 2, one flat env in block 6
     bar = jnp.array([10, 11, 12, 13, 30], jnp.int32)
     side = jnp.array([0, 0, 0, 1, 0], jnp.int32)
-    keys, ok = select_keys(table, cfg, 3, bar, side)
+    keys, ok = select_keys(table, cfg, 3, bar, side, 0, 2)
     flat_2, flat_3 = 2 * SIDES + 1, 3 * SIDES + 1  # read during blocks 3 and 4, where they are next
     assert ok.tolist() == [True, True, True] and sorted(keys[:2].tolist()) == [flat_2, flat_3]
     asked = table.mark_asked(keys, ok)
-    keys, ok = select_keys(asked, cfg, 8, bar, side)
+    keys, ok = select_keys(asked, cfg, 8, bar, side, 0, 2)
     assert set(keys[ok].tolist()) == {2 * SIDES + 2, 3 * SIDES + 2, 6 * SIDES + 1, 7 * SIDES + 1} - set(
         np.asarray(asked.status == STATUS_ASKED).nonzero()[0].tolist())  # in flight: not asked again
     # a new advisor version: answered keys are stale, asked again after every missing one
     answered_all = table.write(jnp.arange(10 * SIDES), jnp.full((10 * SIDES, 6), 1 / 6), jnp.ones(10 * SIDES),
                                jnp.zeros(10 * SIDES, jnp.int32), jnp.zeros(10 * SIDES, jnp.int32),
                                jnp.arange(10 * SIDES) != flat_3)
-    keys, ok = select_keys(answered_all.replace(current=jnp.int32(1)), cfg, 2, bar, side)
+    keys, ok = select_keys(answered_all.replace(current=jnp.int32(1)), cfg, 2, bar, side, 0, 2)
     assert keys.tolist() == [flat_3, flat_2]
     # entries_only: only flat envs' keys
-    keys, ok = select_keys(table, QueryConfig(interval=K, entries_only=True), 8, bar, side)
+    keys, ok = select_keys(table, QueryConfig(interval=K, entries_only=True), 8, bar, side, 0, 2)
     assert all(k % SIDES == 1 for k in keys[ok].tolist())
 
 

@@ -119,22 +119,30 @@ def view(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.Array) 
     )
 
 
-AHEAD = (0, 1)  # training: the blocks an env reads in the chunk after next (t // k and t // k + 1), its own side
-# A walk (one account, strict latency) also asks for the block it reads now and for every side: each key it reads is
-# then answered before it is read, whatever earlier walks asked, so a walk's figures do not depend on its history.
-WALK_AHEAD = (-1, 0, 1)
+# A walk (one account, strict latency, a query step every k bars) asks for the block it reads now and the next two,
+# for every side: each key it reads is then answered before it is read, whatever earlier walks asked, so a walk's
+# figures do not depend on its history.
+WALK_AHEAD = (-1, 3)  # (first block relative to the env's now, how many blocks)
 
 
-def key_demand(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.Array, ahead=AHEAD,
+def update_ahead(num_steps: int, interval: int) -> tuple[int, int]:
+    """Training (one query step per update of T = num_steps steps): (first block, how many) relative to an env's block
+    now that it reads during the next update, when keys asked now have been answered under strict latency: blocks
+    (t + T) // k − 1 to (t + 2T − 1) // k − 1. An advisor whose answers take `lag` more updates is asked lag × T // k
+    blocks further on (AdvisorLink measures the lag)."""
+    return num_steps // interval - 1, (2 * num_steps - 1) // interval - num_steps // interval + 2
+
+
+def key_demand(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.Array, first: jax.Array, count: int,
                all_sides: bool = False) -> jax.Array:
-    """[K·3] how many envs will read each key: an env at bar t reads block t // k + a for each a in `ahead` (answers
-    to keys asked now arrive at the next query step, when the env reads blocks t // k and t // k + 1), for its side
-    (every side with `all_sides`). Flat only with `entries_only`."""
+    """[K·3] how many envs will read each key: an env at bar t counts for blocks t // k + first + i, i < count (the
+    blocks it reads once the keys asked now are answered; `first` may be traced), for its side (every side with
+    `all_sides`). Flat only with `entries_only`."""
     k = cfg.interval
     sides = (0,) if cfg.entries_only else (-1, 0, 1)
     demand = jnp.zeros(table.num_keys, jnp.float32)
-    for a in ahead:
-        block = bar // k + a
+    for i in range(count):
+        block = bar // k + first + i
         for s in sides:
             reads = jnp.ones(side.shape, bool) if all_sides else (side == s)
             keys = jnp.where(block >= 0, block * SIDES + s + 1, table.num_keys)
@@ -142,11 +150,11 @@ def key_demand(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.A
     return demand
 
 
-def select_keys(table: AdviceTable, cfg: QueryConfig, cap: int, bar: jax.Array, side: jax.Array, ahead=AHEAD,
-                all_sides: bool = False):
+def select_keys(table: AdviceTable, cfg: QueryConfig, cap: int, bar: jax.Array, side: jax.Array, first: jax.Array,
+                count: int, all_sides: bool = False):
     """The at most `cap` keys most in demand (`key_demand`) that have no answer from the advisor's current version
     and are not in flight: missing keys before stale ones. Returns (keys [cap], valid [cap]) in priority order."""
-    demand = key_demand(table, cfg, bar, side, ahead, all_sides)
+    demand = key_demand(table, cfg, bar, side, first, count, all_sides)
     has = answered(table.status)
     stale = has & (table.version < table.current)
     wanted = (demand > 0) & (~has | stale) & (table.status != STATUS_ASKED)

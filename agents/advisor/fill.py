@@ -6,6 +6,7 @@ stopped."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -54,7 +55,8 @@ def split_keys(market, splits: list[str], interval: int, sides: tuple[int, ...])
 
 
 def fill(args: argparse.Namespace) -> int:
-    overrides = list(args.overrides)
+    # nothing else runs: the advisor takes every core at normal priority (a training run's default is 1 thread, nice 19)
+    overrides = [f"hybrid.sidecar_threads={os.cpu_count() or 1}", "hybrid.sidecar_nice=0", *args.overrides]
     for flag, key in (("data", "data.source"), ("llm", "llm"), ("store", "hybrid.store"),
                       ("llm_adapter", "hybrid.llm_adapter")):
         if getattr(args, flag) is not None:

@@ -1,11 +1,12 @@
-"""A query step (docs/design.md, "One training update, as data flows"), between two jitted chunks:
+"""A query step (docs/design.md, "One training update, as data flows"): in training one per update, before its
+rollout; in an evaluation walk one every k bars.
 
 1. on the host, collect the answers to earlier query steps' keys (strict: wait for the previous step's; async: take
    those that are ready, never waiting) and keep them in the host's copy of the advice table;
 2. on device, one donated program writes them into the advice table and picks the keys to ask next: the missing or
-   stale keys (agents.advice.table) the envs will read soonest, at most B;
-3. once the next chunk is dispatched (`send`), the host fetches the picked keys, renders their prompts and submits
-   them to the advisor while the device runs the chunk.
+   stale keys (agents.advice.table) the envs will read once they are answered, most read first, at most B;
+3. once the device work that follows is dispatched (`send`), the host fetches the picked keys, renders their prompts
+   and submits them to the advisor while the device runs.
 
 An answer about block b is in force during block b + 1 whatever the advisor's speed: the latency contract is the
 key's, not the query step's. A slow advisor leaves keys missing (lower coverage), never stale advice in force.
@@ -29,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.advice.table import AHEAD, SIDES, WALK_AHEAD, answered, num_blocks, select_keys
+from agents.advice.table import SIDES, WALK_AHEAD, answered, num_blocks, select_keys
 from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder
 from agents.advisor.sidecar import learning_options, worker_count, worker_options
 from agents.advisor.store import AdviceStore, Answers, adapter_digest, identity, store_root
@@ -40,9 +41,10 @@ from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, Sideca
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
 
-AUTO_START = 16  # budget `auto`: B of the first query step ...
+AUTO_START = 16  # budget `auto`: B of the first query step (async takes a submission once all of it is answered) ...
 AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
 MAX_IN_FLIGHT = 2  # submissions the advisor may have to answer; while it has this many, a query step asks nobody
+MAX_LAG = 16  # an async advisor is asked at most this many query steps further ahead
 
 
 def latency_mode(cfg) -> str:
@@ -72,13 +74,16 @@ class AdvisorLink:
 
     def __init__(self, cfg, market, n_envs: int, run_dir: Path | None = None, client: SidecarClient | None = None,
                  latency: str | None = None, learn: bool = False, adapter: str | None = None,
-                 log_stem: Path | None = None, shared: bool = False, walk: bool = False):
+                 log_stem: Path | None = None, shared: bool = False, ahead: tuple[int, int] = (0, 2),
+                 walk: bool = False):
         """`learn`: the sidecar learns from outcomes (training's link; never a validation walk's). `adapter`: the
         LoRA adapter to start from instead of the run's (a resumed run's learned one). `client`: one started
         sidecar to use instead of starting the run's workers. `log_stem`: worker i logs to {log_stem}_w{i}.log
         (default RUN_DIR/advisor). `shared`: the carry is global over several processes (training); each
-        process asks its own workers about its share of the keys, and B is per process. `walk`: an evaluation walk's
-        link, which asks for every key its account will read before it reads it (agents.advice.table.WALK_AHEAD)."""
+        process asks its own workers about its share of the keys, and B is per process. `ahead`: (first block, how
+        many) relative to each env's now whose keys a query step asks for (agents.advice.table.update_ahead in
+        training), moved on by the measured lag of an async advisor. `walk`: an evaluation walk's link, which asks for
+        every key its account will read before it reads it (WALK_AHEAD)."""
         from agents.advisor.adapters import starting_adapter
 
         self.cfg = cfg
@@ -108,6 +113,8 @@ class AdvisorLink:
         self.known = self.store.load() if self.store else Answers.empty(self.num_keys)  # the host's copy of the table
         self.loaded = int(self.known.filled().sum())
         self.version = 0  # the advisor's version: LoRA rounds finished since it started (QueryLoop sets it)
+        self.first, self.count = WALK_AHEAD if walk else ahead
+        self.lag = 0  # async: query steps its answers took beyond one (they are asked that much further ahead)
         self.client = AdvisorPool([client]) if client else self._start_workers(adapter, log_stem or (run_dir and run_dir / "advisor"))
         self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, keys) written, ok only
         self.pending: list[list] = []  # [query step, submit time, prompts, keys, version, late] not yet collected
@@ -118,14 +125,14 @@ class AdvisorLink:
         self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
         self.reset_counters()
 
-        def step(carry, rows, budgets, version):
+        def step(carry, rows, budgets, version, first):
             """Writes the collected answers, then picks and marks as asked at most budgets[p] keys for each process
             p (traced counts: one compiled program for every B)."""
             hy = carry.hybrid
             table = hy.advice.write(*rows).replace(current=version)
             state = carry.env_state
-            keys, valid = select_keys(table, self.h.query, self.cap * self.processes, state.t, state.side,
-                                      WALK_AHEAD if walk else AHEAD, all_sides=walk)
+            keys, valid = select_keys(table, self.h.query, self.cap * self.processes, state.t, state.side, first,
+                                      self.count, all_sides=walk)
             rank = jnp.arange(keys.shape[0])
             valid &= rank // self.processes < budgets[rank % self.processes]  # process p asks picks p, p + P, ...
             table = table.mark_asked(keys, valid)
@@ -219,7 +226,10 @@ class AdvisorLink:
         if self.processes > 1:  # every process writes every process's answers and selects on all budgets
             budgets = gather_processes(budgets).reshape(-1)
             rows = tuple(x.reshape(-1, *x.shape[2:]) for x in gather_processes(rows))
-        carry, keys, valid = self._step(carry, rows, budgets, np.int32(self.version))
+        first = self.first + self.lag * max(self.count - 2, 1)  # a query step's envs move about count - 2 blocks
+        if self.processes > 1:  # every process asks ahead by the same lag
+            first = int(gather_processes(np.array([first], np.int32)).max())
+        carry, keys, valid = self._step(carry, rows, budgets, np.int32(self.version), np.int32(first))
         self.picks = (keys, valid) if budgets[self.rank] > 0 else None
         if self.picks is not None:
             for x in self.picks:
@@ -280,6 +290,8 @@ class AdvisorLink:
             self.n_answers[name] = self.n_answers.get(name, 0) + count
         latency = time.perf_counter() - submitted_at
         self.latencies.append(latency)
+        if self.latency == "async" and since_s:  # answers taking L query steps serve the envs L - 1 steps on
+            self.lag = int(np.clip(np.ceil(latency / since_s) - 1, 0, MAX_LAG))
         if self.auto and since_s:
             self._resize(answers, latency, late or waited > 0.05 * since_s, since_s)
         self._log_llm(prompts, answers)
@@ -336,12 +348,12 @@ class AdvisorLink:
         """Budget `auto`: B such that answering one query step's prompts hides behind the time between query steps.
         Answers that kept the advisor `busy` until collected (strict: the loop waited for them; async: they were not
         ready a query step later) or were not all answered were its whole work since they were submitted, so their
-        rate sizes B to 90% of that time; answers that were all ready let B grow by a quarter."""
+        rate sizes B to 90% of that time; answers that were all ready let B double."""
         got = int(((answers.status != STATUS_TIMEOUT) & (answers.status != STATUS_BACKEND_ERROR)).sum())
         if busy or got < len(answers):
             target = got / max(latency, 1e-6) * since_s * 0.9
         else:
-            target = max(self.budget * 1.25, self.budget + 1)
+            target = 2 * self.budget
         self.budget = int(np.clip(target, AUTO_MIN, self.cap))
 
     def metrics(self) -> dict:
@@ -360,6 +372,7 @@ class AdvisorLink:
             "llm_cache_hit_rate": hits / max(hits + misses, 1),
             "advice_keys_filled": float(self.known.filled().mean()),
             "advice_keys_filled_current": float(self.known.filled(self.version).mean()),
+            "llm_lag": float(self.lag),
         }
         out.update(self.client.metrics())
         if self.reasoning:

@@ -1,8 +1,9 @@
-"""The hybrid update (docs/design.md, "One training update, as data flows"): the rollout runs as T/k jitted chunks
-of k steps with a query step (`AdvisorLink.query_step`) before each chunk and the chosen keys' prompts sent while it
-runs (`AdvisorLink.send`), then PPO learns from the concatenated chunks through the fused distribution the actions
-were sampled from. With `hybrid.learning` on, each update's outcomes go to the sidecar, a LoRA round starts every M
-updates, and each finished round is a new advisor version whose answers replace the older ones by demand."""
+"""The hybrid update (docs/design.md, "One training update, as data flows"): a query step (`AdvisorLink.query_step`)
+collects the answers that came since the last update into the advice table and picks the keys the envs will read in
+the next update; then one jitted program runs the rollout of T steps and PPO's learning step through the fused
+distribution the actions were sampled from, and while it runs the host renders and submits the picked keys' prompts
+(`AdvisorLink.send`). With `hybrid.learning` on, each update's outcomes go to the sidecar, a LoRA round starts every
+M updates, and each finished round is a new advisor version whose answers replace the older ones by demand."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from agents.advice.table import update_ahead
 from agents.advice.usage import advice_metrics
 from agents.advisor.adapters import adapter_dir
 from agents.advisor.link import AdvisorLink
@@ -26,13 +28,8 @@ from bridge import STATUS_NAMES, SidecarClient
 FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: a CPU advisor's round can take many minutes
 
 
-def chunk_lengths(steps: int, k: int) -> list[int]:
-    """Steps per chunk when `steps` env steps run k at a time, e.g. 64 steps, k=5: 12×5 + 4."""
-    return [k] * (steps // k) + ([steps % k] if steps % k else [])
-
-
 class QueryLoop:
-    """Runs hybrid updates: chunks with query steps between them, then one PPO learning step. With
+    """Runs hybrid updates: a query step, then the rollout and PPO's learning step as one program. With
     `hybrid.learning` on, it also sends each update's outcomes to the sidecar and starts a LoRA round every M
     updates (the sidecar learns between answering batches, so the rollout does not wait for it)."""
 
@@ -44,12 +41,18 @@ class QueryLoop:
         # Several processes: each asks its own workers about its own envs (agents.advisor.link); only process 0
         # writes the run folder, the others' workers log to their stderr.
         self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir if is_writer() else None, client,
-                                learn=self.learning is not None, adapter=adapter, shared=jax.process_count() > 1)
-        self._chunk = jax.jit(ppo.rollout_chunk, static_argnums=1)
-        self._learn = jax.jit(ppo.learn)
+                                learn=self.learning is not None, adapter=adapter, shared=jax.process_count() > 1,
+                                ahead=update_ahead(self.num_steps, self.interval))
+
+        def rollout_and_learn(rs):
+            rs, traj = ppo.rollout_chunk(rs, self.num_steps)
+            stats = jax.tree.map(jnp.sum, traj.extras.stats)  # how the advice was used, summed over the rollout
+            rs, metrics = ppo.learn(rs, traj)
+            return rs, metrics, stats
+
+        self._update = jax.jit(rollout_and_learn)
         self.rounds_seen = 0
         self.synced = False  # the run's advice table holds the store's answers (after the first query step)
-        self.chunks = chunk_lengths(self.num_steps, self.interval)
 
     @property
     def client(self) -> AdvisorPool:
@@ -59,20 +62,15 @@ class QueryLoop:
         self.link.close()
 
     def update(self, rs):
-        """One PPO update: T/k chunks with query steps between them, then learning."""
+        """One PPO update: a query step, then the rollout and learning (one program, while the prompts go out)."""
         self.link.reset_counters()
         if not self.synced:
             rs, self.synced = self.link.sync(rs), True
-        trajs = []
-        for k in self.chunks:
-            rs = self.link.query_step(rs)
-            rs, traj = self._chunk(rs, k)
-            self.link.send()  # renders and submits while the device runs the chunk
-            trajs.append(traj)
-        traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *trajs)
-        stats = jax.device_get(jax.tree.map(jnp.sum, traj.extras.stats))
+        rs = self.link.query_step(rs)
+        rs, metrics, stats = self._update(rs)
+        self.link.send()  # renders and submits while the device runs the update
         sent = self._send_outcomes() if self.learning else 0
-        rs, metrics = self._learn(rs, traj)
+        metrics, stats = jax.device_get((metrics, stats))
         metrics = dict(metrics)
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
         metrics.update(advice_metrics(stats))

@@ -29,12 +29,16 @@ from agents.advice.table import view
 from agents.advice.usage import STAT_PREFIX, walk_advice_metrics
 from agents.advisor.adapters import starting_adapter
 from agents.advisor.link import AdvisorLink
-from agents.advisor.query_loop import chunk_lengths
 from agents.config import VetoConfig
 from agents.rl.networks import ActorCritic
 from jaxenv.env import EnvState
 from jaxenv.evaluate import continue_after_breach, trace_step
 from jaxenv.metrics import walk_metrics
+
+def chunk_lengths(steps: int, k: int) -> list[int]:
+    """Steps per chunk when `steps` env steps run k at a time, e.g. 64 steps, k=5: 12×5 + 4."""
+    return [k] * (steps // k) + ([steps % k] if steps % k else [])
+
 
 # name -> the acting changes of that ablation (fusion None = the run's own fusion)
 ABLATIONS: dict[str, dict] = {

@@ -41,7 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fusion", choices=FUSION_MODES, help="how advice changes actions: learned trust gate mixing "
                     "the two distributions (default), the seeds' priority rules, switch (valid advice acts, the policy elsewhere), or "
                     "none (queries for statistics only)")
-    ap.add_argument("--query-interval", type=int, help="env steps between LLM query steps, k (hybrid.query.interval)")
+    ap.add_argument("--query-interval", type=int, help="bars per block of the advice keys, k: the answer about a block "
+                    "is in force during the next (hybrid.query.interval)")
     ap.add_argument("--llm-budget", help="most envs asked per query step: a number or auto (hybrid.budget)")
     ap.add_argument("--latency", choices=["strict", "async", "auto"], help="strict: wait for the previous query "
                     "step's answers (reproducible); async: never wait; auto (default): strict for the mock advisor, "

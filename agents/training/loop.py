@@ -203,6 +203,8 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
         if writer:
             (ckpt.save_best if best else ckpt.save_latest)(update, whole, host_state())
         barrier(f"jaxfutures-saved-{'best' if best else 'latest'}-{update}")
+        if query_loop is not None:
+            query_loop.link.save_store()  # the answers so far: a later run, seed or evaluation starts from them
         if query_loop is not None and query_loop.learning:
             query_loop.save_adapter(run_dir, update)
             prune_adapters(run_dir, set(ckpt.latest.all_steps()) | set(ckpt.best.all_steps()) | {update})
