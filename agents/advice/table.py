@@ -139,12 +139,13 @@ def key_demand(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.A
     blocks it reads once the keys asked now are answered; `first` may be traced), for its side (every side with
     `all_sides`). Flat only with `entries_only`."""
     k = cfg.interval
-    sides = (0,) if cfg.entries_only else (-1, 0, 1)
+    side = side.astype(jnp.int32)
+    sides = [jnp.full_like(side, s) for s in (-1, 0, 1)] if all_sides else [side]  # one scatter per side read
     demand = jnp.zeros(table.num_keys, jnp.float32)
     for i in range(count):
         block = bar // k + first + i
         for s in sides:
-            reads = jnp.ones(side.shape, bool) if all_sides else (side == s)
+            reads = (s == 0) if cfg.entries_only else jnp.ones(s.shape, bool)
             keys = jnp.where(block >= 0, block * SIDES + s + 1, table.num_keys)
             demand = demand.at[keys].add(reads.astype(jnp.float32), mode="drop")
     return demand

@@ -139,11 +139,8 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
 
 def _take(pool, known, keys: np.ndarray, timeout_s: float) -> int:
     """Collects the oldest submission into `known`; how many of its keys got an answer."""
-    answers = pool.collect(timeout_s=timeout_s)
-    status = answers.status.astype(np.int32)
-    got = np.asarray(answered(status))
-    known.put(answers.env_ids[got], answers.probs[got], answers.confidence[got], status[got], 0)
-    return int(got.sum())
+    status = known.keep(pool.collect(timeout_s=timeout_s), 0)
+    return int(np.asarray(answered(status)).sum())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,7 +88,6 @@ class AdvisorLink:
 
         self.cfg = cfg
         self.h: HybridConfig = cfg.hybrid
-        self.market = market
         self.latency = latency or latency_mode(cfg)
         self.processes = jax.process_count() if shared else 1
         self.rank = jax.process_index() if shared else 0
@@ -111,7 +110,6 @@ class AdvisorLink:
         self.adapter = adapter or starting_adapter(cfg)
         self.store = AdviceStore(root, identity(cfg, market, template, self.adapter), self.num_keys) if root else None
         self.known = self.store.load() if self.store else Answers.empty(self.num_keys)  # the host's copy of the table
-        self.loaded = int(self.known.filled().sum())
         self.version = 0  # the advisor's version: LoRA rounds finished since it started (QueryLoop sets it)
         self.first, self.count = WALK_AHEAD if walk else ahead
         self.lag = 0  # async: query steps its answers took beyond one (they are asked that much further ahead)
@@ -216,19 +214,19 @@ class AdvisorLink:
                 self.pending[0][5] = True  # late: the advisor was busy with it for at least a whole chunk
                 break
             taken.append(self._collect(wait=self.latency == "strict", since_s=since))
-        rows = self._rows([t for t in taken if t is not None])
+        rows = self._rows(taken)
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
         self.client.restart_dead()
         ready = self.client.alive and self.client.pending < MAX_IN_FLIGHT
         if not ready:
             self.n_busy += 1  # nobody asked: the advisor is busy with earlier prompts, or down
         budgets = np.array([self.budget if ready else 0], np.int32)
-        if self.processes > 1:  # every process writes every process's answers and selects on all budgets
-            budgets = gather_processes(budgets).reshape(-1)
-            rows = tuple(x.reshape(-1, *x.shape[2:]) for x in gather_processes(rows))
         first = self.first + self.lag * max(self.count - 2, 1)  # a query step's envs move about count - 2 blocks
-        if self.processes > 1:  # every process asks ahead by the same lag
-            first = int(gather_processes(np.array([first], np.int32)).max())
+        if self.processes > 1:  # every process writes every process's answers, selects on all budgets, and asks
+            # ahead by the largest lag
+            shared = gather_processes(np.array([budgets[0], first], np.int32))
+            budgets, first = shared[:, 0], int(shared[:, 1].max())
+            rows = tuple(x.reshape(-1, *x.shape[2:]) for x in gather_processes(rows))
         carry, keys, valid = self._step(carry, rows, budgets, np.int32(self.version), np.int32(first))
         self.picks = (keys, valid) if budgets[self.rank] > 0 else None
         if self.picks is not None:
@@ -265,18 +263,16 @@ class AdvisorLink:
         self.send()
         taken = []
         while self.pending:
-            rows = self._collect(wait=True)
-            if rows is not None:
-                taken.append(rows)
+            taken.append(self._collect(wait=True))
         if taken:
             carry = carry.replace(hybrid=carry.hybrid.replace(
                 advice=carry.hybrid.advice.write(*self._rows(taken, len(taken) * self.cap))))
         return carry
 
     def _collect(self, wait: bool, since_s: float | None = None):
-        """The oldest submission's answers as rows (keys, probs, confidence, status, version), None when none came,
-        with everything counted, logged, kept in the host's copy and kept for learning. A key whose answer did not
-        come (a timeout, a dead worker) is set back to missing, so it is asked again."""
+        """The oldest submission's answers as rows (keys, probs, confidence, status, version), with everything
+        counted, logged, kept in the host's copy and kept for learning. A key whose answer did not come (a timeout, a
+        dead worker, or no answers at all: backend errors) is set back to missing by `_rows`, so it is asked again."""
         t0 = time.perf_counter()
         answers = self.client.collect(timeout_s=self.h.strict_timeout_s if wait else 0.0)
         waited = time.perf_counter() - t0
@@ -297,9 +293,7 @@ class AdvisorLink:
         self._log_llm(prompts, answers)
         if self.on_answers is not None:
             self.on_answers(answers)
-        status = answers.status.astype(np.int32)
-        got = np.asarray(answered(status))
-        self.known.put(answers.env_ids[got], answers.probs[got], answers.confidence[got], status[got], version)
+        status = self.known.keep(answers, version)
         ok = np.flatnonzero(status == STATUS_OK)
         if self.learning and len(ok):
             self.written.append((answers.seq, ok, answers.env_ids[ok]))

@@ -111,6 +111,14 @@ class Answers:
         self.probs[keys], self.confidence[keys], self.status[keys] = probs, confidence, status
         self.version[keys] = version
 
+    def keep(self, answers, version: int) -> np.ndarray:
+        """Puts the real answers (`answered`) of a collected submission (bridge.client.Answers, keyed by its env ids)
+        from advisor `version`; every row's status, int32."""
+        status = answers.status.astype(np.int32)
+        got = np.asarray(answered(status))
+        self.put(answers.env_ids[got], answers.probs[got], answers.confidence[got], status[got], version)
+        return status
+
 
 class AdviceStore:
     def __init__(self, root: Path, ident: dict, num_keys: int):
