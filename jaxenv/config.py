@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
+
+import pandas as pd
 
 from jaxenv.contracts import ContractSpec, InstrumentError, get_contract, is_hhmm, known_zone, resolve_contract
 
@@ -57,6 +60,12 @@ class DataConfig:
     date_format: str | None = None  # strptime format for unusual timestamp strings
     drop_invalid_rows: bool = False  # drop rows that fail validation (and report how many) instead of failing
     text_column: str | None = None  # e.g. "headline"; None = use a column named headline/news/text if present
+    # A news file (CSV/Parquet: a timestamp, a headline and an optional symbol column) joined to the bars without
+    # look-ahead (docs/environment.md, News files): a bar's context holds items stamped before its close; it replaces
+    # the bars' own text. "" = none
+    news: str = ""
+    news_max_age: str = "1D"  # items older than this at a bar's close are not in its context (a pandas Timedelta)
+    news_items: int = 3  # the newest items a bar's context holds, newest first, joined with " | "
     synthetic_days: int = 120  # trading days of a synthetic market
     synthetic_seed: int = 0  # the seed a synthetic market is drawn with
     train_frac: float = 0.70  # the first share of the bars: the training split; then validation
@@ -73,7 +82,26 @@ def resolve_data_config(cfg: DataConfig) -> DataConfig:
     if cfg.source_timezone not in ("", "auto") and not known_zone(cfg.source_timezone):
         raise ValueError(f"data.source_timezone: unknown time zone {cfg.source_timezone!r} (an IANA name such as UTC, "
                          "Europe/London or America/Chicago)")
+    news_max_age(cfg)
+    if isinstance(cfg.news_items, bool) or not isinstance(cfg.news_items, int) or cfg.news_items < 1:
+        raise ValueError(f"data.news_items: the newest items a bar's context holds, a whole number >= 1; got "
+                         f"{cfg.news_items!r}")
     return dataclasses.replace(cfg, contract=contract)
+
+
+def news_max_age(cfg: DataConfig) -> pd.Timedelta:
+    """data.news_max_age as a positive duration; a ValueError names the key."""
+    text, reason = cfg.news_max_age, ""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a spelling pandas deprecates (1d for 1D) is refused now, not later
+            age = pd.Timedelta(text) if isinstance(text, str) else pd.NaT
+    except (ValueError, Warning) as error:
+        age, reason = pd.NaT, f": {error}"
+    if pd.isna(age) or age <= pd.Timedelta(0):
+        raise ValueError(f"data.news_max_age: expected a positive duration (a pandas Timedelta such as 1D, 12h or "
+                         f"90min), got {text!r}{reason}")
+    return age
 
 
 def check_rules(rules: PropFirmRules) -> None:

@@ -25,6 +25,8 @@ REQUIRED_COLUMNS = (*PRICE_COLUMNS, "volume")
 TIMESTAMP_NAMES = ("datetime", "timestamp", "date_time", "time", "date")
 TEXT_NAMES = ("headline", "headlines", "news", "text")
 _SHOWN_ROWS = 5  # offending rows listed in one error message
+# the fix for stamps of a file that no format option reads (a news file)
+ISO_STAMPS = "write the stamps in ISO 8601 (2024-03-04 14:30:00+00:00, or naive 2024-03-04 09:30:00)"
 
 
 class DataValidationError(ValueError):
@@ -97,9 +99,7 @@ def read_raw_bars(path: str | Path, date_format: str | None = None, text_column:
     """A CSV or Parquet file's bars with their stamps as parsed, before any time zone is applied."""
     path = Path(path)
     raw = _read_table(path)
-    by_lower: dict[str, str] = {}
-    for col in raw.columns:
-        by_lower.setdefault(str(col).strip().lower(), col)
+    by_lower = columns_by_name(raw)
 
     missing = [c for c in REQUIRED_COLUMNS if c not in by_lower]
     if missing:
@@ -127,12 +127,21 @@ def read_raw_bars(path: str | Path, date_format: str | None = None, text_column:
     return RawBars(frame, wall, column, note)
 
 
-def _read_table(path: Path) -> pd.DataFrame:
-    """The file as a raw frame; a file that cannot be read as bars fails with one line naming it."""
+def columns_by_name(raw: pd.DataFrame) -> dict[str, str]:
+    """{a column's name stripped and lower-case: the column}; the first of names that differ only in case."""
+    by_lower: dict[str, str] = {}
+    for col in raw.columns:
+        by_lower.setdefault(str(col).strip().lower(), col)
+    return by_lower
+
+
+def _read_table(path: Path, setting: str = "--data") -> pd.DataFrame:
+    """The file as a raw frame; a file that cannot be read as a table fails with one line naming it (and the
+    `setting` that names the file, where it is a folder)."""
     if not path.exists():
         raise FileNotFoundError(f"market data file not found: {path}")
     if path.is_dir():
-        raise DataValidationError(f"{path}: is a folder; --data takes a CSV or Parquet file")
+        raise DataValidationError(f"{path}: is a folder; {setting} takes a CSV or Parquet file")
     if path.stat().st_size == 0:
         raise DataValidationError(f"{path}: the file is empty")
     suffix = path.suffix.lower()
@@ -181,10 +190,12 @@ def _is_text(path: Path, size: int = 8192) -> bool:
 
 
 def _parse_timestamps(
-    path: Path, raw: pd.DataFrame, by_lower: dict[str, str], date_format: str | None
+    path: Path, raw: pd.DataFrame, by_lower: dict[str, str], date_format: str | None,
+    date_option: str | None = "--date-format",
 ) -> tuple[pd.DatetimeIndex, pd.DatetimeIndex, str, str]:
     """(stamps as parsed: naive, or tz-aware where the text carries offsets; their wall-clock times as written,
-    naive; the column's name; a note of the day and month order where the file decided it)."""
+    naive; the column's name; a note of the day and month order where the file decided it). `date_option` is the
+    flag that gives the file a format, named in errors; None where it has none (ISO 8601 stamps are then the fix)."""
     names = [n for n in TIMESTAMP_NAMES if n in by_lower]
     if "date" in by_lower and "time" in by_lower and not any(n in by_lower for n in TIMESTAMP_NAMES[:3]):
         text = raw[by_lower["date"]].astype(str) + " " + raw[by_lower["time"]].astype(str)
@@ -204,7 +215,7 @@ def _parse_timestamps(
             )
     wall, note, fmt = None, "", date_format
     if fmt is None and not pd.api.types.is_numeric_dtype(text):
-        fmt, note = _day_and_month_order(path, column, text)
+        fmt, note = _day_and_month_order(path, column, text, date_option)
     try:
         if pd.api.types.is_numeric_dtype(text):
             # Epoch numbers: seconds, milliseconds or nanoseconds by magnitude.
@@ -228,21 +239,24 @@ def _parse_timestamps(
     if len(bad):
         if date_format:
             hint = ""
+        elif not date_option:
+            hint = f"{f' as {fmt}' if fmt else ''}; {ISO_STAMPS}"
         elif fmt:
-            hint = f" as {fmt}; pass --date-format for another format"
+            hint = f" as {fmt}; pass {date_option} for another format"
         else:
-            hint = "; pass --date-format for unusual formats"
+            hint = f"; pass {date_option} for unusual formats"
         raise DataValidationError(f"{path}: column '{column}' has unparseable timestamps at {row_list(bad)}{hint}")
     if wall is None or wall.isna().any():
         wall = stamps if stamps.tz is None else stamps.tz_localize(None)
     return stamps, wall, column, note
 
 
-def _day_and_month_order(path: Path, column: str, text: pd.Series) -> tuple[str | None, str]:
+def _day_and_month_order(path: Path, column: str, text: pd.Series, date_option: str | None) -> tuple[str | None, str]:
     """The format of stamps that start with a day and a month in either order (01.02.2017 22:00:00.000), as the
     file proves it: a field above 12 is the day. Returns the format and a note of the decision; (None, "") for other
     stamps (ISO dates, ...). Stamps that read every row both ways, to different dates, are an error that names both
-    formats: a guess would move most dates by months."""
+    formats (passed with `date_option`; ISO 8601 stamps where the file has none): a guess would move most dates by
+    months."""
     guessed = guess_datetime_format(str(text.iloc[0])) or ""
     if sorted([guessed[:2], guessed[3:5]]) != ["%d", "%m"]:
         return None, ""
@@ -255,10 +269,11 @@ def _day_and_month_order(path: Path, column: str, text: pd.Series) -> tuple[str 
     if len(whole) == 2:
         if readings[day_first].equals(readings[month_first]):  # every day equals its month
             return day_first, ""
+        fix = (f"pass {date_option} \"{day_first}\" (day-first) or {date_option} \"{month_first}\" (month-first)"
+               if date_option else ISO_STAMPS)
         raise DataValidationError(
             f"{path}: column '{column}' reads both day-first and month-first (no field above 12 tells which), to "
-            f"different dates: pass --date-format \"{day_first}\" (day-first) or --date-format \"{month_first}\" "
-            "(month-first)")
+            f"different dates: {fix}")
     fmt = whole[0]
     other = month_first if fmt == day_first else day_first
     proof = int(np.flatnonzero(readings[other].isna())[0])

@@ -76,5 +76,6 @@ def load_report(market: Market, env: EnvConfig | None = None) -> str:
         ("sessions", f"{sessions.num_sessions:,} sessions ({kind}); {holding}"),
         ("splits", f"{', '.join(split_text)}; the first {market.first_decision_bar} bars are feature warm-up"),
         ("dropped", dropped_text(market)),
+        *([("news", market.news_note)] if market.news_note else []),
     ]
     return "\n".join(f"{label:<11} {text}" for label, text in lines)

@@ -23,12 +23,14 @@ from jaxenv.data import (
     too_few_bars,
 )
 from jaxenv.features import WARMUP_BARS, compute_features
+from jaxenv.news import news_context
 from jaxenv.scale import Scale, check_scale, same_calendar
 from jaxenv.sessions import (
     LIKELY_ZONES,
     Schedule,
     SessionInfo,
     ZoneFit,
+    decision_times,
     fit_zone,
     measure_interval,
     outside_sessions,
@@ -57,13 +59,14 @@ class Market:
     indicators: dict[str, np.ndarray]  # jaxenv.features.INDICATORS: float32 [n] each, in a person's units
     sessions: SessionInfo  # from the instrument's calendar; sessions.interval_minutes is the bar interval
     session_minutes: int  # scheduled length of one session
-    text_table: list[str]  # distinct headlines; the policy never sees them, prompts do
+    text_table: list[str]  # distinct headlines (data.news: bar contexts); the policy never sees them, prompts do
     text_index: np.ndarray  # int32 [n] into text_table; -1 where a bar has no text
     splits: dict[str, tuple[int, int]]  # name -> [start, end) bar indices
     dropped_rows: int = 0
     dropped_note: str = ""  # which rows data.drop_invalid_rows dropped, and why
     stamps_note: str = ""  # how the file's stamps were read: their zone, or dates
     scale: Scale | None = None  # the bars in the instrument's ticks
+    news_note: str = ""  # data.news: the items read, shown and never shown (and why), the bars with news
 
     @property
     def num_bars(self) -> int:
@@ -205,6 +208,30 @@ def _naive_stamps(wall: pd.DatetimeIndex, rows: np.ndarray, spec: ContractSpec, 
     return fit, note, advice, not source_timezone
 
 
+def text_table_and_index(texts: np.ndarray, which: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The distinct `texts`, sorted, and each bar's index into them (bar i has texts[which[i]]); -1 where a bar's
+    text is blank: a bar without text has none, so no prompt shows an empty headline."""
+    table, inverse = np.unique(np.asarray(texts, dtype=str), return_inverse=True)
+    blank = np.char.strip(table) == ""
+    position = np.where(blank, -1, np.cumsum(~blank) - 1)
+    return list(table[~blank]), position[inverse.reshape(-1)][which].astype(np.int32)
+
+
+def _bar_texts(frame: pd.DataFrame, cfg: DataConfig, sessions: SessionInfo, news_zone: str | None
+               ) -> tuple[list[str], np.ndarray, str]:
+    """The market's text table and index, from data.news (each bar's context) or else the bars' own text column,
+    and the load report's news line."""
+    n = len(frame)
+    if not cfg.news:
+        if "headline" in frame:
+            return *text_table_and_index(frame["headline"].to_numpy(dtype=str), np.arange(n)), ""
+        return *text_table_and_index(np.array([""]), np.zeros(n, np.int64)), ""
+    decisions = decision_times(pd.DatetimeIndex(frame.index), sessions, cfg.contract.timezone)
+    context = news_context(cfg, decisions, news_zone)
+    ignored = "; the bars' own text column ignored (data.news replaces it)" if "headline" in frame else ""
+    return *text_table_and_index(context.texts, context.which), context.note + ignored
+
+
 def market_from_frame(
     frame: pd.DataFrame, source: str, cfg: DataConfig, stamps_note: str | None = None, read_note: str = "",
     column: str = "timestamp",
@@ -215,7 +242,8 @@ def market_from_frame(
     under the built-in whose tick fits, where the instrument's does not). Naive stamps are read in
     data.source_timezone (the exchange's zone by default; auto: the likely zone that fits the sessions best), others
     converted to the exchange's zone. `stamps_note` replaces the note of how the stamps were read, `read_note`
-    comes first in it."""
+    comes first in it. A data.news file is joined to the bars that remain (jaxenv.news), its naive stamps read in
+    the bars' zone."""
     try:
         cfg = resolve_data_config(cfg)
     except ValueError as error:
@@ -225,6 +253,8 @@ def market_from_frame(
     index = pd.DatetimeIndex(frame.index)
     naive = index.tz is None and not is_dates(index)
     note = ""
+    # the zone of naive stamps in the news file: the bars' ("" = the exchange's), or the one auto finds for them
+    news_zone = None if cfg.source_timezone == "auto" else cfg.source_timezone
     if not naive:
         index, note = to_exchange_time(index, None, contract.timezone, cfg.source_timezone or None, source, column)
     dropped: list[str] = []  # what drop_invalid_rows dropped, for the load report
@@ -258,6 +288,8 @@ def market_from_frame(
                                                            column)
             if fit is None:
                 refusal.add(as_other + advice)
+            elif cfg.source_timezone == "auto":
+                news_zone = fit.zone
         else:
             outside, schedule = outside_sessions(index, calendar, interval)
             fit, advice, must_change = ZoneFit(calendar.timezone, index, outside, 0, schedule), OTHER_HOURS, False
@@ -283,11 +315,7 @@ def market_from_frame(
     bars = tuple(frame[c].to_numpy(np.float64) for c in ("open", "high", "low", "close"))
     sessions = session_info(frame.index, contract, interval)
     bar_features, context_features, atr, indicators = compute_features(frame, sessions)
-    if "headline" in frame:
-        text_table, text_index = np.unique(frame["headline"].to_numpy(dtype=str), return_inverse=True)
-        text_table, text_index = list(text_table), text_index.astype(np.int32)
-    else:
-        text_table, text_index = [], np.full(len(frame), -1, dtype=np.int32)
+    table, text_index, news_note = _bar_texts(frame, cfg, sessions, news_zone)
     return Market(
         source=source,
         contract=contract,
@@ -303,13 +331,14 @@ def market_from_frame(
         indicators=indicators,
         sessions=sessions,
         session_minutes=sessions.session_minutes,
-        text_table=text_table,
+        text_table=table,
         text_index=text_index,
         splits=time_splits(sessions.session_id, cfg.train_frac, cfg.val_frac),
         dropped_rows=len(bad) - len(frame),
         dropped_note="; ".join(dropped),
         stamps_note="; ".join(filter(None, [read_note, stamps_note or note])),
         scale=scale,
+        news_note=news_note,
     )
 
 

@@ -232,6 +232,14 @@ def _instants(wall: np.ndarray, timezone: str) -> np.ndarray:
     return stamps.as_unit("ns").asi8
 
 
+def decision_times(index: pd.DatetimeIndex, sessions: SessionInfo, timezone: str) -> np.ndarray:
+    """When each bar's decision is taken, at its close, in UTC nanoseconds: intraday bars are stamped at their open,
+    so at the stamp + the interval; a daily bar (a trading day) at its session's close in the exchange's zone."""
+    if sessions.interval_minutes == DAILY:
+        return _instants(sessions.day.astype("datetime64[ns]") + np.timedelta64(sessions.schedule.close, "m"), timezone)
+    return index.as_unit("ns").asi8 + np.int64(sessions.interval_minutes) * _MINUTE_NS
+
+
 def flat_rules(
     index: pd.DatetimeIndex,
     sessions: SessionInfo,

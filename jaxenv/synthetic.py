@@ -14,6 +14,7 @@ Presets:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -104,9 +105,25 @@ def _markov_regimes(rng: np.random.Generator, n: int, mean_bars: float, n_states
     return regime
 
 
+class SyntheticMarket(NamedTuple):
+    bars: pd.DataFrame  # OHLCV indexed by tz-aware stamps (bar opens) in the exchange's zone, no text
+    # presets with a news regime: one row per story, in time order: the bar it arrives on, that bar's stamp and its
+    # headline; it stays the latest story until the next. None for the others
+    news: pd.DataFrame | None
+
+
 def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> pd.DataFrame:
     """Regular-hours minute bars (09:30-15:59) indexed by tz-aware timestamps in the contract's exchange zone, on its
-    tick grid; a `headline` column for `headlines`."""
+    tick grid; for a preset with news a `headline` column: each bar's latest story."""
+    bars, news = generate_market(preset, contract, days, seed)
+    if news is None:
+        return bars
+    latest = np.searchsorted(news["bar"].to_numpy(), np.arange(len(bars)), side="right") - 1
+    return bars.assign(headline=news["headline"].to_numpy()[latest])
+
+
+def generate_market(preset: str, contract: ContractSpec, days: int, seed: int) -> SyntheticMarket:
+    """The bars of `generate_bars` and, for a preset with news, its stories as items."""
     if preset not in PRESETS:
         raise ValueError(f"unknown synthetic preset {preset!r}; choose one of {', '.join(PRESETS)}")
     if days < 2:
@@ -180,25 +197,27 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
         index=index,
     )
     frame.index.name = "timestamp"
-    if p.headline_drift_sigma:  # a preset with a news regime writes its headlines
-        frame["headline"] = _headlines(rng, news, p.headline_accuracy)
-    return frame
+    if not p.headline_drift_sigma:
+        return SyntheticMarket(frame, None)
+    arrivals, headlines = _stories(rng, news, p.headline_accuracy)  # a preset with a news regime writes its stories
+    stories = pd.DataFrame({"bar": arrivals, "timestamp": index[arrivals], "headline": headlines})
+    return SyntheticMarket(frame, stories)
 
 
-def _headlines(rng: np.random.Generator, news: np.ndarray, accuracy: float) -> list[str]:
-    """One headline per bar; a new story arrives every few bars and stays the latest until the next."""
-    n = len(news)
-    out: list[str] = []
-    current = ""
-    for i in range(n):
+def _stories(rng: np.random.Generator, news: np.ndarray, accuracy: float) -> tuple[np.ndarray, list[str]]:
+    """The bars on which a new story arrives (the first bar, then every few bars) and their headlines."""
+    arrivals: list[int] = []
+    headlines: list[str] = []
+    for i in range(len(news)):
         if i == 0 or rng.random() < 0.2:
             truthful = rng.random() < accuracy
             if news[i] == 0:  # no news drift: a headline without sentiment, or (untruthful) a random bullish or bearish
-                current = quiet_headline(rng) if truthful else random_headline(rng, bullish=rng.random() < 0.5)
+                headline = quiet_headline(rng) if truthful else random_headline(rng, bullish=rng.random() < 0.5)
             else:
-                current = random_headline(rng, bullish=(news[i] if truthful else -news[i]) > 0)
-        out.append(current)
-    return out
+                headline = random_headline(rng, bullish=(news[i] if truthful else -news[i]) > 0)
+            arrivals.append(i)
+            headlines.append(headline)
+    return np.array(arrivals, dtype=np.int64), headlines
 
 
 def _headline_from(rng: np.random.Generator, pool: list[str]) -> str:
