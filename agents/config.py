@@ -176,9 +176,11 @@ class HybridConfig:
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
     mock_latency_s: float = 0.0  # mock advisor: injected latency per batch (for tests)
     # mock advisor: rules (indicators and headline) | news (the headline alone; HOLD without news) | news_pass (the
-    # same, PASS without news: no view) | random | shuffled (news answers of other keys: the news advice's
-    # statistics without its information)
+    # same, PASS without news: no view) | random
     mock_answers: str = "rules"
+    # a control: every key is answered from the prompt of the block half the data away (same side), so the advice
+    # keeps the advisor's own answers and statistics and loses what it knew about its bar
+    shuffled: bool = False
     eval_with_advice: bool = True  # validation walks query the advisor and act fused (else: the RL policy alone)
     # the persistent advice store (agents.advisor.store): a folder, '' for none, or auto: runs/advice_store for a
     # model advisor, none for the mock (it answers faster than a store is read)
@@ -308,6 +310,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),
          "hybrid.learning.enabled", "LoRA learning needs a transformers advisor (smollm2 or a model path) in score mode"),
+        (not (cfg.hybrid.learning.enabled and cfg.hybrid.shuffled), "hybrid.shuffled",
+         "the shuffled control asks about other bars, so it cannot learn from outcomes: turn hybrid.learning off"),
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
         (cfg.hybrid.learning.move_bars >= 1, "hybrid.learning.move_bars", "must be >= 1"),
         (cfg.hybrid.mock_answers in MOCK_ANSWERS, "hybrid.mock_answers", f"must be one of {', '.join(MOCK_ANSWERS)}"),

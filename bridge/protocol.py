@@ -25,7 +25,7 @@ STATUS_NAMES: tuple[str, ...] = ("ok", "parse_error", "timeout", "backend_error"
 NO_VIEW_ANSWER = "PASS"  # the answer's first field that says "no view"
 
 # The mock advisor's answer modes (llm_sidecar.backends.MockBackend), chosen by the agent's config.
-MOCK_ANSWERS: tuple[str, ...] = ("rules", "news", "news_pass", "random", "shuffled")
+MOCK_ANSWERS: tuple[str, ...] = ("rules", "news", "news_pass", "random")
 
 # The columns of the float32 prompt-field array, one row per env, in this order.
 # Categorical fields are stored as floats holding small integers.

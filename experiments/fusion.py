@@ -3,8 +3,9 @@ each run's latest and best checkpoints, and writes per arm the mean and a bootst
 P&L, Sharpe, max drawdown, breaches, trust and coverage, the same runs' advice alone (`llm_only`), the veto on
 against off, and the paired difference against `rl_only` (same seeds). P&L differences also get an interval over
 seeds and market days (`ci95_days`): the test and validation splits are each one market path, and an edge that one
-path shows and the other does not is not an edge. On a synthetic market, `--fresh-days N` also scores every run on
-N days of a fresh path of the same preset, for a market interval from more days than a split holds.
+path shows and the other does not is not an edge. On a synthetic market (or one scripts/write_market.py wrote as
+files), `--fresh-days N` also scores every run on N days of a fresh path of the same preset, for a market interval
+from more days than a split holds.
 
     python scripts/experiment.py --config configs/headlines.yaml --arms rl_only,news,random,shuffled --seeds 0-4 \
         --json docs/results/experiment-fusion-10-seeds/experiment.json --runs results/experiment-fusion/runs
@@ -33,7 +34,10 @@ import numpy as np
 from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
 from agents.runs.lock import RunLocked
 from jaxenv.config import DataConfig
+from jaxenv.market_files import BARS_FILE, MARKET_FILE, NEWS_FILE, write_market, written_market
 
+# the SmolLM2 adapter learned from outcomes on synthetic:headlines, shipped (docs/advisor-learning.md says how it was made)
+LEARNED_ADAPTER = str(Path(__file__).resolve().parents[1] / "adapters" / "smollm2-headlines")
 # arm -> config overrides (`--set` syntax). An arm names the advisor (and for the switch, the fusion); the agent's
 # entry rules come from the config: configs/headlines.yaml (the learned mixture on synthetic:headlines) or
 # configs/record_bound.yaml (the best agent: the mixture bound on the advice's record, on headlines_then_trend).
@@ -43,13 +47,18 @@ ARMS: dict[str, list[str]] = {
     "news": ["llm=mock", "hybrid.mock_answers=news"],  # the headline's direction (HOLD without news): informed
     "news_pass": ["llm=mock", "hybrid.mock_answers=news_pass"],  # ... PASS (no view) without news
     "random": ["llm=mock", "hybrid.mock_answers=random"],  # coin flips: no information, other statistics
-    "shuffled": ["llm=mock", "hybrid.mock_answers=shuffled"],  # news answers of other envs and bars: no information
+    # the news advisor asked about the block half the data away: its answers and statistics, none of its information
+    "shuffled": ["llm=mock", "hybrid.mock_answers=news", "hybrid.shuffled=true"],
     # no trust to learn: the PASS advisor's view acts where it has one, the policy everywhere else, every env bound
     "news_pass_switch": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
                          "hybrid.query.bind_on=always"],
-    # the embedded SmolLM2 reading the prompt (configs/headlines_lora.yaml): as shipped, and learning from the outcomes
-    "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false"],
-    "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true"],
+    # the embedded SmolLM2 reading the prompt: as shipped; with the adapter it learned from outcomes on the headlines
+    # market (LEARNED_ADAPTER, fixed); that advisor asked about other bars; and learning during the PPO run
+    "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", "hybrid.llm_adapter="],
+    "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", f"hybrid.llm_adapter={LEARNED_ADAPTER}"],
+    "shuffled_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", f"hybrid.llm_adapter={LEARNED_ADAPTER}",
+                         "hybrid.shuffled=true"],
+    "online_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.llm_adapter="],
 }
 BASELINE = "rl_only"
 CHECKPOINTS = ("latest", "best")
@@ -196,8 +205,17 @@ def train_run(plan: Plan, arm: str, seed: int) -> Path:
 
 def fresh_market(data: DataConfig, days: int, offset: int = FRESH_SEED_OFFSET) -> DataConfig:
     """`days` of the run's synthetic preset on a path of its own (data seed + `offset`): the same market, bars no
-    run trained on."""
-    return dataclasses.replace(data, synthetic_days=days, synthetic_seed=data.synthetic_seed + offset)
+    run trained on. A market written as files (scripts/write_market.py) gets its fresh path written as files beside
+    it, read the same way."""
+    written = written_market(data.source)
+    if written is None:
+        return dataclasses.replace(data, synthetic_days=days, synthetic_seed=data.synthetic_seed + offset)
+    seed = written["seed"] + offset
+    folder = Path(data.source).parent / f"fresh-{days}d-s{seed}"
+    if not (folder / MARKET_FILE).exists():
+        write_market(folder, written["preset"], written["contract"], days, seed)
+    news = folder / NEWS_FILE
+    return dataclasses.replace(data, source=str(folder / BARS_FILE), news=str(news) if data.news else "")
 
 
 def veto_walks(cfg) -> tuple[str, str]:
@@ -630,8 +648,9 @@ def plan_from_args(args) -> Plan:
                 QUICK_UPDATES if args.quick else args.updates, args.partial, args.fresh_days)
     for arm in plan.arms:  # every run's config is checked before the first one trains
         source = run_config(plan, arm, plan.seeds[0]).data.source
-        if plan.fresh_days and not source.startswith("synthetic:"):
-            raise ValueError(f"--fresh-days: the runs trade {source}; a fresh path needs a synthetic:PRESET market")
+        if plan.fresh_days and not source.startswith("synthetic:") and written_market(source) is None:
+            raise ValueError(f"--fresh-days: the runs trade {source}; a fresh path needs a synthetic:PRESET market "
+                             "or one written by scripts/write_market.py")
     return plan
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -39,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config key, as in train.py; repeatable")
     ap.add_argument("--out", default="results/lora_headlines", help="output folder (default: %(default)s)")
+    ap.add_argument("--save-adapter", metavar="DIR",
+                    help="copy the learned adapter (one seed) to DIR, e.g. adapters/smollm2-headlines (the one shipped)")
     return ap.parse_args(argv)
 
 
@@ -173,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.updates < 1 or (args.every is not None and args.every < 1):
         raise SystemExit("--updates and --every must be at least 1")
+    if args.save_adapter and len(args.seeds) != 1:
+        raise SystemExit("--save-adapter: give one seed (--seeds S), whose adapter it saves")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -182,4 +187,19 @@ def main(argv: list[str] | None = None) -> int:
         (out / "results.json").write_text(json.dumps({"args": vars(args), "seeds": results}, indent=2, default=str))
         (out / "table.md").write_text(table(results, args.splits))
     print(table(results, args.splits))
+    if args.save_adapter:
+        save_adapter(results[0]["adapter"], Path(args.save_adapter))
     return 0
+
+
+def save_adapter(adapter: str | None, dest: Path) -> None:
+    """The learned adapter's weights and config copied to `dest` (whole or not at all), without the experiences it
+    learned from (they stay in the run folder)."""
+    if adapter is None:
+        raise SystemExit("--save-adapter: no learning round finished, so there is no learned adapter to save")
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(adapter, tmp, ignore=shutil.ignore_patterns("experiences*"))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    print(f"learned adapter saved to {dest}", flush=True)

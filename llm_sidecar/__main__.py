@@ -51,8 +51,7 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     mock.add_argument("--crash-after", type=int, default=None, help="exit with code 70 after this many prompts")
     mock.add_argument("--mock-answers", choices=MOCK_ANSWERS, default="rules",
                       help="rules: read the prompt (indicators, position, headline); news: trade the headline alone "
-                      "(HOLD without news); news_pass: the same, PASS (no view) without news; random: ignore it; "
-                      "shuffled: the news answer of another env and bar")
+                      "(HOLD without news); news_pass: the same, PASS (no view) without news; random: ignore it")
 
 
 def make_backend(args: argparse.Namespace, system: str, answer_prefix: str):

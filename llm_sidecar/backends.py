@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import hashlib
@@ -89,10 +88,6 @@ def _side_and_sentiment(context: str) -> tuple[str, int]:
     return side, len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
 
 
-SHUFFLE_BUFFER = 4096  # `shuffled`: flat answers kept to draw from ...
-SHUFFLE_LAG = 256  # ... skipping the newest: a recent answer still knows the news regime (it lasts ~60 bars)
-
-
 class MockBackend:
     """A deterministic rule-based advisor that reads the rendered prompt text and answers in the text
     protocol, so rendering, transport and parsing are all exercised without a model.
@@ -107,10 +102,7 @@ class MockBackend:
     With `answers="random"` it ignores the prompt and names a random action with a random confidence (seeded by
     the prompt's hash, so runs stay reproducible): an advisor with no information, for checking that the
     learned trust learns to ignore it.
-    With `answers="shuffled"` a flat prompt gets the news answer of another env and bar: one drawn (by the
-    prompt's hash) from the flat news answers given before, at least SHUFFLE_LAG answers ago; until there are
-    that many, a bullish or bearish news answer by the hash. The answers keep the news advice's statistics and
-    lose its information: the control for "does the advice help because of what it knows?".
+    (The shuffled control of any advisor asks it about other bars: hybrid.shuffled.)
     Fault injection for tests: `latency_s` per prompt, a `garbage_rate` of unparseable answers (chosen by
     prompt hash, so deterministic) and `crash_after` prompts (the process exits with code 70).
     """
@@ -126,7 +118,6 @@ class MockBackend:
         self.crash_after = crash_after
         self.answers = answers
         self.answered = 0
-        self.past_flat: collections.deque[str] = collections.deque(maxlen=SHUFFLE_BUFFER)  # `shuffled`'s pool
 
     @staticmethod
     def random_text(digest: bytes) -> str:
@@ -144,19 +135,6 @@ class MockBackend:
         if sentiment:
             return f"{'BUY' if sentiment > 0 else 'SELL'} | 0.80 | {'bullish' if sentiment > 0 else 'bearish'} news"
         return f"{NO_VIEW_ANSWER} | no news" if passes else "HOLD | 0.60 | no news"
-
-    def shuffled_text(self, context: str, digest: bytes) -> str:
-        answer = self.news_text(context)
-        if _side_and_sentiment(context)[0] != "flat":
-            return answer
-        rng = np.random.default_rng(int.from_bytes(digest, "little"))
-        eligible = len(self.past_flat) - SHUFFLE_LAG
-        if eligible > 0:
-            shuffled = self.past_flat[int(rng.integers(eligible))]
-        else:
-            shuffled = self.news_answer("flat", 1 if rng.integers(2) else -1)
-        self.past_flat.append(answer)
-        return shuffled
 
     def advise_text(self, context: str) -> str:
         rsi = _read(r"\bRSI\s*" + _NUMBER, context, 50.0)
@@ -197,8 +175,6 @@ class MockBackend:
             clean = self.random_text(digest[::-1])  # reversed: independent of the garbage draw
         elif self.answers in ("news", "news_pass"):
             clean = self.news_text(context, passes=self.answers == "news_pass")
-        elif self.answers == "shuffled":
-            clean = self.shuffled_text(context, digest[::-1])
         else:
             clean = self.advise_text(context)
         garbage = int.from_bytes(digest, "little") / 2**64 < self.garbage_rate

@@ -1,9 +1,10 @@
 """Write a synthetic market as files, to try the file loaders and news files on a market whose truth is known:
-DIR/bars.csv (OHLCV, stamps with their UTC offsets, no headline column) and, for a preset with news, DIR/news.csv
-(one row per story: the open stamp of the bar it arrives on, with its offset, and the headline). Loaded with
-data.news_items=1 and data.news_max_age=4D they give the market of `--data synthetic:PRESET`.
+DIR/bars.csv (OHLCV, stamps with their UTC offsets, no headline column), for a preset with news DIR/news.csv (one
+row per story: the open stamp of the bar it arrives on, with its offset, and the headline), and DIR/market.json
+(what it was drawn with). Loaded with data.news_items=1 and data.news_max_age=4D they give the market of
+`--data synthetic:PRESET`.
 
-    python scripts/write_market.py --preset headlines --days 60 --seed 0 --out data/headlines
+    python scripts/write_market.py --preset headlines --days 60 --seed 0 --out results/markets/headlines
 """
 
 from agents.devices.gpus import leave_gpu_memory_to_advisor
@@ -11,14 +12,12 @@ from agents.devices.gpus import leave_gpu_memory_to_advisor
 leave_gpu_memory_to_advisor()  # before any import starts JAX's backend: the advisor shares the GPUs
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from jaxenv.contracts import InstrumentError, get_contract
-from jaxenv.synthetic import PRESETS, generate_market
+from jaxenv.contracts import InstrumentError
+from jaxenv.market_files import NEWS_SETTINGS, write_market
+from jaxenv.synthetic import PRESETS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,35 +30,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def write_csv(frame: pd.DataFrame, path: Path, index: bool) -> None:
-    """`frame` as `path`, whole or not at all: written under a temporary name, then renamed."""
-    partial = path.with_name(f".{path.name}.partial")
-    frame.to_csv(partial, index=index)
-    os.replace(partial, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.preset not in PRESETS:
         print(f"error: unknown synthetic preset {args.preset!r}; choose one of {', '.join(PRESETS)}", file=sys.stderr)
         return 2
     try:
-        contract = get_contract(args.contract)
-        bars, news = generate_market(args.preset, contract, args.days, args.seed)
+        bars, news = write_market(Path(args.out), args.preset, args.contract, args.days, args.seed)
     except (InstrumentError, ValueError) as error:  # an unknown instrument, too few days
         print(f"error: {error}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(bars, out / "bars.csv", index=True)
-    command = f"python scripts/train.py --data {out / 'bars.csv'} --set data.contract={contract.symbol}"
-    wrote = f"{len(bars):,} bars to {out / 'bars.csv'}"
+    command = f"python scripts/train.py --data {bars} --set data.contract={args.contract.upper()}"
     if news is not None:
-        write_csv(news[["timestamp", "headline"]], out / "news.csv", index=False)
-        command += f" --set data.news={out / 'news.csv'} --set data.news_items=1 --set data.news_max_age=4D"
-        wrote += f" and {len(news):,} stories to {out / 'news.csv'}"
-    print(f"wrote {wrote}; the market of --data synthetic:{args.preset} (data.synthetic_days={args.days}, "
-          f"data.synthetic_seed={args.seed}). Train on the files:\n  {command}")
+        command += f" --set data.news={news} " + " ".join(f"--set {k}={v}" for k, v in NEWS_SETTINGS.items())
+    print(f"wrote {bars}{f' and {news}' if news else ''}: the market of --data synthetic:{args.preset} "
+          f"(data.synthetic_days={args.days}, data.synthetic_seed={args.seed}). Train on the files:\n  {command}")
     return 0
 
 

@@ -46,12 +46,18 @@ def test_seeds_and_arms_parse():
 def test_smollm2_arms_and_the_baseline_load_on_the_lora_config():
     plan = fusion.Plan(config=str(ROOT / "configs/headlines_lora.yaml"), arms=[], seeds=[0], json_path=Path("x"),
                        runs_dir=Path("x"), overrides=[], updates=None)
-    baseline, frozen, learned = (fusion.run_config(plan, arm, 0) for arm in ("rl_only", "frozen_smollm2", "learned_smollm2"))
+    baseline, frozen, learned, shuffled, online = (fusion.run_config(plan, arm, 0) for arm in (
+        "rl_only", "frozen_smollm2", "learned_smollm2", "shuffled_smollm2", "online_smollm2"))
     assert (baseline.llm, baseline.hybrid.learning.enabled) == ("none", False)  # the config's learning needs an advisor
-    assert (frozen.llm, frozen.hybrid.learning.enabled) == ("smollm2", False)
-    assert (learned.llm, learned.hybrid.learning.enabled) == ("smollm2", True)
-    # apart from learning, the two SmolLM2 arms train the same run
-    assert dataclasses.replace(learned.hybrid, learning=frozen.hybrid.learning) == frozen.hybrid
+    assert (frozen.llm, frozen.hybrid.learning.enabled, frozen.hybrid.llm_adapter) == ("smollm2", False, "")
+    # the learned advisor is the shipped adapter, fixed; the shuffled control is that advisor asked about other bars
+    assert (learned.hybrid.learning.enabled, learned.hybrid.llm_adapter) == (False, fusion.LEARNED_ADAPTER)
+    assert Path(fusion.LEARNED_ADAPTER, "adapter_config.json").exists()
+    assert dataclasses.replace(shuffled.hybrid, shuffled=False) == learned.hybrid and shuffled.hybrid.shuffled
+    assert (online.llm, online.hybrid.learning.enabled) == ("smollm2", True)
+    # apart from the adapter and learning, the SmolLM2 arms train the same run
+    assert dataclasses.replace(learned.hybrid, llm_adapter="") == frozen.hybrid
+    assert dataclasses.replace(online.hybrid, learning=frozen.hybrid.learning) == frozen.hybrid
     # on the mock config, where nothing learns, the baseline is the plain `--llm none` run of earlier experiments
     plan = dataclasses.replace(plan, config=str(ROOT / "configs/headlines.yaml"))
     assert fusion.run_config(plan, "rl_only", 3) == load_config(plan.config, ["llm=none", "seed=3"])
@@ -236,6 +242,25 @@ def test_a_fresh_path_is_the_same_preset_on_bars_no_run_trained_on(tmp_path):
                         f"data.source={csv}"]) == 2
 
 
+def test_a_market_written_as_files_gets_its_fresh_path_written_beside_it(tmp_path):
+    """scripts/write_market.py's files: the fresh path is the same preset on another seed, read as files too."""
+    from jaxenv.config import DataConfig
+    from jaxenv.market import load_market
+    from jaxenv.market_files import write_market
+
+    bars, news = write_market(tmp_path / "m", "headlines", "NQ", 4, 0)
+    data = DataConfig(source=str(bars), news=str(news), news_items=1, news_max_age="4D")
+    fresh = fusion.fresh_market(data, 3)
+    assert Path(fresh.source).parent == tmp_path / "m" / f"fresh-3d-s{fusion.FRESH_SEED_OFFSET}"
+    assert Path(fresh.news).exists() and (fresh.news_items, fresh.news_max_age) == (1, "4D")
+    unseen = load_market(fresh)
+    expected = load_market(DataConfig(source="synthetic:headlines", synthetic_days=3,
+                                      synthetic_seed=fusion.FRESH_SEED_OFFSET))
+    np.testing.assert_array_equal(unseen.close, expected.close)
+    np.testing.assert_array_equal(unseen.text_index, expected.text_index)
+    assert fusion.fresh_market(data, 3) == fresh  # written once, then read
+
+
 def test_the_table_shows_the_fresh_path_when_scored(tmp_path):
     runs = tmp_path / "runs"
     for arm, pnl in (("rl_only", 100.0), ("news", 400.0)):
@@ -367,25 +392,36 @@ def test_veto_variants_read_hybrid_veto_keys_and_pair_each_variant_with_the_veto
     assert table.splitlines()[3].endswith("| 25% | -25% [-25%, -25%] | 25% | 0% [0%, 0%] |")
 
 
-def test_shuffled_advice_keeps_the_news_statistics_and_loses_the_headline():
-    """The `shuffled` control answers flat prompts with earlier news answers (other envs and bars): about as many
-    BUYs and SELLs as the news advisor, no longer following the prompt's own headline; positions keep HOLD."""
-    from bridge.protocol import BUY, HOLD, SELL
-    from llm_sidecar.backends import SHUFFLE_LAG, MockBackend
+def test_the_shuffled_control_asks_about_the_block_half_the_data_away():
+    """hybrid.shuffled: every key's prompt is the market of the block half the data away, on the key's own side, so
+    the news advisor's answers keep their statistics and no longer follow the key's own headline."""
+    from agents.advice.table import SIDES, num_blocks
+    from agents.advisor.prompt_fields import PromptFieldBuilder
+    from bridge.protocol import BUY, SELL
+    from jaxenv.config import DataConfig
+    from jaxenv.market import load_market
+    from jaxenv.synthetic import headline_sentiment
 
-    rng = np.random.default_rng(0)
-    bullish = rng.random(3000) < 0.5
-    prompts = [f"10:{i % 60:02d} NQ {18000 + i} flat News: {'stocks rally' if b else 'stocks plunge'}"
-               for i, b in enumerate(bullish)]
-    news, shuffled = MockBackend(answers="news"), MockBackend(answers="shuffled")
-    a_news = news.advise(prompts).probs.argmax(1)
-    a_shuf = np.concatenate([shuffled.advise(prompts[i:i + 64]).probs.argmax(1) for i in range(0, 3000, 64)])
-    late = slice(SHUFFLE_LAG * 2, None)
-    assert (a_news[late] == np.where(bullish[late], BUY, SELL)).all()
-    assert abs((a_shuf[late] == BUY).mean() - (a_news[late] == BUY).mean()) < 0.05
-    follows = (a_shuf[late] == np.where(bullish[late], BUY, SELL)).mean()
-    assert 0.45 < follows < 0.55  # a coin's agreement with the headline
-    assert MockBackend(answers="shuffled").advise(["10:00 NQ 18000 long 2 pnl+50 News: rally"]).probs.argmax(1)[0] == HOLD
+    market = load_market(DataConfig(source="synthetic:headlines", synthetic_days=10))
+    own, far = (PromptFieldBuilder(market, ["NQ"], 1, 5, shuffled=s) for s in (False, True))
+    blocks = num_blocks(market.num_bars, 5)
+    keys = np.arange(blocks * SIDES)
+    assert np.array_equal(far.build(keys), own.build((keys + blocks // 2 * SIDES) % (blocks * SIDES)), equal_nan=True)
+    assert (np.abs(far.rendered_bar(keys) - own.rendered_bar(keys)) >= blocks // 2 * 5 - 5).all()
+
+    sentiment = np.array([headline_sentiment(market.text_table[i]) if i >= 0 else 0 for i in market.text_index])
+    flat = keys[keys % SIDES == 1]
+    said = np.where(sentiment[own.rendered_bar(flat)] > 0, BUY, np.where(sentiment[own.rendered_bar(flat)] < 0, SELL, -1))
+    heard = np.where(sentiment[far.rendered_bar(flat)] > 0, BUY, np.where(sentiment[far.rendered_bar(flat)] < 0, SELL, -1))
+    assert abs((heard == BUY).mean() - (said == BUY).mean()) < 0.1
+    assert 0.3 < (heard == said)[said >= 0].mean() < 0.7  # a coin's agreement with the key's own headline
+
+
+def test_the_shuffled_control_cannot_learn():
+    from agents.config import ConfigError
+
+    with pytest.raises(ConfigError, match="hybrid.shuffled"):
+        load_config(ROOT / "configs/headlines_lora.yaml", ["hybrid.shuffled=true"])
 
 
 def test_partial_reports_the_seeds_every_arm_finished(tmp_path):

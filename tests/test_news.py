@@ -299,7 +299,7 @@ def test_a_headlines_market_written_as_files_loads_as_the_synthetic_one(tmp_path
     assert write_market()(["--preset", "headlines", "--days", "6", "--seed", "3", "--out", str(out)]) == 0
     assert f"--set data.news={out / 'news.csv'} --set data.news_items=1" in capsys.readouterr().out
     assert "headline" not in pd.read_csv(out / "bars.csv").columns and sorted(p.name for p in out.iterdir()) == [
-        "bars.csv", "news.csv"]
+        "bars.csv", "market.json", "news.csv"]
     files = load_market(DataConfig(source=str(out / "bars.csv"), news=str(out / "news.csv"), news_items=1,
                                    news_max_age="4D"))
     synthetic = load_market(DataConfig(source="synthetic:headlines", synthetic_days=6, synthetic_seed=3))

@@ -101,13 +101,14 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     if not len(todo):
         return {**out, "filled": 1.0}
     batch = int(batch or cfg.hybrid.max_budget)
-    fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k)
+    fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k,
+                                cfg.hybrid.shuffled)
     texts = list(market.text_table) or None
     options = worker_options(cfg, worker_count(cfg, batch))
     pool = AdvisorPool.start(options, BridgeConfig(capacity=batch), None, prompts=renderer)
     stopped = []
     previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batch in flight, save
-    t0, saved_at, done, pending = time.perf_counter(), time.perf_counter(), 0, []
+    t0, saved_at, done, in_flight = time.perf_counter(), time.perf_counter(), 0, 0
     bar = tqdm(total=len(todo), unit="key", desc="advising", disable=not progress)
     try:
         for start in range(0, len(todo), batch):
@@ -115,15 +116,15 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
                 break
             chunk = todo[start:start + batch]
             pool.submit(chunk, renderer.render(fields.build(chunk), texts))
-            pending.append(chunk)
-            while len(pending) >= MAX_IN_FLIGHT:
-                done += _take(pool, known, pending.pop(0), cfg.hybrid.strict_timeout_s)
+            in_flight += 1
+            while in_flight >= MAX_IN_FLIGHT:
+                done, in_flight = done + _take(pool, known), in_flight - 1
                 bar.update(done - bar.n)
                 if time.perf_counter() - saved_at > SAVE_EVERY_S:
                     store.save(known)
                     saved_at = time.perf_counter()
-        while pending:
-            done += _take(pool, known, pending.pop(0), cfg.hybrid.strict_timeout_s)
+        while in_flight:
+            done, in_flight = done + _take(pool, known), in_flight - 1
             bar.update(done - bar.n)
     finally:
         bar.close()
@@ -131,15 +132,20 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
         pool.close()
         signal.signal(signal.SIGINT, previous)
     seconds = time.perf_counter() - t0
+    filled = int(known.filled()[keys].sum())
+    unanswered = "" if stopped or filled == len(keys) else (
+        f"; {len(keys) - filled} got no answer (advisor errors: its log says why), run the same command again to ask "
+        "them")
     print(f"answered {done} keys in {seconds / 60:.1f} min ({done / max(seconds, 1e-9):.1f} keys/s); the store "
-          f"holds {int(known.filled()[keys].sum())} of the {len(keys)} keys of {', '.join(splits)}", file=sys.stderr)
+          f"holds {filled} of the {len(keys)} keys of {', '.join(splits)}{unanswered}", file=sys.stderr)
     return {**out, "answered": done, "seconds": seconds, "keys_per_s": done / max(seconds, 1e-9),
             "filled": float(known.filled()[keys].mean()), "stopped": bool(stopped)}
 
 
-def _take(pool, known, keys: np.ndarray, timeout_s: float) -> int:
-    """Collects the oldest submission into `known`; how many of its keys got an answer."""
-    status = known.keep(pool.collect(timeout_s=timeout_s), 0)
+def _take(pool, known) -> int:
+    """Collects the oldest submission into `known`, waiting as long as the advisor takes (nothing else waits on a
+    fill; a dead worker's rows come back as errors); how many of its keys got an answer."""
+    status = known.keep(pool.collect(timeout_s=None), 0)
     return int(np.asarray(answered(status)).sum())
 
 

@@ -102,7 +102,7 @@ class AdvisorLink:
         self.budget = self.cap if walk else min(AUTO_START, self.cap) if self.auto else min(int(self.h.budget), self.cap)
         self.renderer, template = prompt_template(cfg)
         self.fields = PromptFieldBuilder(market, list(self.renderer.markets), cfg.env.contracts_per_trade,
-                                         self.interval)
+                                         self.interval, self.h.shuffled)
         self.texts = list(market.text_table) or None
         self.learning = learning_options(cfg) if learn else None
         self.reasoning = self.h.reasoning.enabled and self.renderer.reasoning is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.advice.table import SIDES
+from agents.advice.table import SIDES, num_blocks
 from bridge.protocol import FIELD_INDEX, NUM_PROMPT_FIELDS
 from jaxenv.market import Market
 
@@ -15,17 +15,22 @@ ACCOUNT_FIELDS = ("unrealized_pnl", "win_rate", "consecutive_losses", "balance")
 
 
 class PromptFieldBuilder:
-    def __init__(self, market: Market, market_symbols: list[str], contracts: int, interval: int):
+    def __init__(self, market: Market, market_symbols: list[str], contracts: int, interval: int,
+                 shuffled: bool = False):
+        """`shuffled` (hybrid.shuffled, a control): a key's prompt is the market of the block half the data away."""
         self.market = market
         self.contracts = contracts
         self.interval = interval
+        blocks = num_blocks(market.num_bars, interval)
+        self.shift = blocks // 2 if shuffled else 0
+        self.blocks = blocks
         symbol = market.contract.symbol
         self.market_index = float(market_symbols.index(symbol)) if symbol in market_symbols else np.nan
         self.minute = market.sessions.minute_of_day.astype(np.float32)
 
     def rendered_bar(self, keys: np.ndarray) -> np.ndarray:
         """The bar each key's prompt is rendered from: its block's last bar (the data's last, for a short block)."""
-        block = np.asarray(keys, np.int64) // SIDES
+        block = (np.asarray(keys, np.int64) // SIDES + self.shift) % self.blocks
         return np.minimum(block * self.interval + self.interval - 1, self.market.num_bars - 1)
 
     def build(self, keys: np.ndarray) -> np.ndarray:

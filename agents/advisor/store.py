@@ -52,10 +52,12 @@ def _digest(*parts: bytes) -> str:
 
 
 def adapter_digest(adapter: str | None) -> str:
-    """sha256 over a LoRA adapter folder's files (names and bytes); "none" without one."""
+    """sha256 over what a LoRA adapter answers with: its config and weights files (names and bytes), not its model
+    card or the experiences saved beside it; "none" without one."""
     if not adapter:
         return "none"
-    files = sorted(p for p in Path(adapter).rglob("*") if p.is_file())
+    files = sorted(p for p in Path(adapter).iterdir()
+                   if p.is_file() and (p.name == "adapter_config.json" or p.name.startswith("adapter_model")))
     return _digest(*(p.relative_to(adapter).as_posix().encode() + b"\0" + p.read_bytes() for p in files))
 
 
@@ -77,6 +79,8 @@ def identity(cfg, market, template: str, adapter: str | None) -> dict:
         advisor["mock_answers"] = h.mock_answers
     else:
         advisor.update(mode=h.llm_mode, quantization=h.quantization)
+    if h.shuffled:  # named only when on: the stores of every other advisor keep their folders
+        advisor["shuffled"] = True
     return {"format": STORE_FORMAT, "advisor": advisor, "adapter": adapter_digest(adapter),
             "template": hashlib.sha256(template.encode()).hexdigest(), "data": data_digest(market),
             "interval": cfg.hybrid.query.interval, "contracts": cfg.env.contracts_per_trade,
