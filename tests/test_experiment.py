@@ -453,3 +453,25 @@ def test_session_halves_put_the_split_sessions_news_bars_in_the_first_half():
     trace = {"t": np.array([0, NEWS_BARS - 1, NEWS_BARS, BARS_PER_SESSION + 1]), "pnl": np.array([1.0, 2.0, 4.0, 8.0]),
              "entry_side": np.array([1, 0, -1, 0])}
     assert halves_of(trace, halves) == {"pnl_first": 11.0, "entries_first": 1, "pnl_second": 4.0, "entries_second": 1}
+
+
+def test_the_shipped_adapter_answers_by_the_headline_more_than_the_base_model():
+    """adapters/smollm2-headlines (the learned_smollm2 arm's advisor) has learned the headline's direction: on flat
+    prompts half bullish, half bearish, its top action follows the headline more often than the base model's, and
+    it says BUY far more after bullish than after bearish headlines."""
+    from bridge import PromptRenderer
+    from bridge.protocol import BUY, SELL
+    from experiments.lora_probe import direction_figures, flat_headline_prompts, score
+
+    renderer = PromptRenderer.from_yaml()
+    prompts, bull = flat_headline_prompts(renderer, 40, np.random.default_rng(1), fields_seed=5)
+
+    def follows(probs: np.ndarray) -> float:
+        top = probs.argmax(1)
+        return float(np.where(bull, top == BUY, top == SELL).mean())
+
+    base, learned = (score(renderer, prompts, adapter) for adapter in (None, fusion.LEARNED_ADAPTER))
+    assert follows(learned) >= 0.85 and follows(learned) > follows(base) + 0.1
+    spread = {name: f["p_buy_bull"] - f["p_buy_bear"] for name, f in
+              (("base", direction_figures(base, bull)), ("learned", direction_figures(learned, bull)))}
+    assert spread["learned"] > spread["base"] + 0.1
