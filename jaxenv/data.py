@@ -98,7 +98,7 @@ def read_bars_noted(
 def read_raw_bars(path: str | Path, date_format: str | None = None, text_column: str | None = None) -> RawBars:
     """A CSV or Parquet file's bars with their stamps as parsed, before any time zone is applied."""
     path = Path(path)
-    raw = _read_table(path)
+    raw = read_table(path)
     by_lower = columns_by_name(raw)
 
     missing = [c for c in REQUIRED_COLUMNS if c not in by_lower]
@@ -109,7 +109,7 @@ def read_raw_bars(path: str | Path, date_format: str | None = None, text_column:
     if not len(raw):
         raise DataValidationError(f"{path}: has columns but no rows of bars")
 
-    stamps, wall, column, note = _parse_timestamps(path, raw, by_lower, date_format)
+    stamps, wall, column, note = parse_timestamps(path, raw, by_lower, date_format)
     frame = pd.DataFrame({c: pd.to_numeric(raw[by_lower[c]], errors="coerce") for c in REQUIRED_COLUMNS})
     non_numeric = frame.isna() & raw[[by_lower[c] for c in REQUIRED_COLUMNS]].notna().values
     if non_numeric.values.any():
@@ -135,7 +135,7 @@ def columns_by_name(raw: pd.DataFrame) -> dict[str, str]:
     return by_lower
 
 
-def _read_table(path: Path, setting: str = "--data") -> pd.DataFrame:
+def read_table(path: Path, setting: str = "--data") -> pd.DataFrame:
     """The file as a raw frame; a file that cannot be read as a table fails with one line naming it (and the
     `setting` that names the file, where it is a folder)."""
     if not path.exists():
@@ -189,7 +189,7 @@ def _is_text(path: Path, size: int = 8192) -> bool:
     return b"\x00" not in head
 
 
-def _parse_timestamps(
+def parse_timestamps(
     path: Path, raw: pd.DataFrame, by_lower: dict[str, str], date_format: str | None,
     date_option: str | None = "--date-format",
 ) -> tuple[pd.DatetimeIndex, pd.DatetimeIndex, str, str]:

@@ -23,10 +23,10 @@ from jaxenv.data import (
     ROW_FIX,
     TEXT_NAMES,
     DataValidationError,
-    _parse_timestamps,
-    _read_table,
     columns_by_name,
     is_dates,
+    parse_timestamps,
+    read_table,
     row_list,
     to_exchange_time,
 )
@@ -58,7 +58,7 @@ def read_news(path: str | Path, contract: ContractSpec, zone: str | None, drop_i
     path = Path(path)
     if not path.exists():  # before the table reader, whose FileNotFoundError names market data
         raise DataValidationError(f"{path}: news file not found (data.news)")
-    raw = _read_table(path, "data.news")
+    raw = read_table(path, "data.news")
     if not len(raw):
         raise DataValidationError(f"{path}: has columns but no rows of news")
     by_lower = columns_by_name(raw)
@@ -66,7 +66,7 @@ def read_news(path: str | Path, contract: ContractSpec, zone: str | None, drop_i
     if text_key is None:
         raise DataValidationError(f"{path}: no text column; expected one of {', '.join(NEWS_TEXT_NAMES)} (any case); "
                                   f"found {', '.join(map(str, raw.columns))}")
-    stamps, wall, column, order_note = _parse_timestamps(path, raw, by_lower, None, date_option=None)
+    stamps, wall, column, order_note = parse_timestamps(path, raw, by_lower, None, date_option=None)
     stamps, zone_note = _exchange_time(path, stamps, wall, contract.timezone, zone, column)
 
     texts = raw[by_lower[text_key]].fillna("").astype(str).to_numpy(dtype=object)
