@@ -21,6 +21,8 @@ from bridge.learning import LearningOptions
 from bridge.protocol import MOCK_ANSWERS
 from jaxenv.config import DataConfig, EnvConfig, check_rules, resolve_data_config
 
+MOCK_READS = ("fields", "text")  # hybrid.mock_reads
+
 
 class ConfigError(ValueError):
     """A bad configuration key or value; the message names the dotted key."""
@@ -174,7 +176,10 @@ class HybridConfig:
     sidecar_batch_size: int = 64  # prompts per call of the advisor's backend
     log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
     prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
-    mock_latency_s: float = 0.0  # mock advisor: injected latency per batch (for tests)
+    # mock advisor: fields (its rules applied to the prompt fields in the trainer's process: no text, no sidecar) |
+    # text (in a sidecar process, reading the rendered prompts through the bridge as a model does: the same answers)
+    mock_reads: str = "fields"
+    mock_latency_s: float = 0.0  # mock advisor reading text: injected latency per prompt (for tests)
     # mock advisor: rules (indicators and headline) | news (the headline alone; HOLD without news) | news_pass (the
     # same, PASS without news: no view) | random
     mock_answers: str = "rules"
@@ -315,6 +320,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
         (cfg.hybrid.learning.move_bars >= 1, "hybrid.learning.move_bars", "must be >= 1"),
         (cfg.hybrid.mock_answers in MOCK_ANSWERS, "hybrid.mock_answers", f"must be one of {', '.join(MOCK_ANSWERS)}"),
+        (cfg.hybrid.mock_reads in MOCK_READS, "hybrid.mock_reads", f"must be one of {', '.join(MOCK_READS)}"),
+        (cfg.llm != "mock" or cfg.hybrid.mock_reads == "text" or not (cfg.hybrid.mock_latency_s or
+                                                                       cfg.hybrid.reasoning.enabled),
+         "hybrid.mock_reads", "an injected latency or reasoning needs the mock in its own process: set it to text"),
         (cfg.transfer.checkpoint in ("best", "latest") or cfg.transfer.checkpoint.isdigit(), "transfer.checkpoint",
          "must be best, latest or an update number"),
         (cfg.transfer.freeze_steps >= 0, "transfer.freeze_steps", "must be >= 0"),

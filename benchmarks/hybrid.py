@@ -7,7 +7,8 @@ compiled update) alternating update by update, so that load from other processes
 processes are stopped (SIGSTOP) while an RL-only update is timed, as in a `--llm none` run, which has none: a model
 answering its backlog beside the RL-only update would slow it too and flatter the ratio (SmolLM2 on 2 cores took
 its RL-only figure from 19.0k to 12.2k steps/s).
-- `mock`: the mock advisor in its own process through the real bridge, k = 5, B = 1024 (per update), strict latency;
+- `mock`: the mock advisor answering from the keys' prompt fields in the trainer's process (hybrid.mock_reads
+  fields, no text, no sidecar), k = 5, B = 1024 (per update), strict latency;
 - `smollm2`: the main command's advisor as configured by default (auto budget, latency auto = async, workers auto,
   the sidecar at OS niceness 19), not with --quick, and only where the embedded model is installed;
 - `smollm2_strict`: the default, strict latency (bit-reproducible; the trainer waits for every answer).
@@ -193,8 +194,8 @@ def markdown(rows: list[dict]) -> str:
     r0 = rows[0]
     intro = (
         f"Whole PPO updates ({r0['num_steps']}-step rollouts, one query step per update, advice keyed by blocks of "
-        f"k = {r0['query_interval']} bars and the position side, synthetic:headlines) with the advisor in its own "
-        "process(es) through the real bridge, alternating update by update with RL-only updates (`--llm none`) of the same env count, so that "
+        f"k = {r0['query_interval']} bars and the position side, synthetic:headlines) with a model advisor in its own "
+        "process(es) through the real bridge (the mock: in the trainer's process, from the prompt fields), alternating update by update with RL-only updates (`--llm none`) of the same env count, so that "
         "other load falls on both alike; the advisor processes are stopped while an RL-only update is timed (a "
         "`--llm none` run has none). store: `empty`, a fresh advice table (a few updates: the coverage of a run's "
         "start); `filled`, a store filled first by `scripts/advise.py` for the train split (fill: its keys/s). "

@@ -92,11 +92,9 @@ def _digits(values: np.ndarray) -> np.ndarray:
     return words.view(np.uint8)
 
 
-def format_numbers(values: np.ndarray, fmt: NumberFormat) -> list[np.ndarray]:
-    """Formats a float column as uint8 matrices [N, w] to be laid side by side (NUL = no character).
-
-    Non-finite values are written as 'n/a'."""
-    n = len(values)
+def _written(values: np.ndarray, fmt: NumberFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(finite, negative, digits) of a float column as `fmt` writes it: the digits an int64 (the number times
+    10**decimals, after the percent or thousands scaling), negative only where a digit is not 0 (no "-0.00")."""
     finite = np.isfinite(values)
     v = np.where(finite, values, 0.0).astype(np.float64)
     if fmt.percent:
@@ -104,7 +102,22 @@ def format_numbers(values: np.ndarray, fmt: NumberFormat) -> list[np.ndarray]:
     if fmt.thousands:
         v /= 1000.0
     scaled = np.rint(np.minimum(np.abs(v), _MAX_ABS) * 10**fmt.decimals).astype(np.int64)
-    negative = (v < 0) & (scaled > 0)  # no "-0.00"
+    return finite, (v < 0) & (scaled > 0), scaled
+
+
+def written_numbers(values: np.ndarray, fmt: NumberFormat) -> np.ndarray:
+    """The numbers a reader of `format_numbers`' text reads (float64; NaN for "n/a"): 31.46 as `.0f` is 31.0, 0.5
+    as `.0%` is 50.0."""
+    finite, negative, scaled = _written(values, fmt)
+    return np.where(finite, np.where(negative, -1.0, 1.0) * scaled / 10**fmt.decimals, np.nan)
+
+
+def format_numbers(values: np.ndarray, fmt: NumberFormat) -> list[np.ndarray]:
+    """Formats a float column as uint8 matrices [N, w] to be laid side by side (NUL = no character).
+
+    Non-finite values are written as 'n/a'."""
+    n = len(values)
+    finite, negative, scaled = _written(values, fmt)
     sign = np.where(negative, np.uint8(ord("-")), np.uint8(ord("+") if fmt.sign else 0))
     pieces = [sign[:, None], _digits(scaled // 10**fmt.decimals)]
     if fmt.decimals:
@@ -281,6 +294,18 @@ class PromptRenderer:
         matrix = np.concatenate(pieces, axis=1)
         rows = matrix.tobytes().translate(None, b"\x00").split(_ROW_END)[:-1]
         return np.array(rows, dtype="S")
+
+    def shown(self, fields: np.ndarray) -> np.ndarray:
+        """The numbers `render` writes, without writing them ([N, len(PROMPT_FIELDS)] float64): each numeric field
+        the context names as its text reads (`written_numbers`), the market, time, position and headline fields
+        the context names as given, NaN for every field it does not name (a reader of the text never sees it)."""
+        fields = np.asarray(fields, np.float64)
+        out = np.full(fields.shape, np.nan)
+        for _, name, fmt in self._parts:
+            if name is not None:
+                column = fields[:, FIELD_INDEX[name]]
+                out[:, FIELD_INDEX[name]] = column if fmt is None else written_numbers(column, fmt)
+        return out
 
     def _text_column(self, name: str, column: np.ndarray, texts: Sequence[str] | None) -> np.ndarray:
         if name == "market":

@@ -14,7 +14,8 @@ import numpy as np
 
 from bridge.parsing import answer_probabilities, parse_answer
 from bridge.prompts import DEFAULT_ACTION_LABELS
-from bridge.protocol import ACTIONS, MOCK_ANSWERS, NO_VIEW_ANSWER, NUM_ACTIONS, STATUS_OK
+from bridge.protocol import ACTIONS, MOCK_ANSWERS, NUM_ACTIONS, STATUS_OK
+from llm_sidecar import mock_rules
 from llm_sidecar.models import log, resolve_model
 
 
@@ -70,27 +71,27 @@ def answers_from_text(texts: list[str], prompt_tokens: int = 0) -> BackendAnswer
 # ---- mock ------------------------------------------------------------------------------------------------
 
 _NUMBER = r"([-+]?\d+(?:\.\d+)?)"
-_BULLISH = re.compile(r"\b(beat|beats|surge|surges|rally|rallies|upgrade|strong|record high|cut rates|rate cut|soar)", re.I)
-_BEARISH = re.compile(r"\b(miss|misses|plunge|plunges|selloff|downgrade|weak|war|hike|crash|slump|default)", re.I)
 
 
-def _read(pattern: str, text: str, default: float) -> float:
+def _read(pattern: str, text: str) -> float:
+    """The number after `pattern`, or NaN (the rules then take their default)."""
     match = re.search(pattern, text, re.I)
-    return float(match.group(1)) if match else default
+    return float(match.group(1)) if match else np.nan
 
 
-def _side_and_sentiment(context: str) -> tuple[str, int]:
-    """The position side a prompt states (long, short or flat) and its headline's sentiment: bullish minus
-    bearish words after "News:"."""
+def _side_and_sentiment(context: str) -> tuple[int, int]:
+    """The position side a prompt states (1 long, -1 short, 0 flat) and its headline's sentiment (the words after
+    "News:")."""
     market, _, headline = context.partition("News:")
     position = re.search(r"\b(long|short)\s*\d", market, re.I)
-    side = position.group(1).lower() if position else "flat"
-    return side, len(_BULLISH.findall(headline)) - len(_BEARISH.findall(headline))
+    side = 0 if position is None else 1 if position.group(1).lower() == "long" else -1
+    return side, mock_rules.sentiment(headline)
 
 
 class MockBackend:
     """A deterministic rule-based advisor that reads the rendered prompt text and answers in the text
-    protocol, so rendering, transport and parsing are all exercised without a model.
+    protocol, so rendering, transport and parsing are all exercised without a model (hybrid.mock_reads=text; by
+    default the trainer applies the same rules, llm_sidecar.mock_rules, to the prompt fields in its own process).
 
     Rules: flat → trend following when ADX > 25 (direction from VWAP distance and momentum), mean reversion
     on RSI extremes, headline sentiment words tilt the call; in a position → ENABLE_TRAIL in a strong trend
@@ -121,48 +122,17 @@ class MockBackend:
 
     @staticmethod
     def random_text(digest: bytes) -> str:
-        rng = np.random.default_rng(int.from_bytes(digest, "little"))
-        return f"{ACTIONS[rng.integers(NUM_ACTIONS)]} | {rng.uniform(0.5, 0.95):.2f} | a coin flip"
-
-    @staticmethod
-    def news_text(context: str, passes: bool = False) -> str:
-        return MockBackend.news_answer(*_side_and_sentiment(context), passes=passes)
-
-    @staticmethod
-    def news_answer(side: str, sentiment: int, passes: bool = False) -> str:
-        if side != "flat":
-            return "HOLD | 0.60 | let the bracket work"
-        if sentiment:
-            return f"{'BUY' if sentiment > 0 else 'SELL'} | 0.80 | {'bullish' if sentiment > 0 else 'bearish'} news"
-        return f"{NO_VIEW_ANSWER} | no news" if passes else "HOLD | 0.60 | no news"
+        action, confidence = mock_rules.coin(int.from_bytes(digest, "little"))
+        return mock_rules.line(action, confidence, "a coin flip")
 
     def advise_text(self, context: str) -> str:
-        rsi = _read(r"\bRSI\s*" + _NUMBER, context, 50.0)
-        adx = _read(r"\bADX\s*" + _NUMBER, context, 20.0)
-        vwap = _read(r"\bVWAP\s*" + _NUMBER, context, 0.0)
-        momentum = _read(r"\bmom(?:entum)?\s*" + _NUMBER, context, 0.0)
-        pnl = _read(r"\b(?:uPnL|PnL|P&L)\s*" + _NUMBER, context, 0.0)
+        """The rules (llm_sidecar.mock_rules) applied to the numbers the prompt's text shows."""
         side, sentiment = _side_and_sentiment(context)
-        if side != "flat":
-            if pnl > 0 and adx > 25:
-                return f"ENABLE_TRAIL | {min(0.9, 0.5 + adx / 100):.2f} | {side} in profit with ADX {adx:.0f}"
-            if pnl > 0:
-                return f"MOVE_TO_BE | 0.60 | {side} in profit, protect it"
-            if adx < 15:
-                return f"DISABLE_TRAIL | 0.55 | trend faded (ADX {adx:.0f})"
-            return f"HOLD | 0.50 | keep the {side} position"
-        trend = np.sign(vwap) + np.sign(momentum) + sentiment
-        if adx > 25 and trend >= 2:
-            return f"BUY | {min(0.95, 0.45 + adx / 100):.2f} | uptrend: ADX {adx:.0f}, above VWAP"
-        if adx > 25 and trend <= -2:
-            return f"SELL | {min(0.95, 0.45 + adx / 100):.2f} | downtrend: ADX {adx:.0f}, below VWAP"
-        if rsi < 30 and sentiment >= 0:
-            return f"BUY | {0.5 + (30 - rsi) / 100:.2f} | RSI {rsi:.0f} oversold"
-        if rsi > 70 and sentiment <= 0:
-            return f"SELL | {0.5 + (rsi - 70) / 100:.2f} | RSI {rsi:.0f} overbought"
-        if sentiment:
-            return f"{'BUY' if sentiment > 0 else 'SELL'} | 0.55 | headline sentiment"
-        return "HOLD | 0.60 | no clear edge"
+        adx, rsi = _read(r"\bADX\s*" + _NUMBER, context), _read(r"\bRSI\s*" + _NUMBER, context)
+        action, confidence, rule = mock_rules.decide(
+            self.answers, side, sentiment, rsi, adx, _read(r"\bVWAP\s*" + _NUMBER, context),
+            _read(r"\bmom(?:entum)?\s*" + _NUMBER, context), _read(r"\b(?:uPnL|PnL|P&L)\s*" + _NUMBER, context))
+        return mock_rules.line(int(action), float(confidence), mock_rules.reason(int(rule), side, adx, rsi))
 
     def _one_line(self, context: str) -> tuple[str, str]:
         """(the answer as the mock writes it, the answer without injected garbage) for one prompt."""
@@ -173,8 +143,6 @@ class MockBackend:
         digest = hashlib.blake2b(context.encode(), digest_size=8).digest()
         if self.answers == "random":
             clean = self.random_text(digest[::-1])  # reversed: independent of the garbage draw
-        elif self.answers in ("news", "news_pass"):
-            clean = self.news_text(context, passes=self.answers == "news_pass")
         else:
             clean = self.advise_text(context)
         garbage = int.from_bytes(digest, "little") / 2**64 < self.garbage_rate

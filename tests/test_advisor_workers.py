@@ -25,7 +25,7 @@ from bridge.protocol import STATUS_BACKEND_ERROR, STATUS_OK, STATUS_TIMEOUT
 SMALL = ["num_envs=32", "ppo.num_steps=20", "ppo.num_minibatches=2", "ppo.update_epochs=1", "total_steps=1280",
          "network.actor_hidden=[32]", "network.critic_hidden=[32]", "data.source=synthetic:headlines",
          "data.synthetic_days=30", "checkpoint.eval_every_updates=0", "log.progress=false", "log.tensorboard=false",
-         "llm=mock", "hybrid.budget=16", "hybrid.sidecar_workers=2"]
+         "llm=mock", "hybrid.mock_reads=text", "hybrid.budget=16", "hybrid.sidecar_workers=2"]
 
 
 def test_split_follows_the_weights_and_sums_to_n():

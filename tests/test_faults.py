@@ -568,7 +568,7 @@ def test_ctrl_c_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
 def test_kill_9_of_sidecar_and_trainer_leaves_nothing_and_the_run_resumes(tmp_path):
     hybrid = [*TINY_FLAGS, "--llm", "mock", "--set", "data.source=synthetic:headlines",
               "--set", "data.synthetic_days=30", "--set", "hybrid.budget=4", "--set", "total_steps=6400",
-              "--set", "checkpoint.eval_every_updates=0"]
+              "--set", "checkpoint.eval_every_updates=0", "--set", "hybrid.mock_reads=text"]
     run, log = tmp_path / "run", tmp_path / "trainer.log"
     trainer = start_trainer(["--run-dir", str(run), *hybrid], log)
     try:

@@ -1,9 +1,11 @@
-"""The hybrid loop through the real bridge and a mock-advisor sidecar process."""
+"""The hybrid loop with the mock advisor: in the trainer's process, and through the real bridge and its sidecar process."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +66,24 @@ def test_strict_mode_with_mock_advisor_is_reproducible(tmp_path):
     assert shm_segments() == before  # the sidecar's segments are gone after training
 
 
+def test_the_mock_trains_the_same_from_fields_in_process_as_from_text_in_its_sidecar(tmp_path):
+    (tmp_path / "loop").mkdir()
+    with hybrid_loop(["hybrid.log_llm=4"], tmp_path / "loop") as (loop, state):  # the default: no process, no memory
+        for _ in range(2):
+            state, _ = loop.update(state)
+        assert children(os.getpid()) == [] and shm_segments() == set()
+    logged = [json.loads(line) for line in (tmp_path / "loop" / "llm_log.jsonl").read_text().splitlines()]
+    assert logged and all(re.match(r"\d\d:\d\d [A-Z]+ \d+ ADX", row["prompt"]) and row["answer"] for row in logged)  # as text
+    runs = {reads: train(load_config(None, SMALL + ["seed=3", f"hybrid.mock_reads={reads}"]), tmp_path / reads)
+            for reads in ("fields", "text")}
+    for a, b in zip(*(jax.tree.leaves(r.state.params) for r in runs.values())):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    fields, text = (r.last_metrics for r in runs.values())
+    assert fields["llm_ok"] == text["llm_ok"] > 0
+    same = ("advice_coverage", "episode_return", "policy_loss", "mean_trust")
+    np.testing.assert_equal({k: fields[k] for k in same}, {k: text[k] for k in same})
+
+
 def test_every_update_gets_answers(tmp_path):
     """The keys asked at one update are answered into the table at the next, so advice keeps coming; a query step
     marks as asked exactly the keys it asks (at most B)."""
@@ -81,7 +101,7 @@ def test_every_update_gets_answers(tmp_path):
 def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arrive(tmp_path):
     """Async latency with an advisor that takes 0.2 s a batch: query steps never wait for it, the answers come some
     query steps later, and the keys are asked that many query steps further ahead, so they are read."""
-    overrides = ["hybrid.latency=async", "hybrid.mock_latency_s=0.2", "hybrid.budget=64"]
+    overrides = ["hybrid.latency=async", "hybrid.mock_reads=text", "hybrid.mock_latency_s=0.2", "hybrid.budget=64"]
     with hybrid_loop(overrides, tmp_path) as (loop, state):
         covered, deadline = 0.0, time.monotonic() + 60
         while covered == 0.0 and time.monotonic() < deadline:
@@ -93,7 +113,8 @@ def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arr
 
 
 def test_training_survives_a_killed_sidecar(tmp_path):
-    cfg = load_config(None, SMALL)  # strict: collecting must notice the dead sidecar instead of waiting
+    # strict: collecting must notice the dead sidecar instead of waiting
+    cfg = load_config(None, SMALL + ["hybrid.mock_reads=text"])
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     before = shm_segments()
@@ -132,7 +153,8 @@ def test_ctrl_c_stops_training_sidecars_and_all(tmp_path):
     sets = [a for o in SMALL if not o.startswith(("total_steps", "checkpoint.eval_every", "llm="))
             for a in ("--set", o)]
     cmd = [sys.executable, str(root / "scripts" / "train.py"), "--llm", "mock", "--total-steps", "6400000",
-           "--run-dir", str(tmp_path / "run"), *sets, "--set", "checkpoint.eval_every_updates=1"]
+           "--run-dir", str(tmp_path / "run"), *sets, "--set", "checkpoint.eval_every_updates=1",
+           "--set", "hybrid.mock_reads=text"]
     trainer = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:

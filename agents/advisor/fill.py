@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.advice.table import SIDES, answered, num_blocks
+from agents.advisor.numeric_mock import NumericMock, reads_fields
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.advisor.sidecar import worker_count, worker_options
 from agents.advisor.store import AdviceStore, identity, store_root
@@ -104,8 +105,11 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k,
                                 cfg.hybrid.shuffled)
     texts = list(market.text_table) or None
-    options = worker_options(cfg, worker_count(cfg, batch))
-    pool = AdvisorPool.start(options, BridgeConfig(capacity=batch), None, prompts=renderer)
+    if reads_fields(cfg):
+        pool = NumericMock(cfg.hybrid.mock_answers, renderer, texts)
+    else:
+        pool = AdvisorPool.start(worker_options(cfg, worker_count(cfg, batch)), BridgeConfig(capacity=batch), None,
+                                 prompts=renderer)
     stopped = []
     previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batch in flight, save
     t0, saved_at, done, in_flight = time.perf_counter(), time.perf_counter(), 0, 0
@@ -115,7 +119,8 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
             if stopped:
                 break
             chunk = todo[start:start + batch]
-            pool.submit(chunk, renderer.render(fields.build(chunk), texts))
+            rows = fields.build(chunk)
+            pool.submit(chunk, rows if pool.reads_fields else renderer.render(rows, texts))
             in_flight += 1
             while in_flight >= MAX_IN_FLIGHT:
                 done, in_flight = done + _take(pool, known), in_flight - 1

@@ -33,6 +33,7 @@ import numpy as np
 from agents.advice.table import SIDES, WALK_AHEAD, answered, num_blocks, select_keys
 from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder
 from agents.advisor.sidecar import learning_options, worker_count, worker_options
+from agents.advisor.numeric_mock import NumericMock, reads_fields
 from agents.advisor.store import AdviceStore, Answers, adapter_digest, identity, store_root
 from agents.advisor.workers import AdvisorPool
 from agents.config import ConfigError, HybridConfig
@@ -138,7 +139,9 @@ class AdvisorLink:
 
         self._step = jax.jit(step, donate_argnums=0)
 
-    def _start_workers(self, adapter: str | None, log_stem: Path | None) -> AdvisorPool:
+    def _start_workers(self, adapter: str | None, log_stem: Path | None) -> AdvisorPool | NumericMock:
+        if reads_fields(self.cfg):
+            return NumericMock(self.h.mock_answers, self.renderer, self.texts)
         options = worker_options(self.cfg, worker_count(self.cfg, self.cap), adapter)
         return AdvisorPool.start(options, BridgeConfig(capacity=self.cap), log_stem, prompts=self.renderer,
                                  learning=self.learning)
@@ -246,7 +249,8 @@ class AdvisorLink:
         if not len(take):
             return
         keys = keys[take]
-        prompts = self.renderer.render(self.fields.build(keys), self.texts)
+        rows = self.fields.build(keys)
+        prompts = rows if self.client.reads_fields else self.renderer.render(rows, self.texts)
         think = np.ones(len(keys), bool) if self.reasoning else None
         self.n_thoughts += int(think.sum()) if think is not None else 0
         self.client.submit(keys, prompts, think)
@@ -323,7 +327,10 @@ class AdvisorLink:
         def text(x) -> str:
             return x.decode(errors="replace") if isinstance(x, bytes) else str(x)
 
-        for i in range(min(len(answers), self.h.log_llm - self.logged)):
+        n = min(len(answers), self.h.log_llm - self.logged)
+        if np.asarray(prompts).dtype.kind == "f":  # prompt-field rows (the mock reading them): the prompts they stand for
+            prompts = self.renderer.render(prompts[:n], self.texts)
+        for i in range(n):
             key = int(answers.env_ids[i])
             self.llm_log.write(json.dumps({
                 "key": key,

@@ -48,6 +48,8 @@ class _Part:
 class AdvisorPool:
     """N advisor workers that look like one SidecarClient to AdvisorLink. At most two submissions await collect()."""
 
+    reads_fields = False  # its workers answer rendered prompts (agents.advisor.numeric_mock reads prompt fields)
+
     def __init__(self, workers: list[SidecarClient]):
         self.workers = workers
         self.config = workers[0].config

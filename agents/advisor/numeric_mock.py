@@ -1,0 +1,96 @@
+"""The mock advisor answering from numbers (`llm: mock`, hybrid.mock_reads=fields, the default): its rules
+(llm_sidecar.mock_rules) applied to the keys' prompt fields as the prompt would show them, in the trainer's
+process. No prompt is sent or parsed, nor rendered but for the random answers' seeds, so an empty table costs a query
+step microseconds per key; the answers equal those of the mock reading the rendered text in a sidecar
+(hybrid.mock_reads=text), which is the one that exercises the bridge. It stands where AdvisorLink and the store's fill keep an AdvisorPool."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+
+import numpy as np
+
+from bridge import Answers
+from bridge.protocol import FIELD_INDEX, NUM_ACTIONS, STATUS_NO_VIEW, STATUS_OK
+from bridge.prompts import PromptRenderer
+from llm_sidecar import mock_rules
+
+
+def reads_fields(cfg) -> bool:
+    """Whether the run's advisor is the mock answering from the prompt fields in the trainer's process."""
+    return cfg.llm == "mock" and cfg.hybrid.mock_reads == "fields"
+
+
+class NumericMock:
+    """Answers each submission when it is submitted; collect() returns them in order. Never down, never busy."""
+
+    reads_fields = True  # AdvisorLink submits prompt-field rows, not rendered prompts
+    workers: list = []  # no processes
+    sidecar_pids: list = []
+    alive, alive_count, oldest_done = True, 1, True
+
+    def __init__(self, answers: str, renderer: PromptRenderer, texts: list[str] | None):
+        self.answers = answers
+        self.renderer = renderer
+        self.texts = texts
+        self.sentiment = np.array([mock_rules.sentiment(t) for t in texts or []] + [0], np.int64)  # [-1]: none
+        self._pending: deque[Answers] = deque()
+        self._next_seq = 1
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def submit(self, keys: np.ndarray, fields: np.ndarray, think: np.ndarray | None = None) -> int:
+        shown = self.renderer.shown(fields)
+        n = len(keys)
+        position = shown[:, FIELD_INDEX["position"]]
+        side = np.sign(np.where(np.isfinite(position), np.rint(position), 0)).astype(np.int64)
+        headline = shown[:, FIELD_INDEX["headline"]]
+        headline = np.where(np.isfinite(headline) & (headline >= 0), headline, -1).astype(np.int64)
+        adx, rsi = shown[:, FIELD_INDEX["adx"]], shown[:, FIELD_INDEX["rsi"]]
+        if self.answers == "random":  # a coin per prompt, seeded by its text's hash as in the sidecar's mock
+            draws = [mock_rules.coin(int.from_bytes(hashlib.blake2b(prompt, digest_size=8).digest()[::-1], "little"))
+                     for prompt in self.renderer.render(fields, self.texts).tolist()]
+            action = np.array([a for a, _ in draws], np.int64).reshape(n)
+            confidence = np.array([c for _, c in draws]).reshape(n)
+            reasons = np.full(n, b"a coin flip", "S16")
+        else:
+            action, confidence, rule = mock_rules.decide(
+                self.answers, side, self.sentiment[headline], rsi, adx, shown[:, FIELD_INDEX["vwap_dist"]],
+                shown[:, FIELD_INDEX["momentum"]], shown[:, FIELD_INDEX["unrealized_pnl"]])
+            cases, where = np.unique(np.stack([rule, side, adx, rsi], axis=1), axis=0, return_inverse=True)
+            reasons = np.array([mock_rules.reason(int(r), int(s), a, b).encode() for r, s, a, b in cases], "S")
+            reasons = reasons[where.reshape(-1)]
+        no_view = action == mock_rules.PASS
+        confidence = np.where(no_view, 0.0, confidence)
+        probs = np.where(np.arange(NUM_ACTIONS) == action[:, None], confidence[:, None],
+                         ((1.0 - confidence) / (NUM_ACTIONS - 1))[:, None]).astype(np.float32)
+        probs[no_view] = 1.0 / NUM_ACTIONS
+        self._pending.append(Answers(self._next_seq, np.asarray(keys, np.int32), probs, action.astype(np.int8),
+                                     confidence.astype(np.float32),
+                                     np.where(no_view, STATUS_NO_VIEW, STATUS_OK).astype(np.int8), reasons))
+        self._next_seq += 1
+        return self._next_seq - 1
+
+    def collect(self, timeout_s: float | None = None) -> Answers:
+        return self._pending.popleft()
+
+    def restart_dead(self) -> None:
+        pass
+
+    def reset_counters(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def metrics(self) -> dict:
+        return {}
+
+    def command(self, op: str, timeout_s: float = 60.0, **args) -> dict:
+        raise ValueError(f"the mock answering from numbers takes no command ({op!r}): use hybrid.mock_reads=text")
+
+    def close(self) -> None:
+        self._pending.clear()
