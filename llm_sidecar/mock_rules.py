@@ -47,11 +47,13 @@ def decide(mode: str, side, sentiment, rsi, adx, vwap, momentum, pnl) -> tuple[n
     llm_sidecar.backends.MockBackend); `random` draws from the prompt, not from numbers (`coin`)."""
     side = np.asarray(side, np.int64)
     sent = np.asarray(sentiment, np.int64)
-    rsi, adx, vwap, momentum, pnl = (np.where(np.isfinite(x), x, DEFAULTS[name]).astype(np.float64) for name, x in
-                                     (("rsi", np.asarray(rsi, np.float64)), ("adx", np.asarray(adx, np.float64)),
-                                      ("vwap", np.asarray(vwap, np.float64)),
-                                      ("momentum", np.asarray(momentum, np.float64)),
-                                      ("pnl", np.asarray(pnl, np.float64))))
+
+    def number(x, name: str) -> np.ndarray:
+        x = np.asarray(x, np.float64)
+        return np.where(np.isfinite(x), x, DEFAULTS[name])
+
+    rsi, adx, vwap, momentum, pnl = (number(x, name) for x, name in
+                                     ((rsi, "rsi"), (adx, "adx"), (vwap, "vwap"), (momentum, "momentum"), (pnl, "pnl")))
     flat, held = side == 0, side != 0
     if mode in ("news", "news_pass"):
         cases = [  # (condition, action, confidence, rule), first match wins
