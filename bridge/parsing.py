@@ -162,11 +162,12 @@ def parse_answer(raw: str) -> ParsedAnswer:
     return _error(f"no action in {raw.strip()[:80]!r}")
 
 
-def answer_probabilities(action: int, confidence: float) -> np.ndarray:
-    """A distribution for a text answer: `confidence` on the named action, the rest spread evenly."""
-    probs = np.full(NUM_ACTIONS, (1.0 - confidence) / (NUM_ACTIONS - 1), dtype=np.float32)
-    probs[action] = confidence
-    return probs
+def answer_probabilities(action, confidence) -> np.ndarray:
+    """A distribution for an answer: `confidence` on the named action, the rest spread evenly; float32 [6], or
+    [n, 6] for arrays of n actions and confidences."""
+    action, confidence = np.asarray(action), np.asarray(confidence, np.float64)
+    return np.where(np.arange(NUM_ACTIONS) == action[..., None], confidence[..., None],
+                    ((1.0 - confidence) / (NUM_ACTIONS - 1))[..., None]).astype(np.float32)
 
 
 # ---- chain-of-thought answers ------------------------------------------------------------------------------

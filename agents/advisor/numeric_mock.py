@@ -11,7 +11,7 @@ from collections import deque
 
 import numpy as np
 
-from bridge import Answers
+from bridge import Answers, answer_probabilities
 from bridge.protocol import FIELD_INDEX, NUM_ACTIONS, STATUS_NO_VIEW, STATUS_OK
 from bridge.prompts import PromptRenderer
 from llm_sidecar import mock_rules
@@ -43,13 +43,7 @@ class NumericMock:
         return len(self._pending)
 
     def submit(self, keys: np.ndarray, fields: np.ndarray, think: np.ndarray | None = None) -> int:
-        shown = self.renderer.shown(fields)
         n = len(keys)
-        position = shown[:, FIELD_INDEX["position"]]
-        side = np.sign(np.where(np.isfinite(position), np.rint(position), 0)).astype(np.int64)
-        headline = shown[:, FIELD_INDEX["headline"]]
-        headline = np.where(np.isfinite(headline) & (headline >= 0), headline, -1).astype(np.int64)
-        adx, rsi = shown[:, FIELD_INDEX["adx"]], shown[:, FIELD_INDEX["rsi"]]
         if self.answers == "random":  # a coin per prompt, seeded by its text's hash as in the sidecar's mock
             draws = [mock_rules.coin(int.from_bytes(hashlib.blake2b(prompt, digest_size=8).digest()[::-1], "little"))
                      for prompt in self.renderer.render(fields, self.texts).tolist()]
@@ -57,6 +51,12 @@ class NumericMock:
             confidence = np.array([c for _, c in draws]).reshape(n)
             reasons = np.full(n, b"a coin flip", "S16")
         else:
+            shown = self.renderer.shown(fields)
+            position = shown[:, FIELD_INDEX["position"]]
+            side = np.sign(np.where(np.isfinite(position), np.rint(position), 0)).astype(np.int64)
+            headline = shown[:, FIELD_INDEX["headline"]]
+            headline = np.where(np.isfinite(headline) & (headline >= 0), headline, -1).astype(np.int64)
+            adx, rsi = shown[:, FIELD_INDEX["adx"]], shown[:, FIELD_INDEX["rsi"]]
             action, confidence, rule = mock_rules.decide(
                 self.answers, side, self.sentiment[headline], rsi, adx, shown[:, FIELD_INDEX["vwap_dist"]],
                 shown[:, FIELD_INDEX["momentum"]], shown[:, FIELD_INDEX["unrealized_pnl"]])
@@ -65,8 +65,7 @@ class NumericMock:
             reasons = reasons[where.reshape(-1)]
         no_view = action == mock_rules.PASS
         confidence = np.where(no_view, 0.0, confidence)
-        probs = np.where(np.arange(NUM_ACTIONS) == action[:, None], confidence[:, None],
-                         ((1.0 - confidence) / (NUM_ACTIONS - 1))[:, None]).astype(np.float32)
+        probs = answer_probabilities(action, confidence)
         probs[no_view] = 1.0 / NUM_ACTIONS
         self._pending.append(Answers(self._next_seq, np.asarray(keys, np.int32), probs, action.astype(np.int8),
                                      confidence.astype(np.float32),
