@@ -13,7 +13,7 @@ its RL-only figure from 19.0k to 12.2k steps/s).
   the sidecar at OS niceness 19), not with --quick, and only where the embedded model is installed;
 - `smollm2_strict`: the default, strict latency (bit-reproducible; the trainer waits for every answer).
 Each advisor has two rows: `store` `empty` (a fresh advice table) and `filled` (its store filled for the train split
-by the code of scripts/advise.py first, whose keys/s the row carries). Each row carries steps/s, the RL-only steps/s measured beside it, their ratio, the advice coverage (share of
+by the code of scripts/advise.py first, at its settings, whose keys/s the row carries; one fill per model). Each row carries steps/s, the RL-only steps/s measured beside it, their ratio, the advice coverage (share of
 decisions made with valid advice), the advisor's answers/s, the budget B used, prompts per update and the wait per
 query step, and the 1-minute load average (other processes on the machine distort every figure).
 """
@@ -32,7 +32,7 @@ import time
 import jax
 
 from agents.advice.acting import make_acting
-from agents.advisor.fill import fill_store
+from agents.advisor.fill import fill_store, full_rate
 from agents.advisor.link import latency_mode
 from agents.advisor.query_loop import QueryLoop
 from agents.config import load_config
@@ -165,20 +165,20 @@ def run(opts: BenchOptions) -> list[dict]:
     setup = make_env_setup(load_config(None, base_overrides(256, num_steps) + ["llm=none"]))
     advisors = ["mock"] if opts.quick or not smollm2_available() else list(ADVISORS)
     root = tempfile.mkdtemp(prefix="advice_store_")  # filled once per advisor, for every env count
-    fills: dict[str, dict] = {}
+    fills: dict[str, dict] = {}  # per model: advisors of one model share its store (their answers are the same)
     results = []
     for n in opts.envs or (QUICK_ENVS if opts.quick else DEFAULT_ENVS):
         for advisor in advisors:
             for store in STORES:
                 overrides = [f"hybrid.store={root if store == 'filled' else ''}"]
-                if store == "filled" and advisor not in fills:
-                    print(f"  hybrid: filling the {advisor} advisor's store (train split) ...", file=sys.stderr)
-                    cfg = load_config(None, base_overrides(n, num_steps) + ADVISORS[advisor] + overrides)
-                    fills[advisor] = fill_store(cfg, ["train"], progress=False)
+                cfg = load_config(None, base_overrides(n, num_steps) + ADVISORS[advisor] + overrides + full_rate())
+                if store == "filled" and cfg.llm not in fills:
+                    print(f"  hybrid: filling the {cfg.llm} advisor's store (train split) ...", file=sys.stderr)
+                    fills[cfg.llm] = fill_store(cfg, ["train"], progress=False)
                 print(f"  hybrid: {n} envs, {advisor} advisor ({store} store) and RL only, alternating ...",
                       file=sys.stderr, flush=True)
                 figures = time_hybrid(ADVISORS[advisor], n, num_steps, opts.reps, setup, overrides)
-                fill = fills[advisor] if store == "filled" else {}
+                fill = fills[cfg.llm] if store == "filled" else {}
                 results.append({"suite": "hybrid", "advisor": advisor, "store": store, "envs": n,
                                 "num_steps": num_steps, "query_interval": 5, **figures,
                                 **({"fill_s": fill["seconds"], "fill_keys": fill["answered"],

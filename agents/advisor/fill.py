@@ -15,15 +15,12 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.advice.table import SIDES, answered, num_blocks
-from agents.advisor.numeric_mock import NumericMock, reads_fields
 from agents.advisor.prompt_fields import PromptFieldBuilder
-from agents.advisor.sidecar import worker_count, worker_options
+from agents.advisor.sidecar import start_advisor
 from agents.advisor.store import AdviceStore, identity, store_root
-from agents.advisor.workers import AdvisorPool
 from agents.advisor.adapters import starting_adapter
 from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
 from agents.config import ConfigError, load_config
-from bridge import BridgeConfig
 
 SAVE_EVERY_S = 60.0
 SPLITS = ("train", "val", "test")
@@ -55,9 +52,14 @@ def split_keys(market, splits: list[str], interval: int, sides: tuple[int, ...])
     return (blocks[:, None] * SIDES + np.array(sides)[None, :] + 1).reshape(-1)
 
 
+def full_rate() -> list[str]:
+    """The config overrides of a fill: nothing else runs, so the advisor takes every core at normal priority (a
+    training run's default is 1 thread at nice 19)."""
+    return [f"hybrid.sidecar_threads={os.cpu_count() or 1}", "hybrid.sidecar_nice=0"]
+
+
 def fill(args: argparse.Namespace) -> int:
-    # nothing else runs: the advisor takes every core at normal priority (a training run's default is 1 thread, nice 19)
-    overrides = [f"hybrid.sidecar_threads={os.cpu_count() or 1}", "hybrid.sidecar_nice=0", *args.overrides]
+    overrides = [*full_rate(), *args.overrides]
     for flag, key in (("data", "data.source"), ("llm", "llm"), ("store", "hybrid.store"),
                       ("llm_adapter", "hybrid.llm_adapter")):
         if getattr(args, flag) is not None:
@@ -105,11 +107,7 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k,
                                 cfg.hybrid.shuffled)
     texts = list(market.text_table) or None
-    if reads_fields(cfg):
-        pool = NumericMock(cfg.hybrid.mock_answers, renderer, texts)
-    else:
-        pool = AdvisorPool.start(worker_options(cfg, worker_count(cfg, batch)), BridgeConfig(capacity=batch), None,
-                                 prompts=renderer)
+    pool = start_advisor(cfg, renderer, texts, batch)
     stopped = []
     previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batch in flight, save
     t0, saved_at, done, in_flight = time.perf_counter(), time.perf_counter(), 0, 0

@@ -32,13 +32,12 @@ import numpy as np
 
 from agents.advice.table import SIDES, WALK_AHEAD, answered, num_blocks, select_keys
 from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder
-from agents.advisor.sidecar import learning_options, worker_count, worker_options
-from agents.advisor.numeric_mock import NumericMock, reads_fields
+from agents.advisor.sidecar import learning_options, start_advisor
 from agents.advisor.store import AdviceStore, Answers, adapter_digest, identity, store_root
 from agents.advisor.workers import AdvisorPool
 from agents.config import ConfigError, HybridConfig
 from agents.devices.parallel import gather_processes, is_writer, to_host
-from bridge import STATUS_NAMES, STATUS_OK, BridgeConfig, PromptRenderer, SidecarClient
+from bridge import STATUS_NAMES, STATUS_OK, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
 
@@ -114,7 +113,9 @@ class AdvisorLink:
         self.version = 0  # the advisor's version: LoRA rounds finished since it started (QueryLoop sets it)
         self.first, self.count = WALK_AHEAD if walk else ahead
         self.lag = 0  # async: query steps its answers took beyond one (they are asked that much further ahead)
-        self.client = AdvisorPool([client]) if client else self._start_workers(adapter, log_stem or (run_dir and run_dir / "advisor"))
+        log_stem = log_stem or (run_dir and run_dir / "advisor")
+        self.client = AdvisorPool([client]) if client else start_advisor(cfg, self.renderer, self.texts, self.cap,
+                                                                           adapter, log_stem, self.learning)
         self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, keys) written, ok only
         self.pending: list[list] = []  # [query step, submit time, prompts, keys, version, late] not yet collected
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
@@ -138,13 +139,6 @@ class AdvisorLink:
             return carry.replace(hybrid=hy.replace(advice=table)), keys, valid
 
         self._step = jax.jit(step, donate_argnums=0)
-
-    def _start_workers(self, adapter: str | None, log_stem: Path | None) -> AdvisorPool | NumericMock:
-        if reads_fields(self.cfg):
-            return NumericMock(self.h.mock_answers, self.renderer, self.texts)
-        options = worker_options(self.cfg, worker_count(self.cfg, self.cap), adapter)
-        return AdvisorPool.start(options, BridgeConfig(capacity=self.cap), log_stem, prompts=self.renderer,
-                                 learning=self.learning)
 
     def close(self) -> None:
         self.save_store()

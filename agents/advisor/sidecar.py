@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from agents.advisor.adapters import starting_adapter
+from agents.advisor.numeric_mock import NumericMock, reads_fields
+from agents.advisor.workers import AdvisorPool
 from agents.config import ConfigError
 from agents.devices.gpus import visible_gpus
+from bridge import BridgeConfig, PromptRenderer
 
 
 def learning_options(cfg) -> dict | None:
@@ -57,3 +60,13 @@ def worker_options(cfg, n: int, adapter: str | None = None) -> list[tuple[str, d
     nice = cfg.hybrid.sidecar_nice or None
     return [(backend, {**options, "nice": nice, **({"device": f"cuda:{i % gpus}"} if gpus else {})})
             for i in range(n)]
+
+
+def start_advisor(cfg, renderer: PromptRenderer, texts: list[str] | None, capacity: int, adapter: str | None = None,
+                  log_stem: Path | None = None, learning: dict | None = None) -> AdvisorPool | NumericMock:
+    """The run's advisor, ready to answer submissions of up to `capacity` keys: the mock answering from the prompt
+    fields in this process (reads_fields), or the sidecar workers answering rendered prompts over the bridge."""
+    if reads_fields(cfg):
+        return NumericMock(cfg.hybrid.mock_answers, renderer, texts)
+    options = worker_options(cfg, worker_count(cfg, capacity), adapter)
+    return AdvisorPool.start(options, BridgeConfig(capacity=capacity), log_stem, prompts=renderer, learning=learning)
