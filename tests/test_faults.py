@@ -235,6 +235,20 @@ def test_a_config_that_no_longer_fits_its_checkpoint_fails_naming_the_key(stoppe
     assert "network.actor_hidden" in line and lock_is_free(run)
 
 
+def test_a_checkpoint_of_per_env_advice_is_refused_with_what_still_works():
+    """A hybrid run saved before advice was keyed held its advice per env (hybrid/advice/age): a resume says it cannot
+    continue it and names the two ways its networks are still used, instead of blaming a changed config."""
+    from agents.runs.checkpoints import CheckpointMismatch, check_shapes
+
+    stored = {"hybrid": {"advice": {"age": np.zeros(8, np.int32), "probs": np.zeros((8, 6), np.float32)}}}
+    wanted = {"hybrid": {"advice": {"probs": jax.ShapeDtypeStruct((30, 6), np.float32)}}}
+    with pytest.raises(CheckpointMismatch, match="saved before advice was keyed by market context") as refused:
+        check_shapes(stored, wanted, "latest/4 of runs/old")
+    assert "--init-from" in str(refused.value) and "evaluate.py" in str(refused.value)
+    with pytest.raises(CheckpointMismatch, match="was llm / hybrid.\\* changed"):  # any other advice shape: the config
+        check_shapes({"hybrid": {"advice": {"probs": np.zeros((8, 6))}}}, wanted, "latest/4 of runs/old")
+
+
 def test_a_run_from_before_manifests_restores_unverified_with_a_note(stopped_run, tmp_path, capsys):
     run = copy_run(stopped_run, tmp_path)
     for manifest in run.rglob(MANIFEST_FILE):

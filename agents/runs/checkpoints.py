@@ -345,6 +345,11 @@ def check_shapes(stored: Any, abstract_state: Any, label: str) -> None:
             problems.append((path, f"{path} is not in the checkpoint"))
         elif have[path] != want[path]:
             problems.append((path, f"{path} has shape {have[path]} in the checkpoint, {want[path]} with the config"))
+    if "hybrid/advice/age" in have and "hybrid/advice/age" not in want:  # per-env advice, kept in each env's state
+        raise CheckpointMismatch(f"checkpoint {label} was saved before advice was keyed by market context (its "
+                                 "per-env advice cannot become the advice table): it cannot be resumed; evaluate it "
+                                 "(scripts/evaluate.py --run-dir RUN_DIR) or start a new run from its networks "
+                                 "(scripts/train.py --init-from RUN_DIR)")
     if problems:
         path, first = problems[0]
         key = next(k for prefix, k in _SHAPE_KEYS if path.startswith(prefix))
