@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import os
 import re
 import time
@@ -120,11 +119,6 @@ class MockBackend:
         self.answers = answers
         self.answered = 0
 
-    @staticmethod
-    def random_text(digest: bytes) -> str:
-        action, confidence = mock_rules.coin(int.from_bytes(digest, "little"))
-        return mock_rules.line(action, confidence, "a coin flip")
-
     def advise_text(self, context: str) -> str:
         """The rules (llm_sidecar.mock_rules) applied to the numbers the prompt's text shows."""
         side, sentiment = _side_and_sentiment(context)
@@ -140,12 +134,11 @@ class MockBackend:
             log(f"mock: injected crash after {self.answered} prompts")
             os._exit(70)
         self.answered += 1
-        digest = hashlib.blake2b(context.encode(), digest_size=8).digest()
         if self.answers == "random":
-            clean = self.random_text(digest[::-1])  # reversed: independent of the garbage draw
+            clean = mock_rules.line(*mock_rules.coin(context.encode()), "a coin flip")
         else:
             clean = self.advise_text(context)
-        garbage = int.from_bytes(digest, "little") / 2**64 < self.garbage_rate
+        garbage = int.from_bytes(mock_rules.prompt_digest(context.encode()), "little") / 2**64 < self.garbage_rate
         return ("lorem ipsum dolor sit amet" if garbage else clean), clean
 
     def advise(self, contexts: list[str]) -> BackendAnswers:

@@ -5,6 +5,7 @@ the same numbers both give the same answer. Imports neither torch nor jax."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import numpy as np
@@ -100,7 +101,13 @@ def line(action: int, confidence: float, why: str) -> str:
     return f"{ACTIONS[action]} | {confidence:.2f} | {why}"
 
 
-def coin(seed: int) -> tuple[int, float]:
-    """The random mode's answer for a prompt whose hash is `seed`: an action and a confidence (two decimals)."""
-    rng = np.random.default_rng(seed)
+def prompt_digest(prompt: bytes) -> bytes:
+    """The 8-byte hash of a rendered prompt that seeds the mock's draws about it."""
+    return hashlib.blake2b(prompt, digest_size=8).digest()
+
+
+def coin(prompt: bytes) -> tuple[int, float]:
+    """The random mode's answer to a rendered prompt: an action and a confidence (two decimals), drawn from its digest
+    read big-endian (MockBackend reads it little-endian for its garbage draw: the two are independent)."""
+    rng = np.random.default_rng(int.from_bytes(prompt_digest(prompt), "big"))
     return int(rng.integers(NUM_ACTIONS)), float(f"{rng.uniform(0.5, 0.95):.2f}")

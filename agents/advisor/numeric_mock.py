@@ -6,7 +6,6 @@ step microseconds per key; the answers equal those of the mock reading the rende
 
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 
 import numpy as np
@@ -45,8 +44,7 @@ class NumericMock:
     def submit(self, keys: np.ndarray, fields: np.ndarray, think: np.ndarray | None = None) -> int:
         n = len(keys)
         if self.answers == "random":  # a coin per prompt, seeded by its text's hash as in the sidecar's mock
-            draws = [mock_rules.coin(int.from_bytes(hashlib.blake2b(prompt, digest_size=8).digest()[::-1], "little"))
-                     for prompt in self.renderer.render(fields, self.texts).tolist()]
+            draws = [mock_rules.coin(prompt) for prompt in self.renderer.render(fields, self.texts).tolist()]
             action = np.array([a for a, _ in draws], np.int64).reshape(n)
             confidence = np.array([c for _, c in draws]).reshape(n)
             reasons = np.full(n, b"a coin flip", "S16")
