@@ -96,15 +96,12 @@ class QueryConfig:
     # view), the policy enters alone
     advised_entries_only: bool = False
     # which envs the rules above (and the veto's near-limit rule) bind to their advice (agents.advice.rules):
-    # always | trust (while the env's running trust gate is above min_trust) | record (while the advice's calls
-    # have earned, over every env: agents.advice.rules.AdviceRecord). A gate drifts down where the rules already
-    # bind, so binding on trust undoes the rules (docs/findings.md)
+    # always | trust (while the env's running trust gate is above min_trust) | record (while the advice's calls, one
+    # per key however many envs read it, have earned on paper by a sequential test over sessions:
+    # agents.advice.record). A gate drifts down where the rules already bind, so binding on trust undoes the rules
+    # (docs/findings.md)
     bind_on: str = "record"
     min_trust: float = 0.05  # bind_on=trust: bound while the env's running trust is above this
-    # bind_on=record: the record weighs about this many of the advice's latest calls (exponentially). Calls of many
-    # envs overlap on one price path and identical prompts get identical answers, so they count for fewer than
-    # this many independent ones
-    record_calls: int = 10_000
 
     @property
     def max_age(self) -> int:
@@ -183,8 +180,9 @@ class HybridConfig:
     # mock advisor: rules (indicators and headline) | news (the headline alone; HOLD without news) | news_pass (the
     # same, PASS without news: no view) | random
     mock_answers: str = "rules"
-    # a control: every key is answered from the prompt of the block half the data away (same side), so the advice
-    # keeps the advisor's own answers and statistics and loses what it knew about its bar
+    # a control: every key is answered from the prompt of the block one session earlier in the key's own split (same
+    # side; PASS in a split's first session), so the advice keeps the advisor's own answers and statistics and loses
+    # what it knew about its bar, reading nothing of the future
     shuffled: bool = False
     eval_with_advice: bool = True  # validation walks query the advisor and act fused (else: the RL policy alone)
     # the persistent advice store (agents.advisor.store): a folder, '' for none, or auto: runs/advice_store for a
@@ -310,7 +308,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (0 <= cfg.hybrid.query.min_trust < 1, "hybrid.query.min_trust", "must be in [0, 1)"),
         (cfg.hybrid.query.bind_on in BIND_ON, "hybrid.query.bind_on", f"must be one of {', '.join(BIND_ON)}"),
-        (cfg.hybrid.query.record_calls >= 100, "hybrid.query.record_calls", "must be at least 100"),
         (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),
@@ -531,6 +528,8 @@ REMOVED_KEYS: dict[str, Any] = {
     "hybrid.query.max_stretch": lambda value, raw: True,
     "hybrid.reasoning.policy_confidence": lambda value, raw: True,
     "hybrid.reasoning.per_episode": lambda value, raw: True,
+    # the record's fading tally of per-env calls, replaced by one call per key over sessions (agents.advice.record)
+    "hybrid.query.record_calls": lambda value, raw: True,
 }
 
 

@@ -47,7 +47,7 @@ ARMS: dict[str, list[str]] = {
     "news": ["llm=mock", "hybrid.mock_answers=news"],  # the headline's direction (HOLD without news): informed
     "news_pass": ["llm=mock", "hybrid.mock_answers=news_pass"],  # ... PASS (no view) without news
     "random": ["llm=mock", "hybrid.mock_answers=random"],  # coin flips: no information, other statistics
-    # the news advisor asked about the block half the data away: its answers and statistics, none of its information
+    # the news advisor asked about the block a session earlier: its answers and statistics, none of its information
     "shuffled": ["llm=mock", "hybrid.mock_answers=news", "hybrid.shuffled=true"],
     # no trust to learn: the PASS advisor's view acts where it has one, the policy everywhere else, every env bound
     "news_pass_switch": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",

@@ -93,8 +93,6 @@ def test_cross_field_validation():
         load_config(None, ["llm=mock", "hybrid.query.interval=70"])
     with pytest.raises(ConfigError, match="hybrid.query.bind_on: must be one of always, trust, record"):
         load_config(None, ["llm=mock", "hybrid.query.bind_on=gate"])
-    with pytest.raises(ConfigError, match="hybrid.query.record_calls: must be at least 100"):
-        load_config(None, ["llm=mock", "hybrid.query.bind_on=record", "hybrid.query.record_calls=10"])
     with pytest.raises(ConfigError, match="hybrid.veto.advised_only_below: must be a share"):
         load_config(None, ["llm=mock", "hybrid.veto.advised_only_below=1.5"])
     with pytest.raises(ConfigError, match="hybrid.budget: must be a positive number or auto"):

@@ -183,9 +183,9 @@ def test_a_checkpoint_keeps_the_advice_record_and_its_walks_start_from_it(tmp_pa
                                             "hybrid.query.bind_on=record"]), path)
     trained = result.state.hybrid.record
     saved = restore_policy(path, "latest")
-    assert float(trained.calls.weight) > 0  # the advice's calls settled in training (each after 30 steps)
-    for field in ("weight", "total", "squares"):
-        assert float(saved.advice_record["calls"][field]) == pytest.approx(float(getattr(trained.calls, field)))
+    assert float(trained.tally.calls) > 0  # the calls of the keys answered in training
+    for field in ("calls", "clusters", "total", "squares"):
+        assert float(saved.advice_record["tally"][field]) == pytest.approx(float(getattr(trained.tally, field)))
     assert bool(saved.advice_record["bound"]) == bool(trained.bound)
     logged = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     run = load_run(path, "latest")

@@ -392,29 +392,41 @@ def test_veto_variants_read_hybrid_veto_keys_and_pair_each_variant_with_the_veto
     assert table.splitlines()[3].endswith("| 25% | -25% [-25%, -25%] | 25% | 0% [0%, 0%] |")
 
 
-def test_the_shuffled_control_asks_about_the_block_half_the_data_away():
-    """hybrid.shuffled: every key's prompt is the market of the block half the data away, on the key's own side, so
-    the news advisor's answers keep their statistics and no longer follow the key's own headline."""
+def test_the_shuffled_control_asks_about_a_block_of_the_past_of_its_own_split():
+    """hybrid.shuffled: every key's prompt is the market of the block one session earlier, on the key's own side, so
+    the news advisor's answers keep their statistics and no longer follow the key's own headline. Every prompt is
+    rendered from a bar before the key's block and inside the key's split (no look-ahead, no other split); keys in a
+    split's first session have no such block and are answered PASS without asking."""
     from agents.advice.table import SIDES, num_blocks
     from agents.advisor.prompt_fields import PromptFieldBuilder
-    from bridge.protocol import BUY, SELL
+    from agents.advisor.store import Answers
+    from bridge.protocol import BUY, SELL, STATUS_NO_VIEW
     from jaxenv.config import DataConfig
     from jaxenv.market import load_market
     from jaxenv.synthetic import headline_sentiment
 
-    market = load_market(DataConfig(source="synthetic:headlines", synthetic_days=10))
+    market = load_market(DataConfig(source="synthetic:headlines", synthetic_days=20))
     own, far = (PromptFieldBuilder(market, ["NQ"], 1, 5, shuffled=s) for s in (False, True))
     blocks = num_blocks(market.num_bars, 5)
     keys = np.arange(blocks * SIDES)
-    assert np.array_equal(far.build(keys), own.build((keys + blocks // 2 * SIDES) % (blocks * SIDES)), equal_nan=True)
-    assert (np.abs(far.rendered_bar(keys) - own.rendered_bar(keys)) >= blocks // 2 * 5 - 5).all()
+    shown = far.rendered_bar(keys)
+    has = shown >= 0
+    assert far.shift == 390 // 5 and 0.75 < has.mean() < 0.95  # one session of 1-minute bars; the splits' first lost
+    own_bar = own.rendered_bar(keys)
+    assert (shown[has] == own_bar[has] - far.shift * 5).all()  # the past ...
+    split_of = lambda bar: np.searchsorted([e for _, e in market.splits.values()], bar, side="right")  # noqa: E731
+    assert (split_of(shown[has]) == split_of(own_bar[has])).all()  # ... of the key's own split
+    assert np.array_equal(far.build(keys[has]), own.build(keys[has] - far.shift * SIDES), equal_nan=True)
+    known = Answers.empty(len(keys))
+    far.without_past(known)
+    assert (known.status[~has] == STATUS_NO_VIEW).all() and not known.filled()[has].any()
 
     sentiment = np.array([headline_sentiment(market.text_table[i]) if i >= 0 else 0 for i in market.text_index])
-    flat = keys[keys % SIDES == 1]
+    flat = keys[(keys % SIDES == 1) & has]
     said = np.where(sentiment[own.rendered_bar(flat)] > 0, BUY, np.where(sentiment[own.rendered_bar(flat)] < 0, SELL, -1))
     heard = np.where(sentiment[far.rendered_bar(flat)] > 0, BUY, np.where(sentiment[far.rendered_bar(flat)] < 0, SELL, -1))
     assert abs((heard == BUY).mean() - (said == BUY).mean()) < 0.1
-    assert 0.3 < (heard == said)[said >= 0].mean() < 0.7  # a coin's agreement with the key's own headline
+    assert 0.3 < (heard == said)[(said >= 0) & (heard >= 0)].mean() < 0.7  # a coin's agreement with its own headline
 
 
 def test_the_shuffled_control_cannot_learn():

@@ -535,70 +535,87 @@ def test_trust_gate_on_the_valid_rows_alone_equals_the_gate_on_every_row(n_valid
     np.testing.assert_allclose(grad, jax.grad(lambda f: full(f).sum())(features), rtol=1e-5, atol=1e-7)
 
 
-def test_the_advice_record_settles_each_call_after_the_advice_lifetime_or_at_a_reset():
-    """query.bind_on=record: a call (+1/−1) is held on paper from its decision bar's close for `horizon` steps; its
-    P&L is side × move × value − cost, whatever the agent did meanwhile. A call whose env starts a new episode (after
-    a breach, say) is settled at the last close before it, not dropped: dropping it would drop the losers."""
-    from agents.advice.rules import AdviceRecord
+def test_the_advice_record_counts_one_call_per_key_held_for_the_advice_lifetime():
+    """query.bind_on=record: a call is a flat key's answer naming BUY or SELL (status OK), counted once however many
+    envs read it. It is held on paper from the close of the first bar of the block after its own for the advice's
+    lifetime (or to its session's last bar), less a round trip's costs; PASS answers, other sides' keys and calls not
+    yet settled at a walk's bar do not count."""
+    from agents.advice.record import market_calls, tally_of
+    from jaxenv.env import CAN_ENTER, SESSION
 
-    r = AdviceRecord.create(3)
-    t, close = jnp.array([10, 50, 90]), jnp.array([100.0, 100.0, 100.0])
-    r = r.step(t, close, jnp.array([1, -1, 1]), horizon=2, value=20.0, cost=5.0, memory=1000)  # three calls start
-    assert np.asarray(r.side).tolist() == [1, -1, 1] and float(r.calls.weight) == 0
-    # one step on: env 2 was reset to bar 7 (a new episode): its call is settled at the close before, 100: −5; a new
-    # call (env 0's) waits for a free slot
-    r = r.step(jnp.array([11, 51, 7]), jnp.array([101.0, 99.0, 50.0]), jnp.array([-1, 0, 0]), 2, 20.0, 5.0, 1000)
-    assert np.asarray(r.side).tolist() == [1, -1, 0]
-    assert float(r.calls.weight) == 1.0 and float(r.calls.total) == pytest.approx(-5.0)
-    r = r.step(jnp.array([12, 52, 8]), jnp.array([103.0, 104.0, 50.0]), jnp.zeros(3, jnp.int32), 2, 20.0, 5.0, 1000)
-    # env 0: long 100 → 103: 3 × 20 − 5 = 55; env 1: short 100 → 104: −4 × 20 − 5 = −85
-    assert float(r.calls.weight) == pytest.approx(3.0, abs=1e-2)
-    assert float(r.calls.total) == pytest.approx(-5.0 + 55.0 - 85.0, abs=0.2)
-    assert np.asarray(r.side).tolist() == [0, 0, 0]
+    env = TradingEnv()
+    market = HandMarket(days=3).build()
+    market.close = 18_000.0 + np.arange(market.num_bars, dtype=np.float64)  # +1 point a bar
+    params = env.make_params(market, (20, market.num_bars))
+    session, can_enter = (np.asarray(params.bars[:, c]) for c in (SESSION, CAN_ENTER))
+    blocks = -(-market.num_bars // K)
+    horizon = 30
+    b0 = int(params.start_bar) // K + 1  # the split's first blocks (after the features' warm-up)
+    first_end = int(np.flatnonzero(np.diff(session))[1])  # the split's first session's last bar
+    b_long, b_short, b_pass, b_side, b_next = b0, b0 + 1, b0 + 2, b0 + 3, first_end // K + 2
+    b_cut = int(np.flatnonzero([can_enter[(b + 1) * K] > 0 and (b + 1) * K + horizon > first_end
+                                for b in range(first_end // K)])[0])  # its lifetime crosses the session's end
+    keys = jnp.array([b * SIDES + 1 for b in (b_long, b_short, b_pass, b_next, b_cut)] + [b_side * SIDES])
+    probs = jax.nn.one_hot(jnp.array([BUY, SELL, HOLD, BUY, BUY, BUY]), 6)
+    status = jnp.array([STATUS_OK, STATUS_OK, STATUS_NO_VIEW, STATUS_OK, STATUS_OK, STATUS_OK])
+    table = AdviceTable.create(blocks * SIDES).write(keys, probs, jnp.ones(6), status, jnp.zeros(6, jnp.int32),
+                                                     jnp.ones(6, bool))
+    calls = jax.device_get(market_calls(table, params, K, horizon))
+    value, cost = 20.0, 2 * (2.14 + 0.25 * 20.0)  # NQ: $20 a point; commission and a tick's slippage a side
+    assert np.flatnonzero(calls.made).tolist() == sorted([b_long, b_short, b_cut, b_next])
+    assert calls.pnl[b_long] == pytest.approx(horizon * value - cost)
+    assert calls.pnl[b_short] == pytest.approx(-horizon * value - cost)
+    assert calls.settled_at[b_long] == (b_long + 1) * K + horizon
+    assert calls.settled_at[b_cut] == first_end
+    assert calls.pnl[b_cut] == pytest.approx((first_end - (b_cut + 1) * K) * value - cost)
+    # a walk counts only the calls settled by its bar; training (every call of the split) counts them all
+    early = jax.device_get(tally_of(calls, jnp.asarray((b_long + 1) * K + horizon)))
+    assert float(early.calls) == 1 and float(early.total) == pytest.approx(horizon * value - cost)
+    every = jax.device_get(tally_of(calls, jnp.asarray(10_000)))
+    assert float(every.calls) == 4 and float(every.clusters) == 2  # b_next is in the next session
+    first = calls.pnl[[b_long, b_short, b_cut]].sum()
+    assert float(every.squares) == pytest.approx(first**2 + calls.pnl[b_next] ** 2, rel=1e-5)
 
 
-def test_the_advice_binds_envs_once_its_calls_earn_by_four_standard_errors_until_under_two():
-    """query.bind_on=record: the advice's record, not the gate, binds envs to it. Once its calls' paper P&L is above 0
-    by over four standard errors, a flat env may enter only on the advice's side (advised entries only), until it is
-    above 0 by under two; otherwise on either side. A walk from a checkpoint starts from the record saved in it."""
-    from agents.advice.rules import RECORD_MIN_CALLS
+def test_the_record_binds_on_a_sequential_test_over_sessions_and_lets_go_without_evidence():
+    """query.bind_on=record: the envs are bound once the cluster-robust t of the calls' P&L over sessions reaches the
+    normal-mixture e-value's bar (E >= 1/alpha, at least RECORD_MIN_CLUSTERS sessions), and let go once E < 1. A
+    walk from a checkpoint starts from the record saved in it, bound."""
+    from agents.advice.record import RECORD_MIN_CLUSTERS, AdviceRecord, Tally, settles, t_bar
+
+    def tally(session_sums) -> Tally:
+        x = np.asarray(session_sums, np.float64)
+        return Tally(*(jnp.asarray(v, jnp.float32) for v in (len(x), len(x), x.sum(), (x**2).sum())))
+
+    spread = np.array([-1.0, 1.0])
+    assert not bool(settles(tally([1.0] * (RECORD_MIN_CLUSTERS - 1)), False))  # too few sessions, however strong
+    weak = tally(np.tile(spread, 20) + 0.3)  # t = 0.3·40/√(40·1.09) ≈ 1.8
+    assert not bool(settles(weak, False))
+    strong = tally(np.tile(spread, 20) + 1.0)  # t ≈ 4.5
+    assert float(strong.t_statistic()) > t_bar(40) > 2.5 and bool(settles(strong, False))
+    assert bool(settles(weak, True))  # bound stays bound while there is evidence left (E >= 1) ...
+    assert not bool(settles(tally(np.tile(spread, 20) - 0.2), True))  # ... and lets go without it
+    # the bar falls as sessions accrue, and stays far above the fixed-sample 1.64
+    assert t_bar(10) > t_bar(40) > t_bar(400) > 2.0
 
     cfg = QueryConfig(interval=K, advised_entries_only=True, bind_on="record")
     acting = acting_with("learned", cfg, VetoConfig(enabled=False))
     flat = jnp.zeros(2, jnp.int32)
-    # env 0 is advised to buy; env 1 has no advice
     advice = table_with(2, [0], jax.nn.one_hot(jnp.array([BUY]), 6), jnp.ones(1), [STATUS_OK], flat)
     start = acting.init_carry(2, params_for(2)).replace(advice=advice)
-    entries = [BUY, SELL]
 
     def entries_allowed(carry) -> list:
         mask, _ = act_on_window_one(acting, 2)(acting, carry, flat)
-        return np.asarray(mask)[:, entries].tolist()
+        return np.asarray(mask)[:, [BUY, SELL]].tolist()
 
-    def record_of(carry, pnl: list[float]):
-        """The carry's record after calls with these paper P&Ls settled (one env's calls, horizon 1)."""
-        r = carry.record
-        for i, x in enumerate(pnl):
-            r = r.step(jnp.array([2 * i, 0]), jnp.array([0.0, 0.0]), jnp.array([1, 0]), 1, 1.0, 0.0, cfg.record_calls)
-            r = r.step(jnp.array([2 * i + 1, 0]), jnp.array([x, 0.0]), jnp.array([0, 0]), 1, 1.0, 0.0, cfg.record_calls)
-        return carry.replace(record=r)
-
-    free, bound = [[True, True], [True, True]], [[True, False], [False, False]]
-    spread = [-40.0, 0.0, 40.0]
-    assert entries_allowed(start) == free  # no record yet
-    few = record_of(start, [100.0 + spread[i % 3] for i in range(RECORD_MIN_CALLS - 1)])
-    assert entries_allowed(few) == free
-    weak = record_of(start, [15.0 + spread[i % 3] for i in range(2 * RECORD_MIN_CALLS)])  # 3.5 standard errors
-    assert entries_allowed(weak) == free
-    paying = record_of(start, [100.0 + spread[i % 3] for i in range(2 * RECORD_MIN_CALLS)])
+    bound_record = AdviceRecord(Tally.zero(), strong, jnp.asarray(True))
+    assert entries_allowed(start) == [[True, True], [True, True]]  # no record yet
     # bound: env 0 may enter only on the advised side, env 1 (no advice) not on its own
-    assert entries_allowed(paying) == bound
-    assert entries_allowed(record_of(paying, [-30.0 + spread[i % 3] for i in range(60)])) == bound  # still over 2
-    assert entries_allowed(record_of(paying, [-300.0 + spread[i % 3] for i in range(60)])) == free  # no longer
-
-    # a walk from a checkpoint (restored as dicts) starts bound, with no call in flight
-    saved = jax.tree.map(np.asarray, paying.record)
-    walk = acting.carry_for_walk(params_for(1), {"calls": vars(saved.calls), "bound": saved.bound})
-    assert bool(walk.record.bound) and np.asarray(walk.record.side).tolist() == [0]
-    assert float(walk.record.calls.weight) == float(paying.record.calls.weight)
-
+    assert entries_allowed(start.replace(record=bound_record)) == [[True, False], [False, False]]
+    # a walk from a checkpoint (restored as dicts) starts bound, its tally carried
+    saved = jax.tree.map(np.asarray, bound_record)
+    walk = acting.carry_for_walk(params_for(1), {"carried": vars(saved.carried), "tally": vars(saved.tally),
+                                                 "bound": saved.bound})
+    assert bool(walk.record.bound) and float(walk.record.carried.total) == float(strong.total)
+    # a record saved before calls were counted per key is not read: the walk starts from none
+    assert not bool(acting.carry_for_walk(params_for(1), {"calls": {}, "bound": True}).record.bound)

@@ -20,7 +20,8 @@ from flax import struct
 
 from agents.advice.fusion import TrustGate, fusion_features, masked_advice_probs, mix, rules_action
 from agents.advice.risk_veto import RULES, VetoState, apply_veto
-from agents.advice.rules import ENTRIES, STOP_MOVES, AdviceRecord, CallTally, EntryRules, RuleState
+from agents.advice.record import AdviceRecord
+from agents.advice.rules import ENTRIES, STOP_MOVES, EntryRules, RuleState
 from agents.advice.table import SIDES, AdviceTable, AdviceView, num_blocks, view
 from agents.config import GATED_FUSIONS, QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
@@ -105,18 +106,27 @@ class HybridActing:
             veto=VetoState.create(n_envs),
             trust=jnp.ones(n_envs),
             advised_trade=jnp.zeros(n_envs, bool),
-            record=self.rules.create_record(n_envs),
+            record=self.rules.create_record(),
         )
 
     def carry_for_walk(self, env_params, record: Any = None) -> HybridCarry:
-        """The carry of a one-env walk: fresh, but with the trained agent's advice record where it binds on one (a
-        record from a checkpoint, restored as a dict, or the training state's)."""
+        """The carry of a one-env walk: fresh, but starting from the trained agent's advice record where it binds on
+        one (a record from a checkpoint, restored as a dict, or the training state's)."""
         carry = self.init_carry(1, env_params)
+        if isinstance(record, dict):
+            record = AdviceRecord.restored(record)
         if carry.record is None or record is None:
             return carry
-        if isinstance(record, dict):
-            record = AdviceRecord.create(1).replace(calls=CallTally(**record["calls"]), bound=record["bound"])
-        return carry.replace(record=record.carried(1))
+        return carry.replace(record=record.for_walk())
+
+    def look(self, carry: HybridCarry, env_state, env_params) -> HybridCarry:
+        """At a query step (the start of each rollout chunk): the advice's record counts the calls its table holds
+        (agents.advice.record), and binds or lets go. A no-op for the other bindings."""
+        if carry.record is None:
+            return carry
+        record = carry.record.look(carry.advice, env_params, self.query.interval, self.query.max_age,
+                                   env_state.t.max())
+        return carry.replace(record=record)
 
     def context(self, obs: jax.Array) -> jax.Array:
         """[N, len(CONTEXT_FEATURES)] the trust gate's context, read from the raw observation."""
@@ -133,9 +143,8 @@ class HybridActing:
         d = self.decide(network, params, masked_logits(logits, rules.mask), advice, context, rules.mask, key)
         stats = self.step_stats(d, advice, rules, env_mask, fired)
         extras = StepExtras(advice=advice, context=context, pg_weight=d.pg_weight, stats=stats)
-        state = self.rules.update(state, advice, rules.bound, d.gate, env_state, env_params)
-        carry = carry.replace(veto=veto, trust=state.trust,
-                              advised_trade=state.advised_trade, record=state.record)
+        state = self.rules.update(state, advice, rules.bound, d.gate, env_state)
+        carry = carry.replace(veto=veto, trust=state.trust, advised_trade=state.advised_trade)
         return d.action, d.learn_action, d.log_prob, rules.mask, extras, carry
 
     def decide(self, network, params, logits, advice: AdviceView, context, mask, key) -> Decision:

@@ -94,6 +94,9 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     store = AdviceStore(root, identity(cfg, market, template, starting_adapter(cfg)),
                         num_blocks(market.num_bars, k) * SIDES)
     known = store.load()
+    fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k,
+                                cfg.hybrid.shuffled)
+    fields.without_past(known)
     sides = (0,) if cfg.hybrid.query.entries_only else (-1, 0, 1)
     keys = split_keys(market, splits, k, sides)
     todo = keys[~known.filled()[keys]]
@@ -104,8 +107,6 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     if not len(todo):
         return {**out, "filled": 1.0}
     batch = int(batch or cfg.hybrid.max_budget)
-    fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k,
-                                cfg.hybrid.shuffled)
     texts = list(market.text_table) or None
     pool = start_advisor(cfg, renderer, texts, batch)
     stopped = []

@@ -110,6 +110,7 @@ class AdvisorLink:
         self.adapter = adapter or starting_adapter(cfg)
         self.store = AdviceStore(root, identity(cfg, market, template, self.adapter), self.num_keys) if root else None
         self.known = self.store.load() if self.store else Answers.empty(self.num_keys)  # the host's copy of the table
+        self.fields.without_past(self.known)
         self.version = 0  # the advisor's version: LoRA rounds finished since it started (QueryLoop sets it)
         self.first, self.count = WALK_AHEAD if walk else ahead
         self.lag = 0  # async: query steps its answers took beyond one (they are asked that much further ahead)
@@ -163,6 +164,7 @@ class AdvisorLink:
             self.known = self.store.load()
         else:
             self.known = Answers.empty(self.num_keys)
+        self.fields.without_past(self.known)
 
     def reset_counters(self) -> None:
         self.n_query_steps = 0

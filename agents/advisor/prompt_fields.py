@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from agents.advice.table import SIDES, num_blocks
-from bridge.protocol import FIELD_INDEX, NUM_PROMPT_FIELDS
+from bridge.protocol import FIELD_INDEX, NUM_ACTIONS, NUM_PROMPT_FIELDS, STATUS_NO_VIEW
 from jaxenv.market import Market
 
 # Prompt fields of one account (bridge.PROMPT_FIELDS): a key's answer is shared by every env with its side, so its
@@ -17,21 +17,39 @@ ACCOUNT_FIELDS = ("unrealized_pnl", "win_rate", "consecutive_losses", "balance")
 class PromptFieldBuilder:
     def __init__(self, market: Market, market_symbols: list[str], contracts: int, interval: int,
                  shuffled: bool = False):
-        """`shuffled` (hybrid.shuffled, a control): a key's prompt is the market of the block half the data away."""
+        """`shuffled` (hybrid.shuffled, a control): a key's prompt is the market of the block one session earlier in
+        the key's own split (`shift` blocks back): from its past, never its future nor another split's. A key with no
+        such block (in its split's first session) has no prompt: the control has no view there (`without_past`)."""
         self.market = market
         self.contracts = contracts
         self.interval = interval
         blocks = num_blocks(market.num_bars, interval)
-        self.shift = blocks // 2 if shuffled else 0
+        session_bars = max(market.session_minutes // max(market.interval_minutes, 1), 1)
+        self.shift = -(-session_bars // interval) if shuffled else 0
         self.blocks = blocks
+        # per block, the first bar of the split its last bar lies in (0 outside every split)
+        last = np.minimum(np.arange(blocks) * interval + interval - 1, market.num_bars - 1)
+        self.split_start = np.zeros(blocks, np.int64)
+        for start, end in market.splits.values():
+            self.split_start[(last >= start) & (last < end)] = start
         symbol = market.contract.symbol
         self.market_index = float(market_symbols.index(symbol)) if symbol in market_symbols else np.nan
         self.minute = market.sessions.minute_of_day.astype(np.float32)
 
     def rendered_bar(self, keys: np.ndarray) -> np.ndarray:
-        """The bar each key's prompt is rendered from: its block's last bar (the data's last, for a short block)."""
-        block = (np.asarray(keys, np.int64) // SIDES + self.shift) % self.blocks
-        return np.minimum(block * self.interval + self.interval - 1, self.market.num_bars - 1)
+        """The bar each key's prompt is rendered from: its block's last bar (the data's last, for a short block); for
+        the shuffled control, the last bar of the block `shift` blocks earlier (-1: none in the key's split)."""
+        own = np.asarray(keys, np.int64) // SIDES
+        bar = np.minimum((own - self.shift) * self.interval + self.interval - 1, self.market.num_bars - 1)
+        return np.where(bar >= self.split_start[own], bar, -1)
+
+    def without_past(self, answers) -> None:
+        """The shuffled control's keys with no block to read (rendered_bar -1) answered PASS (no view) in `answers`
+        (an agents.advisor.store.Answers), so that nobody asks for them."""
+        keys = np.flatnonzero(self.rendered_bar(np.arange(answers.num_keys)) < 0)
+        keys = keys[~answers.filled()[keys]]
+        answers.put(keys, np.full((len(keys), NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32), np.zeros(len(keys), np.float32),
+                    np.full(len(keys), STATUS_NO_VIEW, np.int32), 0)
 
     def build(self, keys: np.ndarray) -> np.ndarray:
         """[B, len(PROMPT_FIELDS)] float32 for keys [B]; the account fields are NaN."""

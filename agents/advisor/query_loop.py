@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from agents.advice.record import record_metrics
 from agents.advice.table import update_ahead
 from agents.advice.usage import advice_metrics
 from agents.advisor.adapters import adapter_dir
@@ -74,6 +75,8 @@ class QueryLoop:
         metrics = dict(metrics)
         metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
         metrics.update(advice_metrics(stats))
+        if rs.hybrid.record is not None:  # the record as this update's rollout read it
+            metrics.update(record_metrics(rs.hybrid.record))
         metrics.update(self._link_metrics())
         if self.learning:
             metrics.update(self._learning_step(int(rs.update), sent))

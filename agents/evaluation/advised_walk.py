@@ -25,6 +25,7 @@ import numpy as np
 from flax import struct
 
 from agents.advice.acting import HybridActing, HybridCarry, make_acting
+from agents.advice.record import record_metrics
 from agents.advice.table import view
 from agents.advice.usage import STAT_PREFIX, walk_advice_metrics
 from agents.advisor.adapters import starting_adapter
@@ -65,6 +66,7 @@ def advised_summary(trace: dict, timestamps, rules, days=None) -> dict:
     out = walk_metrics(trace, timestamps, rules, days)
     out.update(walk_advice_metrics(trace))
     out.update({k: float(v) for k, v in trace.get("llm", {}).items()})
+    out.update(trace.get("record", {}))
     return out
 
 
@@ -185,6 +187,8 @@ class AdvisedWalker:
         out["reasons"] = reasons
         if uses_advice:
             out["llm"] = link.metrics()
+        if carry.hybrid.record is not None:  # the record at the walk's end (the trained agent's, and the walk's calls)
+            out["record"] = record_metrics(carry.hybrid.record)
         return out
 
 
@@ -219,4 +223,6 @@ def _chunk(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool,
             env, next_state, terminated, k_reset[None], env_params)
         return WalkCarry(env_state=next_state, hybrid=hybrid, key=key), step
 
+    # a query step came before the chunk: the advice's record counts the calls settled by the account's bar
+    carry = carry.replace(hybrid=acting.look(carry.hybrid, carry.env_state, env_params))
     return jax.lax.scan(body, carry, None, length=k)

@@ -251,7 +251,10 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
         return shard(rs), transition
 
     def rollout_chunk(rs: RunnerState, k: int) -> tuple[RunnerState, Transition]:
-        rs, traj = jax.lax.scan(_step, shard(rs), None, length=k)
+        rs = shard(rs)
+        if acting is not None:  # a query step came before the chunk: what the acting carry keeps of it
+            rs = rs.replace(hybrid=acting.look(rs.hybrid, rs.env_state, env_params))
+        rs, traj = jax.lax.scan(_step, rs, None, length=k)
         return shard(rs), constrain_steps(traj, mesh, n_envs)
 
     def _gae(rs: RunnerState, traj: Transition) -> tuple[jax.Array, jax.Array]:

@@ -328,6 +328,10 @@ def _postfix(m: dict, score_name: str) -> str:
             parts.append(f"{label} {v:.3g}")
     if "llm_rate" in m:  # a hybrid run: the share of decisions advised, and the advisor's answers per second
         parts.append(f"advised {m['advice_coverage']:.1%} at {m['llm_rate']:.1f}/s")
+    if "record_t" in m:  # bind_on=record: the advice's evidence, its bar and independent sessions, and whether it binds
+        bar = m["record_t_bar"]
+        parts.append(f"record t {m['record_t']:.2f}/{'-' if math.isnan(bar) else f'{bar:.2f}'} "
+                     f"({m['record_clusters']:.0f} sessions{', bound' if m['record_bound'] else ''})")
     return " ".join(parts)
 
 
