@@ -75,6 +75,8 @@ class Answers:
     confidence: np.ndarray  # float32 [n]; 0 where status != ok
     status: np.ndarray  # int8 [n]; bridge.STATUS_*
     reasons: np.ndarray  # bytes [n] ('S' dtype); the model's reason or why it failed, may be empty
+    version: np.ndarray | None = None  # int32 [n]: the advisor version that gave each answer (None: one that never
+    # learns, version 0)
 
     def __len__(self) -> int:
         return len(self.env_ids)
@@ -495,6 +497,7 @@ class SidecarClient:
             confidence=np.where(ok, resp[f"confidence{s}"][:n], 0).astype(np.float32),
             status=status,
             reasons=reasons,
+            version=resp[f"version{s}"][:n].astype(np.int32),
         )
 
     def _wait_signal(self, timeout_s: float) -> None:

@@ -39,11 +39,14 @@ def main(argv: list[str] | None = None) -> None:
     peer.add_transport_arguments(parser)
     parser.add_argument("--backend", default="echo", help="ignored; accepted so clients can pass it")
     parser.add_argument("--delay-s", type=float, default=0.0, help="sleep this long before answering each request")
+    parser.add_argument("--version", type=int, default=0, help="report the answers as given by this advisor version "
+                        "(a LoRA-learning sidecar's adopted rounds)")
     parser.add_argument("--bad", choices=BAD_ANSWERS, help="answer every row wrongly, with status ok: NaN or negative "
                         "probabilities, infinite confidence, an action or env id out of range")
     args = parser.parse_args(argv)
     peer.exit_on_sigterm_only()
     endpoint = peer.connect(args)
+    endpoint.version = args.version
     peer.start_heartbeat(endpoint, args.parent_pid, (args.request_shm, args.response_shm))
     width = min(endpoint.reason_bytes, endpoint.prompt_bytes)
     uniform = np.full((endpoint.capacity, NUM_ACTIONS), 1.0 / NUM_ACTIONS, dtype=np.float32)

@@ -31,7 +31,7 @@ import numpy as np
 from bridge.protocol import NUM_ACTIONS
 
 MAGIC = 0x4A58464252494447  # "JXFBRIDG"
-VERSION = 3
+VERSION = 4
 NUM_SLOTS = 2
 _ALIGN = 64
 
@@ -111,6 +111,7 @@ def response_layout(capacity: int, reason_bytes: int):
             (f"action{s}", np.int8, (capacity,)),
             (f"status{s}", np.int8, (capacity,)),
             (f"confidence{s}", np.float32, (capacity,)),
+            (f"version{s}", np.int32, (capacity,)),  # the advisor version that answered (LoRA rounds adopted)
             (f"probs{s}", np.float32, (capacity, NUM_ACTIONS)),
             (f"reason_len{s}", np.int32, (capacity,)),
             (f"reasons{s}", np.uint8, (capacity, reason_bytes)),
@@ -251,6 +252,7 @@ class PeerEndpoint:
         self.last_taken = int(self.request["header"][REQ_ABANDONED])
         self.last_outcomes = int(self.response["header"][RESP_OUTCOMES_TAKEN])
         self.last_command = int(self.response["header"][RESP_REPLY_ID])
+        self.version = 0  # the advisor version answering now: written with every answer (the server keeps it)
         self.response["header"][RESP_PID] = os.getpid()
         self.heartbeat()
 
@@ -340,6 +342,7 @@ class PeerEndpoint:
         r[f"action{s}"][rows] = action
         r[f"confidence{s}"][rows] = confidence
         r[f"status{s}"][rows] = status
+        r[f"version{s}"][rows] = self.version
         if reasons is None:
             r[f"reason_len{s}"][rows] = 0
         else:

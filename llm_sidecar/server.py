@@ -186,7 +186,7 @@ def serve(args, make_backend) -> None:
         endpoint.response_signal.post()
         log(f"ready: backend={backend.name} batch_size={args.batch_size} cache_size={args.cache_size}"
             f"{' learning' if learner else ''}{' reasoning' if reasoner else ''}")
-        version = learner.version if learner else 0
+        version = endpoint.version = learner.version if learner else 0
         while not endpoint.stop_requested:
             # While a learning round runs, look for prompts between its steps without waiting.
             request = endpoint.wait_request(timeout_s=0.0 if learner and learner.busy else 0.5)
@@ -208,7 +208,7 @@ def serve(args, make_backend) -> None:
             if learner:
                 learner.step()
                 if learner.version != version:  # the serving adapter changed: cached answers are stale
-                    version = learner.version
+                    version = endpoint.version = learner.version
                     cache.entries.clear()
     finally:
         if endpoint.response["header"][RESP_STATE] != PEER_FAILED:  # a failed start stays failed for the client

@@ -30,29 +30,89 @@ def answers(n_keys: int, keys: list[int]) -> Answers:
     return a
 
 
+def held(store: AdviceStore, a: Answers) -> AdviceStore:
+    """The store holding `a`'s answers of version 0."""
+    keys = np.flatnonzero(a.filled(0))
+    store.keep(keys, a.probs[keys], a.confidence[keys], a.status[keys])
+    return store
+
+
 def test_the_store_keeps_answers_across_opens_and_sets_a_damaged_one_aside(tmp_path, capsys):
     ident = {"advisor": "x", "data": "y"}
     store = AdviceStore(tmp_path, ident, 30)
     assert not store.load().filled().any()  # nothing yet: empty, no error
-    assert store.save(answers(30, [1, 4, 29]))
+    assert held(store, answers(30, [1, 4, 29])).save() == 3
     again = AdviceStore(tmp_path, ident, 30).load()
     assert np.flatnonzero(again.filled()).tolist() == [1, 4, 29] and again.probs[4].argmax() == 1
     assert AdviceStore(tmp_path, {**ident, "data": "z"}, 30).dir != store.dir  # other data: another store
     # a later version's answers (a LoRA round) are not the identity's: not saved
-    learned = answers(30, [1, 4, 29])
+    learned = answers(30, [2])
     learned.put(np.array([7]), np.eye(6, dtype=np.float32)[:1], np.ones(1, np.float32), np.zeros(1, np.int32), 1)
-    AdviceStore(tmp_path, ident, 30).save(learned)
-    assert 7 not in np.flatnonzero(AdviceStore(tmp_path, ident, 30).load().filled())
-    # bytes flipped in the answers file: set aside with one line, never trusted
-    data = next(store.dir.glob("answers-*.npz"))
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    other = AdviceStore(tmp_path, ident, 30)
+    other.load()
+    assert held(other, learned).save() == 1  # key 2 only: the others are in the file already
+    assert np.flatnonzero(AdviceStore(tmp_path, ident, 30).load().filled()).tolist() == [1, 2, 4, 29]
+    # bytes flipped in the database: set aside with one line, never trusted
+    raw = bytearray(store.path.read_bytes())
+    raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)
+    raw[100] ^= 0xFF
+    store.path.write_bytes(bytes(raw))
     capsys.readouterr()
     assert not AdviceStore(tmp_path, ident, 30).load().filled().any()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "sha256" in err[0] and "set aside" in err[0]
+    assert len(err) == 1 and "set aside" in err[0]
     assert not store.dir.exists() and len(list(tmp_path.glob("*.damaged-*"))) == 1
+
+
+def test_holders_of_one_store_merge_their_answers_and_a_process_shares_one_holder(tmp_path):
+    """Two holders that load the same store and save different keys leave both sets (the first format kept only the
+    last saver's); within one process, every holder of an identity is the same object."""
+    from agents.advisor.store import open_store
+
+    ident = {"advisor": "x"}
+    first, second = AdviceStore(tmp_path, ident, 50), AdviceStore(tmp_path, ident, 50)
+    first.load(), second.load()
+    held(first, answers(50, [1, 2, 3])).save()
+    held(second, answers(50, [40, 41])).save()
+    assert np.flatnonzero(AdviceStore(tmp_path, ident, 50).load().filled()).tolist() == [1, 2, 3, 40, 41]
+    assert second.refresh() == 3 and second.answers.filled().sum() == 5  # it reads what the other added
+    assert open_store(tmp_path, ident, 50) is open_store(tmp_path, ident, 50)
+
+
+def test_a_process_killed_during_saves_leaves_a_store_with_every_answer_saved_before(tmp_path):
+    """A writer that saves batch after batch is killed (SIGKILL) at a random moment: the store loads (nothing set
+    aside) and holds every batch the writer had reported saved."""
+    import random
+    import signal
+    import time
+
+    script = f"""
+import sys, numpy as np
+sys.path.insert(0, {str(ROOT)!r})
+from agents.advisor.store import AdviceStore
+from bridge.protocol import STATUS_OK
+store = AdviceStore({str(tmp_path)!r}, {{"advisor": "x"}}, 200_000)
+rows = np.eye(6, dtype=np.float32)
+for start in range(0, 200_000, 4000):
+    keys = np.arange(start, start + 4000)
+    store.keep(keys, rows[keys % 6], np.full(len(keys), 0.5, np.float32), np.full(len(keys), STATUS_OK, np.int32))
+    store.save()
+    print(start + 4000, flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    reported = 0
+    deadline = time.monotonic() + random.uniform(3.0, 6.0)
+    while time.monotonic() < deadline and proc.poll() is None:
+        line = proc.stdout.readline()
+        reported = int(line) if line.strip() else reported
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert reported > 0
+    loaded = AdviceStore(tmp_path, {"advisor": "x"}, 200_000).load()
+    assert not list(tmp_path.glob("*.damaged-*"))
+    assert loaded.filled()[:reported].all()
+    n = int(loaded.filled().sum())
+    assert n % 4000 == 0 and np.array_equal(np.flatnonzero(loaded.filled()), np.arange(n))  # whole saves only
 
 
 def test_a_keys_prompt_shows_the_market_at_its_blocks_last_bar_and_no_accounts_figures():
@@ -95,8 +155,7 @@ def test_advise_fills_the_store_once_and_training_starts_from_it(tmp_path):
     store = tmp_path / "store"
     first = advise("--store", str(store), "--splits", "val")
     assert first.returncode == 0, first.stderr
-    manifest = json.loads(next(store.glob("*/manifest.json")).read_text())
-    assert manifest["answered"] > 0
+    assert next(store.glob("*/answers.sqlite")).stat().st_size > 0
     second = advise("--store", str(store), "--splits", "val,train")
     assert second.returncode == 0, second.stderr
     asked_first = int(first.stderr.split("asking ")[1].split()[0])
@@ -115,7 +174,119 @@ def test_advise_fills_the_store_once_and_training_starts_from_it(tmp_path):
     assert first_warm["llm_prompts"] < first_cold["llm_prompts"]
 
 
+def test_two_fills_at_once_on_one_store_leave_the_union_of_their_answers(tmp_path):
+    """scripts/advise.py twice at once on one store, different splits: every key of both is in the store after."""
+    store = tmp_path / "store"
+    slow = ["--set", "hybrid.mock_reads=text", "--set", "hybrid.mock_latency_s=0.002", "--batch", "64"]
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "scripts" / "advise.py"), "--llm", "mock", "--data",
+                               "synthetic:headlines", "--set", "data.synthetic_days=30", "--store", str(store),
+                               "--splits", splits, *slow], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+             for splits in ("train", "val,test")]
+    errs = [p.communicate(timeout=600)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    again = advise("--store", str(store), "--splits", "train,val,test")
+    assert again.returncode == 0 and "asking 0" in again.stderr, again.stderr
+
+
 def test_advise_refuses_a_bad_split_in_one_line(tmp_path):
     bad = advise("--store", str(tmp_path), "--splits", "train,holdout")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1] == "error: --splits: holdout: choose among train, val, test"
+
+
+def test_answers_carry_the_version_that_gave_them_and_the_store_keeps_version_0_only(tmp_path):
+    """The sidecar reports with each answer the advisor version that gave it (a learning advisor's adopted LoRA
+    rounds): the table holds each key under that version, and the store, whose identity names the advisor as it
+    started, keeps version 0's answers only: a learned answer is never stored as the frozen advisor's."""
+    import time
+
+    from agents.advisor.link import AdvisorLink, Submitted
+    from bridge import BridgeConfig, SidecarClient
+    from bridge.client import ECHO_PEER_COMMAND
+    from jaxenv import load_market
+
+    cfg = load_config(None, SMALL + [f"hybrid.store={tmp_path / 'store'}", "hybrid.mock_reads=text"])
+    market = load_market(cfg.data)
+    asked = {0: np.array([300, 301, 302]), 2: np.array([400, 401])}
+    for version, keys in asked.items():
+        client = SidecarClient(BridgeConfig(capacity=16)).start(command=(*ECHO_PEER_COMMAND, "--version", str(version)))
+        link = AdvisorLink(cfg, market, 1, client=client, latency="strict", walk=True)
+        prompts = link.renderer.render(link.fields.build(keys), link.texts)
+        link.client.submit(keys, prompts)
+        link.pending.append(Submitted(0, time.perf_counter(), prompts, keys, version=0))  # asked as version 0
+        rows = link._collect(wait=True)
+        assert rows[4].tolist() == [version] * len(keys) and (link.known.version[keys] == version).all()
+        ident = link.store.ident
+        link.close()
+    stored = AdviceStore(tmp_path / "store", ident, link.num_keys).load()
+    assert np.flatnonzero(stored.filled()).tolist() == asked[0].tolist()
+
+
+GOLDEN_PROMPTS = [  # the default template's prompts of two keys of SMALL's market (flat at block 100, long at 130)
+    b"11:24 NQ 18330 ADX32 RSI69 VWAP+0.9 mom+0.3 flat News: Amazon downgraded to sell on slowing growth",
+    b"13:54 NQ 18208 ADX23 RSI51 VWAP+0.0 mom-0.2 long 1 News: Strong jobs data lifts risk appetite",
+]
+
+
+def test_the_store_identity_moves_with_the_prompt_format_the_model_files_and_the_device(tmp_path, monkeypatch):
+    """A store's identity holds everything an answer depends on. The prompt format's digest moves with any change
+    to a key's prompt (an indicator computed otherwise, another renderer), so a change in the code that makes prompts
+    never serves the old prompts' answers; the golden prompts pin what the default template renders now (a change to
+    them is a change of format: update them with it). The model's files and the device class move it too."""
+    from agents.advisor.link import prompt_template
+    from agents.advisor.prompt_fields import PromptFieldBuilder
+    from agents.advisor.store import identity, model_digest, prompt_format_digest
+    from jaxenv import load_market
+
+    cfg = load_config(None, SMALL)
+    market = load_market(cfg.data)
+    renderer, template = prompt_template(cfg)
+    texts = list(market.text_table) or None
+    fields = PromptFieldBuilder(market, list(renderer.markets), 1, 5)
+    n = len(fields.split_start) * SIDES
+    assert [bytes(p) for p in renderer.render(fields.build(np.array([100 * SIDES + 1, 130 * SIDES + 2])), texts)] \
+        == GOLDEN_PROMPTS
+    base = prompt_format_digest(fields, renderer, texts, n)
+    assert prompt_format_digest(fields, renderer, texts, n) == base  # deterministic
+    market.indicators["rsi14"] = market.indicators["rsi14"] + 0.5  # RSI computed otherwise: other prompts
+    assert prompt_format_digest(fields, renderer, texts, n) != base
+    market.indicators["rsi14"] = market.indicators["rsi14"] - 0.5
+    monkeypatch.setattr(type(renderer), "render", lambda self, rows, texts=None: np.array([b"x"] * len(rows)))
+    assert prompt_format_digest(fields, renderer, texts, n) != base  # another renderer
+    monkeypatch.undo()
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    before = model_digest(str(model), tmp_path / "store")
+    (model / "model.safetensors").write_bytes(b"retrained")
+    assert model_digest(str(model), tmp_path / "store") != before
+    smollm2 = load_config(None, SMALL + ["llm=smollm2"])
+    on = {gpus: identity(smollm2, market, template, None, base, tmp_path / "store") for gpus in (0,)}
+    monkeypatch.setattr("agents.devices.gpus.visible_gpus", lambda: 1)
+    on[1] = identity(smollm2, market, template, None, base, tmp_path / "store")
+    assert on[0]["advisor"]["device"] == "cpu" and on[1]["advisor"]["dtype"] == "bfloat16" and on[0] != on[1]
+    learning = load_config(None, SMALL + ["llm=smollm2", "hybrid.learning.enabled=true"])
+    assert identity(learning, market, template, None, base, tmp_path / "store") != on[1]  # its own arm
+
+
+def test_a_runs_training_and_its_walks_leave_both_splits_keys_in_the_store(tmp_path):
+    """Training's link and the validation walks' share the run's store: after the run it holds the training keys
+    training asked and the validation keys its walks asked (before, the last saver's answers replaced the other's)."""
+    import sqlite3
+
+    from agents.training.loop import train
+    from jaxenv import load_market
+
+    store = tmp_path / "store"
+    train(load_config(None, [c for c in SMALL if not c.startswith(("total_steps", "checkpoint."))] + [
+        "total_steps=1280", "checkpoint.eval_every_updates=1", f"hybrid.store={store}"]), tmp_path / "run")
+    [folder] = [p for p in store.iterdir() if p.is_dir()]
+    with sqlite3.connect(folder / "answers.sqlite") as db:
+        keys = np.array([k for (k,) in db.execute("SELECT key FROM answers")])
+    bars = keys // SIDES * 5 + 4  # each key's block's last bar
+    market = load_market(load_config(None, SMALL).data)
+    for split in ("train", "val"):
+        start, end = market.split_range(split)
+        assert ((bars >= start) & (bars < end)).sum() > 10, split

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from agents.advice.table import SIDES, answered, num_blocks
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.advisor.sidecar import start_advisor
-from agents.advisor.store import AdviceStore, identity, store_root
+from agents.advisor.store import identity, open_store, prompt_format_digest, store_root
 from agents.advisor.adapters import starting_adapter
 from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
 from agents.config import ConfigError, load_config
@@ -91,11 +91,13 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     market = load_market(cfg.data)
     k = cfg.hybrid.query.interval
     renderer, template = prompt_template(cfg)
-    store = AdviceStore(root, identity(cfg, market, template, starting_adapter(cfg)),
-                        num_blocks(market.num_bars, k) * SIDES)
-    known = store.load()
     fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k,
                                 cfg.hybrid.shuffled)
+    texts = list(market.text_table) or None
+    num_keys = num_blocks(market.num_bars, k) * SIDES
+    prompt_format = prompt_format_digest(fields, renderer, texts, num_keys)
+    store = open_store(root, identity(cfg, market, template, starting_adapter(cfg), prompt_format, root), num_keys)
+    known = store.answers  # this process's holder: what the store holds, and every answer this fill adds
     fields.without_past(known)
     sides = (0,) if cfg.hybrid.query.entries_only else (-1, 0, 1)
     keys = split_keys(market, splits, k, sides)
@@ -107,7 +109,6 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     if not len(todo):
         return {**out, "filled": 1.0}
     batch = int(batch or cfg.hybrid.max_budget)
-    texts = list(market.text_table) or None
     pool = start_advisor(cfg, renderer, texts, batch)
     stopped = []
     previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batch in flight, save
@@ -125,14 +126,14 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
                 done, in_flight = done + _take(pool, known), in_flight - 1
                 bar.update(done - bar.n)
                 if time.perf_counter() - saved_at > SAVE_EVERY_S:
-                    store.save(known)
+                    store.save()
                     saved_at = time.perf_counter()
         while in_flight:
             done, in_flight = done + _take(pool, known), in_flight - 1
             bar.update(done - bar.n)
     finally:
         bar.close()
-        store.save(known)
+        store.save()
         pool.close()
         signal.signal(signal.SIGINT, previous)
     seconds = time.perf_counter() - t0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import jax
@@ -33,7 +34,7 @@ import numpy as np
 from agents.advice.table import SIDES, WALK_AHEAD, answered, num_blocks, select_keys
 from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder
 from agents.advisor.sidecar import learning_options, start_advisor
-from agents.advisor.store import AdviceStore, Answers, adapter_digest, identity, store_root
+from agents.advisor.store import AdviceStore, Answers, identity, open_store, prompt_format_digest, store_root
 from agents.advisor.workers import AdvisorPool
 from agents.config import ConfigError, HybridConfig
 from agents.devices.parallel import gather_processes, is_writer, to_host
@@ -45,6 +46,19 @@ AUTO_START = 16  # budget `auto`: B of the first query step (async takes a submi
 AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
 MAX_IN_FLIGHT = 2  # submissions the advisor may have to answer; while it has this many, a query step asks nobody
 MAX_LAG = 16  # an async advisor is asked at most this many query steps further ahead
+SAVE_EVERY_S = 60.0  # the advice store gets a query step's new answers at most this often (and at the end)
+
+
+@dataclass
+class Submitted:
+    """A submission of prompts not yet collected."""
+
+    step: int  # the query step that asked (query_steps_total at the time)
+    at: float  # perf_counter() when submitted
+    prompts: np.ndarray  # as submitted: rendered prompts, or prompt-field rows for the mock reading them
+    keys: np.ndarray  # the keys asked about
+    version: int  # the advisor's version when asked, for an advisor that does not report its own with each answer
+    late: bool = False  # async: not all answered a query step later
 
 
 def latency_mode(cfg) -> str:
@@ -106,11 +120,14 @@ class AdvisorLink:
         self.texts = list(market.text_table) or None
         self.learning = learning_options(cfg) if learn else None
         self.reasoning = self.h.reasoning.enabled and self.renderer.reasoning is not None
-        root = store_root(cfg)
+        self.market, self.template = market, template
+        self.store_root = store_root(cfg)
         self.adapter = adapter or starting_adapter(cfg)
-        self.store = AdviceStore(root, identity(cfg, market, template, self.adapter), self.num_keys) if root else None
-        self.known = self.store.load() if self.store else Answers.empty(self.num_keys)  # the host's copy of the table
-        self.fields.without_past(self.known)
+        self.prompt_format = (prompt_format_digest(self.fields, self.renderer, self.texts, self.num_keys)
+                              if self.store_root else "")
+        self.store = self._open_store(self.adapter)
+        self.known = self._known()  # the host's copy of the table (answers of every advisor version)
+        self.saved_at = time.perf_counter()
         self.version = 0  # the advisor's version: LoRA rounds finished since it started (QueryLoop sets it)
         self.first, self.count = WALK_AHEAD if walk else ahead
         self.lag = 0  # async: query steps its answers took beyond one (they are asked that much further ahead)
@@ -118,7 +135,7 @@ class AdvisorLink:
         self.client = AdvisorPool([client]) if client else start_advisor(cfg, self.renderer, self.texts, self.cap,
                                                                            adapter, log_stem, self.learning)
         self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, keys) written, ok only
-        self.pending: list[list] = []  # [query step, submit time, prompts, keys, version, late] not yet collected
+        self.pending: list[Submitted] = []  # not yet collected, oldest first
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
         self.picks = None  # the latest selection (device arrays), sent by send()
         self.last_step_at: float | None = None
@@ -147,10 +164,24 @@ class AdvisorLink:
             self.llm_log.close()
         self.client.close()
 
+    def _open_store(self, adapter: str | None) -> AdviceStore | None:
+        """This process's holder of the store of the advisor with `adapter` (None without a store)."""
+        if self.store_root is None:
+            return None
+        ident = identity(self.cfg, self.market, self.template, adapter, self.prompt_format, self.store_root)
+        return open_store(self.store_root, ident, self.num_keys)
+
+    def _known(self) -> Answers:
+        """A fresh host copy of the table: the store's answers (version 0), the shuffled control's PASS keys."""
+        known = self.store.answers.copy() if self.store is not None else Answers.empty(self.num_keys)
+        self.fields.without_past(known)
+        return known
+
     def save_store(self) -> None:
-        """Writes the answers of the advisor as it started to the advice store (process 0; nothing when none is new)."""
+        """Adds the answers of the advisor as it started, new since the last save, to the advice store (process 0)."""
         if self.store is not None and is_writer():
-            self.store.save(self.known)
+            self.store.save()
+            self.saved_at = time.perf_counter()
 
     def use_adapter(self, path: str | None) -> None:
         """The advisor answers with LoRA adapter `path` (None: the base model) from now on: its answers are another
@@ -158,13 +189,8 @@ class AdvisorLink:
         self.client.command("load", path=path, timeout_s=600.0)
         self.save_store()
         self.adapter = path
-        if self.store is not None:
-            ident = {**self.store.ident, "adapter": adapter_digest(path)}
-            self.store = AdviceStore(self.store.dir.parent, ident, self.num_keys)
-            self.known = self.store.load()
-        else:
-            self.known = Answers.empty(self.num_keys)
-        self.fields.without_past(self.known)
+        self.store = self._open_store(path)
+        self.known = self._known()
 
     def reset_counters(self) -> None:
         self.n_query_steps = 0
@@ -185,6 +211,11 @@ class AdvisorLink:
         table = carry.hybrid.advice
         if table.num_keys != self.num_keys:
             raise ValueError(f"advice table of {table.num_keys} keys for a market of {self.num_keys}")
+        if self.store is not None:  # what other holders added since: this run's other links, other processes
+            self.store.refresh()
+            new = self.store.answers.filled() & ~self.known.filled()
+            s = self.store.answers
+            self.known.put(np.flatnonzero(new), s.probs[new], s.confidence[new], s.status[new], 0)
         device = to_host(table) if self.processes > 1 else jax.device_get(table)
         have = np.asarray(answered(device.status))
         take = have & ~self.known.filled()
@@ -208,12 +239,14 @@ class AdvisorLink:
         # The answers to earlier query steps' prompts. Async takes a submission once all its answers are ready
         # (never waiting): a slow advisor's answers arrive some query steps late, not never.
         taken = []
-        while self.pending and self.pending[0][0] < step:
+        while self.pending and self.pending[0].step < step:
             if self.latency == "async" and not self.client.oldest_done:
-                self.pending[0][5] = True  # late: the advisor was busy with it for at least a whole chunk
+                self.pending[0].late = True  # the advisor was busy with it for at least a whole chunk
                 break
             taken.append(self._collect(wait=self.latency == "strict", since_s=since))
         rows = self._rows(taken)
+        if now - self.saved_at > SAVE_EVERY_S:  # a run killed later keeps what it was told until now
+            self.save_store()
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
         self.client.restart_dead()
         ready = self.client.alive and self.client.pending < MAX_IN_FLIGHT
@@ -250,7 +283,7 @@ class AdvisorLink:
         think = np.ones(len(keys), bool) if self.reasoning else None
         self.n_thoughts += int(think.sum()) if think is not None else 0
         self.client.submit(keys, prompts, think)
-        self.pending.append([self.query_steps_total - 1, time.perf_counter(), prompts, keys, self.version, False])
+        self.pending.append(Submitted(self.query_steps_total - 1, time.perf_counter(), prompts, keys, self.version))
         self.n_prompts += len(keys)
 
     def take_written(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -277,7 +310,8 @@ class AdvisorLink:
         answers = self.client.collect(timeout_s=self.h.strict_timeout_s if wait else 0.0)
         waited = time.perf_counter() - t0
         self.wait_s += waited
-        _, submitted_at, prompts, keys, version, late = self.pending.pop(0)
+        sent = self.pending.pop(0)
+        submitted_at, prompts, keys, version, late = sent.at, sent.prompts, sent.keys, sent.version, sent.late
         if not len(answers):
             n = len(keys)
             return (keys, np.full((n, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32), np.zeros(n, np.float32),
@@ -294,11 +328,15 @@ class AdvisorLink:
         if self.on_answers is not None:
             self.on_answers(answers)
         status = self.known.keep(answers, version)
+        versions = answers.version if answers.version is not None else np.full(len(answers), version, np.int32)
+        if self.store is not None:  # the store holds the answers of the advisor its identity names: version 0
+            own = np.asarray(answered(status)) & (versions == 0)
+            self.store.keep(answers.env_ids[own], answers.probs[own], answers.confidence[own], status[own])
         ok = np.flatnonzero(status == STATUS_OK)
         if self.learning and len(ok):
             self.written.append((answers.seq, ok, answers.env_ids[ok]))
         return (answers.env_ids.astype(np.int32), answers.probs.astype(np.float32),
-                answers.confidence.astype(np.float32), status, np.full(len(answers), version, np.int32))
+                answers.confidence.astype(np.float32), status, versions.astype(np.int32))
 
     def _rows(self, taken: list, size: int | None = None) -> tuple[np.ndarray, ...]:
         """(keys, probabilities, confidence, status, version, valid) of the collected answers, padded to

@@ -1,27 +1,34 @@
 """The persistent advice store: the advisor's answers per key (agents.advice.table), kept on disk so that every run,
 seed, resume and evaluation walk on the same data with the same advisor starts from what earlier ones were told.
 
-A store folder is named by the digest of its identity: the advisor (model, mode, quantisation, mock answers), its
-LoRA adapter's files, the prompt template, the data (prices, stamps, headlines, contract) and the query interval k
-that cuts the bars into blocks. Change any of them and the answers are another folder's. Inside:
+A store folder is named by the digest of its identity: everything an answer depends on. The advisor (model, mode,
+quantisation, mock answers; its learning options, for one that learns), the digest of the model's files, the device
+class and precision it answers in, its LoRA adapter's files, the prompt template, the prompt format (a digest of
+every key's prompt fields and of prompts rendered from them: a change to the renderer, the indicators or the fields
+moves it), the data and the query interval k. Change any of them and the answers are another folder's. Inside:
 
-    <root>/<digest>/answers-<sha>.npz  keys, probs, confidence, status of every answered key
-    <root>/<digest>/manifest.json      the identity, the count, and the answers file's name, bytes and sha256
+    <root>/<digest>/answers.sqlite   one row per answered key (key, probs, confidence, status), and the identity
 
-A save writes a new answers file, then the manifest to a temporary name renamed over the old one, then deletes the
-answers file it replaced: a crash at any point leaves a manifest naming a whole answers file. A
-folder whose manifest is missing or unreadable, whose identity differs or whose answers file does not match its
-sha256 is set aside (renamed *.damaged-<time>) with one line on stderr, never trusted.
+Why SQLite: one store has several holders at once (a run's training and its walks in one process; scripts/advise.py
+or another run beside it). A save is one transaction that adds the holder's new rows to the file's: holders merge,
+none overwrites another's answers. SQLite's locking orders writers across processes, its journal makes each save
+atomic (a process killed mid-save loses that save's rows, never the store) and `synchronous=FULL` makes it durable;
+the folder is fsynced when the file is created. Within a process every holder of one identity shares one
+`AdviceStore` (`open_store`), so training's answers and its walks' are one set. A folder whose database is unreadable
+or fails its integrity check, whose identity differs, or whose rows hold values no answer can have, is set aside
+(renamed *.damaged-<time>) with one line on stderr, never trusted. Stores of the first format (npz files and a
+manifest) have another identity and are not read.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
+import sqlite3
 import sys
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +37,10 @@ import numpy as np
 from agents.advice.table import STATUS_NONE, answered
 from bridge.protocol import NUM_ACTIONS
 
-MANIFEST_FILE = "manifest.json"
-STORE_FORMAT = 1
+DATABASE_FILE = "answers.sqlite"
+STORE_FORMAT = 2  # 2: SQLite, merged by key; the identity holds the model's files, device class and prompt format
+LOCK_TIMEOUT_S = 120.0  # how long a save waits for another holder's
+MODEL_DIGESTS_FILE = "model-digests.json"  # <root>/: the digests of model files read so far
 DEFAULT_ROOT = Path("runs") / "advice_store"  # hybrid.store: auto, for a model advisor
 
 
@@ -71,20 +80,77 @@ def data_digest(market) -> str:
                    market.contract.symbol.encode())
 
 
-def identity(cfg, market, template: str, adapter: str | None) -> dict:
-    """What the answers depend on (`template`: the prompt template's text)."""
+PROMPT_SAMPLE = 256  # keys whose prompts are rendered into the prompt format's digest
+
+
+def model_digest(llm: str, root: Path) -> str:
+    """sha256 over the files the advisor's model loads: the embedded model's GGUF, or a model folder's files; a
+    hub id that is no local folder, its name (this machine has no files of it to read). Cached under `root` by
+    each file's path, size and modification time, so a large model is read once."""
+    from llm_sidecar.models import EMBEDDED_MODEL, find_smollm2_gguf
+
+    if llm == EMBEDDED_MODEL:
+        files = [find_smollm2_gguf()]
+    elif Path(llm).is_dir():
+        files = sorted(p for p in Path(llm).rglob("*") if p.is_file())
+    else:
+        return f"name:{llm}"
+    cache_path = Path(root) / MODEL_DIGESTS_FILE
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    parts = []
+    for f in files:
+        st = f.stat()
+        stamp = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        if stamp not in cache:
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 24), b""):
+                    h.update(chunk)
+            cache[stamp] = h.hexdigest()
+        parts.append(f.name.encode() + b"\0" + cache[stamp].encode())
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        tmp = cache_path.with_name(f"{cache_path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        os.replace(tmp, cache_path)
+    except OSError:  # a read-only root: the digest is still right, only not cached
+        pass
+    return _digest(*parts)
+
+
+def prompt_format_digest(fields, renderer, texts: list[str] | None, num_keys: int) -> str:
+    """sha256 over every key's prompt fields (agents.advisor.prompt_fields) and the prompts rendered from a sample
+    of them: any change to how a key's prompt is made (fields, indicators, renderer, template) moves it."""
+    keys = np.arange(num_keys)
+    rows = fields.build(keys)
+    sample = keys[:: max(1, num_keys // PROMPT_SAMPLE)]
+    rendered = renderer.render(rows[sample], texts)
+    return _digest(np.ascontiguousarray(rows).tobytes(), b"\n".join(bytes(p) for p in rendered))
+
+
+def identity(cfg, market, template: str, adapter: str | None, prompt_format: str, root: Path) -> dict:
+    """What the answers depend on (`template`: the prompt template's text; `prompt_format`: prompt_format_digest)."""
+    from agents.devices.gpus import visible_gpus
+
     h = cfg.hybrid
     advisor = {"llm": cfg.llm}
     if cfg.llm == "mock":
         advisor["mock_answers"] = h.mock_answers
     else:
-        advisor.update(mode=h.llm_mode, quantization=h.quantization)
+        gpu = visible_gpus() > 0  # the transformers backend answers in bfloat16 on a GPU, float32 on a CPU
+        advisor.update(mode=h.llm_mode, quantization=h.quantization, model=model_digest(cfg.llm, root),
+                       device="cuda" if gpu else "cpu", dtype="bfloat16" if gpu else "float32")
     if h.shuffled:  # named only when on: the stores of every other advisor keep their folders
         advisor["shuffled"] = True
+    if h.learning.enabled:  # an advisor that learns is its own arm, even where it starts from another's adapter
+        advisor["learning"] = h.learning.options()
     return {"format": STORE_FORMAT, "advisor": advisor, "adapter": adapter_digest(adapter),
-            "template": hashlib.sha256(template.encode()).hexdigest(), "data": data_digest(market),
-            "interval": cfg.hybrid.query.interval, "contracts": cfg.env.contracts_per_trade,
-            "reasoning": bool(h.reasoning.enabled)}
+            "template": hashlib.sha256(template.encode()).hexdigest(), "prompt_format": prompt_format,
+            "data": data_digest(market), "interval": cfg.hybrid.query.interval,
+            "contracts": cfg.env.contracts_per_trade, "reasoning": bool(h.reasoning.enabled)}
 
 
 @dataclass
@@ -111,85 +177,141 @@ class Answers:
         return ok if version is None else ok & (self.version == version)
 
     def put(self, keys: np.ndarray, probs: np.ndarray, confidence: np.ndarray, status: np.ndarray,
-            version: int) -> None:
+            version: int | np.ndarray) -> None:
         self.probs[keys], self.confidence[keys], self.status[keys] = probs, confidence, status
         self.version[keys] = version
 
     def keep(self, answers, version: int) -> np.ndarray:
-        """Puts the real answers (`answered`) of a collected submission (bridge.client.Answers, keyed by its env ids)
-        from advisor `version`; every row's status, int32."""
+        """Puts the real answers (`answered`) of a collected submission (bridge.client.Answers, keyed by its env ids),
+        each under the advisor version that gave it (the sidecar's report; `version` for an advisor that reports
+        none); every row's status, int32."""
         status = answers.status.astype(np.int32)
         got = np.asarray(answered(status))
-        self.put(answers.env_ids[got], answers.probs[got], answers.confidence[got], status[got], version)
+        versions = np.full(len(status), version, np.int32) if answers.version is None else answers.version
+        self.put(answers.env_ids[got], answers.probs[got], answers.confidence[got], status[got], versions[got])
         return status
+
+    def copy(self) -> Answers:
+        return Answers(self.probs.copy(), self.confidence.copy(), self.status.copy(), self.version.copy())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_OPEN: dict[Path, AdviceStore] = {}  # this process's stores, by folder: one holder per identity
+
+
+def open_store(root: Path, ident: dict, num_keys: int) -> AdviceStore:
+    """This process's one holder of the store of `ident` under `root` (its file's answers read on first use)."""
+    store = AdviceStore(root, ident, num_keys)
+    held = _OPEN.get(store.dir.resolve())
+    if held is not None and held.num_keys == num_keys:
+        return held
+    _OPEN[store.dir.resolve()] = store
+    store.load()
+    return store
 
 
 class AdviceStore:
+    """The answers of one identity: `answers` (version 0: the advisor the identity names), read from the folder,
+    kept by every holder in this process, and saved by adding to the folder's rows."""
+
     def __init__(self, root: Path, ident: dict, num_keys: int):
         self.ident = ident
         self.num_keys = num_keys
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
         self.dir = Path(root) / digest[:24]
-        self.saved = -1  # answered keys at the last save (or load)
+        self.path = self.dir / DATABASE_FILE
+        self.answers = Answers.empty(num_keys)
+        self.on_disk = np.zeros(num_keys, bool)  # keys whose answer the file holds
 
     def _set_aside(self, why: str) -> None:
         aside = self.dir.with_name(f"{self.dir.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
         os.replace(self.dir, aside)
+        self.on_disk[:] = False
         print(f"WARNING: advice store {self.dir}: {why}; set aside as {aside.name}, starting empty", file=sys.stderr)
 
-    def load(self) -> Answers:
-        """The stored answers (version 0), or none: a missing store starts empty, a damaged one is set aside."""
-        out = Answers.empty(self.num_keys)
-        if not self.dir.exists():
-            return out
-        try:
-            manifest = json.loads((self.dir / MANIFEST_FILE).read_text())
-            answers_path = self.dir / Path(manifest["file"]).name
-            data = answers_path.read_bytes()
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            self._set_aside(f"unreadable ({type(error).__name__}: {error})")
-            return out
-        if manifest.get("identity") != self.ident or manifest.get("keys") != self.num_keys:
-            self._set_aside("its manifest names another advisor, template or data")
-            return out
-        if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
-            self._set_aside(f"{answers_path.name} does not match the sha256 in its manifest")
-            return out
-        try:
-            with np.load(answers_path) as z:
-                keys = z["keys"].astype(np.int64)
-                if len(keys) and (keys.min() < 0 or keys.max() >= self.num_keys):
-                    raise ValueError("a key out of range")
-                out.put(keys, z["probs"], z["confidence"], z["status"], 0)
-        except (OSError, ValueError, KeyError) as error:
-            self._set_aside(f"{answers_path.name} unreadable ({error})")
-            return Answers.empty(self.num_keys)
-        self.saved = len(keys)
-        return out
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
+        db.execute("PRAGMA synchronous=FULL")
+        return db
 
-    def save(self, answers: Answers) -> bool:
-        """Writes the answers of version 0 (the advisor the identity names) atomically; False when none are new."""
-        keys = np.flatnonzero(answers.filled(0))
-        if len(keys) == self.saved:
-            return False
+    def _rows(self, db: sqlite3.Connection) -> tuple[np.ndarray, ...]:
+        """Every row of the file, checked: (keys, probs, confidence, status). LookupError: another identity;
+        ValueError: a row no answer can be."""
+        if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+            raise ValueError("the database fails its integrity check")
+        meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
+        if json.loads(meta.get("identity", "null")) != self.ident or int(meta.get("keys", -1)) != self.num_keys:
+            raise LookupError("it names another advisor, template or data")
+        rows = db.execute("SELECT key, probs, confidence, status FROM answers").fetchall()
+        keys = np.array([r[0] for r in rows], np.int64)
+        blob = b"".join(r[1] for r in rows)
+        if len(blob) != len(rows) * NUM_ACTIONS * 4:
+            raise ValueError("a row's probabilities are not 6 float32")
+        probs = np.frombuffer(blob, np.float32).reshape(len(rows), NUM_ACTIONS)
+        confidence = np.array([r[2] for r in rows], np.float32)
+        status = np.array([r[3] for r in rows], np.int32)
+        bad = ((keys < 0) | (keys >= self.num_keys) | ~np.asarray(answered(status)) | ~np.isfinite(probs).all(-1)
+               | (np.abs(probs.sum(-1) - 1.0) > 1e-3) | ~np.isfinite(confidence))
+        if bad.any():
+            raise ValueError(f"key {keys[np.argmax(bad)]} holds a value no answer can have")
+        return keys, probs, confidence, status
+
+    def load(self) -> Answers:
+        """Reads the file's answers into `answers` (a missing store is empty; a damaged one is set aside)."""
+        self.refresh()
+        return self.answers
+
+    def refresh(self) -> int:
+        """Adds the file's answers this process does not hold yet (other processes' saves); how many."""
+        if not self.path.exists():
+            if self.dir.exists() and any(self.dir.iterdir()):
+                self._set_aside(f"no {DATABASE_FILE} in it (a store of another format, or damaged)")
+            return 0
+        try:
+            with closing(self._connect()) as db:
+                keys, probs, confidence, status = self._rows(db)
+        except LookupError as error:
+            self._set_aside(str(error))
+            return 0
+        except (sqlite3.Error, ValueError, TypeError) as error:
+            self._set_aside(f"unreadable ({type(error).__name__}: {error})")
+            return 0
+        self.on_disk[keys] = True
+        new = ~self.answers.filled()[keys]
+        self.answers.put(keys[new], probs[new], confidence[new], status[new], 0)
+        return int(new.sum())
+
+    def keep(self, keys: np.ndarray, probs: np.ndarray, confidence: np.ndarray, status: np.ndarray) -> None:
+        """Holds answers of the identity's advisor (version 0) for the next save."""
+        self.answers.put(keys, probs, confidence, status, 0)
+
+    def save(self) -> int:
+        """Adds the answers held and not yet in the file to it, in one durable transaction; how many."""
+        keys = np.flatnonzero(self.answers.filled(0) & ~self.on_disk)
+        if not len(keys):
+            return 0
+        created = not self.path.exists()
         self.dir.mkdir(parents=True, exist_ok=True)
-        buffer = io.BytesIO()
-        np.savez(buffer, keys=keys.astype(np.int32), probs=answers.probs[keys], confidence=answers.confidence[keys],
-                 status=answers.status[keys])
-        data = buffer.getvalue()
-        sha = hashlib.sha256(data).hexdigest()
-        name = f"answers-{sha[:16]}.npz"
-        with open(self.dir / name, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        manifest = {"identity": self.ident, "keys": self.num_keys, "answered": int(len(keys)), "file": name,
-                    "bytes": len(data), "sha256": sha, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        tmp = self.dir / (MANIFEST_FILE + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(tmp, self.dir / MANIFEST_FILE)
-        for old in self.dir.glob("answers-*.npz"):
-            if old.name != name:
-                old.unlink(missing_ok=True)
-        self.saved = len(keys)
-        return True
+        rows = [(int(k), self.answers.probs[k].astype(np.float32).tobytes(), float(self.answers.confidence[k]),
+                 int(self.answers.status[k])) for k in keys]
+        with closing(self._connect()) as db:
+            db.execute("BEGIN IMMEDIATE")  # the write lock first: another holder's save waits, then adds to it
+            db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.execute("CREATE TABLE IF NOT EXISTS answers (key INTEGER PRIMARY KEY, probs BLOB NOT NULL, "
+                       "confidence REAL NOT NULL, status INTEGER NOT NULL)")
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('identity', ?), ('keys', ?)",
+                       (json.dumps(self.ident, sort_keys=True), str(self.num_keys)))
+            db.executemany("INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?)", rows)
+            db.execute("COMMIT")
+        if created:
+            _fsync_dir(self.dir)
+            _fsync_dir(self.dir.parent)
+        self.on_disk[keys] = True
+        return len(keys)

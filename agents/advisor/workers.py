@@ -166,9 +166,11 @@ class AdvisorPool:
             return merged[0]
         if not merged:
             return Answers(seq, np.zeros(0, np.int32), np.zeros((0, NUM_ACTIONS), np.float32), np.zeros(0, np.int8),
-                           np.zeros(0, np.float32), np.zeros(0, np.int8), np.zeros(0, "S1"))
+                           np.zeros(0, np.float32), np.zeros(0, np.int8), np.zeros(0, "S1"), np.zeros(0, np.int32))
+        versions = [a.version if a.version is not None else np.zeros(len(a), np.int32) for a in merged]
         return Answers(seq, *(np.concatenate([getattr(a, f) for a in merged])
-                              for f in ("env_ids", "probs", "action", "confidence", "status", "reasons")))
+                              for f in ("env_ids", "probs", "action", "confidence", "status", "reasons")),
+                       np.concatenate(versions))
 
     def _measure(self, part: _Part, answers: Answers) -> None:
         """A worker's rate sample: rows answered ÷ time since submit. Exact when it was still busy when collected

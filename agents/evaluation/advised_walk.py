@@ -15,6 +15,7 @@ advice store's, earlier walks'), so keys answered once are not asked again. Acti
 from __future__ import annotations
 
 import dataclasses
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from tqdm import tqdm
 
 from agents.advice.acting import HybridActing, HybridCarry, make_acting
 from agents.advice.record import record_metrics
@@ -80,11 +82,14 @@ class WalkCarry:
 class AdvisedWalker:
     """Walks splits with a hybrid run's network and the run's advisor (one sidecar, started on first use)."""
 
-    def __init__(self, cfg, ppo, env, market, client=None, log_dir: Path | None = None):
+    def __init__(self, cfg, ppo, env, market, client=None, log_dir: Path | None = None, progress: bool = False):
         """`log_dir`: the sidecar's log lines go to log_dir/advisor_eval_w0.log (a run folder during training: they
-        would break the progress bar) instead of stderr."""
+        would break the progress bar) instead of stderr. `progress`: an advised walk shows its own progress line
+        (blocks walked, keys asked, ETA) under the training bar: a walk whose keys the advisor must answer first
+        takes minutes on a CPU."""
         self.cfg, self.ppo, self.env, self.market = cfg, ppo, env, market
         self.log_dir = log_dir
+        self.progress = progress
         self.acting = dataclasses.replace(make_acting(cfg, env), greedy=cfg.checkpoint.eval_deterministic)
         self._client = client
         self._link: AdvisorLink | None = None
@@ -168,6 +173,9 @@ class AdvisedWalker:
             link.send()
         chunks = chunk_lengths(num_steps, self.k)
         pieces = []
+        name = split if isinstance(split, str) else "bars"
+        bar = tqdm(total=len(chunks), desc=f"{name} walk with advice", unit="block", leave=False, position=1,
+                   disable=not (self.progress and uses_advice), mininterval=2.0, file=sys.stderr)
         try:
             for k in chunks:
                 if uses_advice:
@@ -175,11 +183,14 @@ class AdvisedWalker:
                 carry, trace = self._chunk_fn(acting, k)(carry, params, obs_norm, env_params)
                 if uses_advice:
                     link.send()
+                    bar.update(1)
+                    bar.set_postfix_str(f"{link.n_prompts} keys asked", refresh=False)
                 pieces.append(trace)
             if uses_advice:
                 link.drain(carry)  # nothing pending is left for the next walk
                 link.save_store()
         finally:
+            bar.close()
             if uses_advice:
                 link.on_answers = None
         out = {name: np.concatenate([np.asarray(p[name]) for p in pieces]) for name in pieces[0]}

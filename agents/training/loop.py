@@ -186,6 +186,7 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
                 "best_score": best_score, "seed": cfg.seed}
 
     metrics: dict = {}
+    last_val: tuple[int, float] | None = None  # (update, score) of the latest validation walk, for the bar
     last_logged = start  # a checkpoint is only ever taken of an update whose metrics line is written
     failed = write_failed = False
     interrupted = False
@@ -263,7 +264,9 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
                                                     else "no checkpoint was saved yet")) from error
             last_logged, started[0] = update, True
             bar.update(1)
-            bar.set_postfix_str(_postfix(metrics, setup.score_name), refresh=False)
+            if metrics.get(setup.score_name) is not None:
+                last_val = (update, metrics[setup.score_name])
+            bar.set_postfix_str(_postfix(metrics, setup.score_name, last_val), refresh=False)
 
             if update % cfg.checkpoint.every_updates == 0 or update == cfg.num_updates:
                 save_checkpoint(update)
@@ -319,13 +322,17 @@ def _record(m: dict, update: int, cfg: TrainConfig, dt: float, flops: int) -> di
     return record
 
 
-def _postfix(m: dict, score_name: str) -> str:
+def _postfix(m: dict, score_name: str, last_val: tuple[int, float] | None = None) -> str:
+    """The bar's figures. `pnl` is in-sample (the training envs' episodes); beside it, on every update, the latest
+    out-of-sample one: the validation walk's score and the update it was taken at."""
     parts = [f"{m['steps_per_s']:,.0f} steps/s"]
-    for key, label in (("episode_return", "ret"), ("episode_pnl", "pnl"), ("entropy", "ent"), ("approx_kl", "kl"),
-                       (score_name, "val")):
+    for key, label in (("episode_return", "ret"), ("episode_pnl", "pnl (train)"), ("entropy", "ent"),
+                       ("approx_kl", "kl")):
         v = m.get(key)
         if v is not None and not (isinstance(v, float) and math.isnan(v)):
             parts.append(f"{label} {v:.3g}")
+    if last_val is not None:
+        parts.append(f"val {last_val[1]:.3g} @{last_val[0]}")
     if "llm_rate" in m:  # a hybrid run: the share of decisions advised, and the advisor's answers per second
         parts.append(f"advised {m['advice_coverage']:.1%} at {m['llm_rate']:.1f}/s")
     if "record_t" in m:  # bind_on=record: the advice's evidence, its bar and independent sessions, and whether it binds

@@ -32,7 +32,7 @@ class AgentEvaluator:
         self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
         self.ablations = run_ablations(cfg) if cfg.llm != "none" else {}
         if cfg.llm != "none" and cfg.hybrid.eval_with_advice and setup.market is not None:
-            self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market, log_dir=log_dir)
+            self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market, log_dir=log_dir, progress=cfg.log.progress)
 
     def splits(self) -> dict[str, Evaluator]:
         return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
