@@ -35,6 +35,7 @@ from agents.advice.acting import make_acting
 from agents.advisor.fill import fill_store, full_rate
 from agents.advisor.link import latency_mode
 from agents.advisor.query_loop import QueryLoop
+from agents.training.update import Update
 from agents.config import load_config
 from agents.rl.ppo import make_train
 from benchmarks.common import (
@@ -104,7 +105,8 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
     rl_update, _ = compile_update(rl_ppo, jax.eval_shape(rl_ppo.init, jax.random.PRNGKey(0)))
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     t0 = time.perf_counter()
-    loop = QueryLoop(cfg, ppo, setup.market, None)
+    loop = QueryLoop(cfg, setup.market, None)
+    update = Update(ppo, cfg.ppo.num_steps, loop)
     start_s = time.perf_counter() - t0
     states = {"rl": jax.jit(rl_ppo.init)(jax.random.PRNGKey(0)), "hybrid": jax.jit(ppo.init)(jax.random.PRNGKey(0))}
     times: dict[str, list[float]] = {"rl": [], "hybrid": []}
@@ -118,7 +120,7 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
                 jax.block_until_ready(m)
                 rl_s = time.perf_counter() - t
             t = time.perf_counter()
-            states["hybrid"], m = loop.update(states["hybrid"])
+            states["hybrid"], m = update(states["hybrid"])
             m = jax.device_get(m)
             hybrid_s = time.perf_counter() - t
             i += 1

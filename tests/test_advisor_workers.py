@@ -14,6 +14,7 @@ import pytest
 
 from agents.advice.acting import make_acting
 from agents.advisor.query_loop import QueryLoop
+from agents.training.update import Update
 from agents.advisor.workers import AdvisorPool, split_counts
 from agents.config import ConfigError, load_config
 from agents.rl.ppo import make_train
@@ -65,12 +66,13 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
     cfg = load_config(None, SMALL + ["hybrid.mock_latency_s=0.1"])
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
-    loop = QueryLoop(cfg, ppo, setup.market, tmp_path)
+    loop = QueryLoop(cfg, setup.market, tmp_path)
+    update = Update(ppo, cfg.ppo.num_steps, loop)
     try:
         assert len(loop.client.workers) == 2
         state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
-        state, _ = loop.update(state)  # asks; the answers come into the table at the next update
-        state, first = loop.update(state)
+        state, _ = update(state)  # asks; the answers come into the table at the next update
+        state, first = update(state)
         assert first["llm_workers_alive"] == 2
         assert first["llm_answered_w0"] > 0 and first["llm_answered_w1"] > 0  # both workers answered
         assert first["llm_rate_w0"] > 0 and first["llm_rate_w1"] > 0
@@ -90,12 +92,12 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
         assert (answers.status[n0:] == STATUS_BACKEND_ERROR).all()  # the dead worker's share
         assert (answers.status[:n0] != STATUS_BACKEND_ERROR).all()  # the other answered its own
 
-        state, _ = loop.update(state)  # goes on: worker 1 restarts while worker 0 is asked ...
-        state, second = loop.update(state)  # ... and its answers come in at the next update
+        state, _ = update(state)  # goes on: worker 1 restarts while worker 0 is asked ...
+        state, second = update(state)  # ... and its answers come in at the next update
         assert math.isfinite(second["policy_loss"]) and second["llm_answered_w0"] > 0
         deadline, back = time.monotonic() + 60, None
         while back is None and time.monotonic() < deadline:  # updates go on; worker 1 answers again once it is up
-            state, m = loop.update(state)
+            state, m = update(state)
             back = m if m["llm_answered_w1"] > 0 else None
         assert back is not None and back["llm_workers_alive"] == 2
         assert loop.client.sidecar_pids[1] != old_pid

@@ -473,6 +473,7 @@ def test_the_sidecar_rejects_a_header_that_does_not_fit_its_slot(count, length):
 def test_the_trainer_counts_bad_answers_as_parse_errors_and_keeps_training(tmp_path):
     from agents.advice.acting import make_acting
     from agents.advisor.query_loop import QueryLoop
+    from agents.training.update import Update
     from agents.rl.ppo import make_train
     from agents.training.env_setup import make_env_setup
 
@@ -484,11 +485,12 @@ def test_the_trainer_counts_bad_answers_as_parse_errors_and_keeps_training(tmp_p
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     before = shm_segments()
     client = SidecarClient(BridgeConfig(capacity=16)).start(command=(*ECHO_PEER_COMMAND, "--bad", "nan_probs"))
-    loop = QueryLoop(cfg, ppo, setup.market, tmp_path, client=client)
+    loop = QueryLoop(cfg, setup.market, tmp_path, client=client)
+    update = Update(ppo, cfg.ppo.num_steps, loop)
     try:
         state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
         for _ in range(2):
-            state, metrics = loop.update(state)
+            state, metrics = update(state)
         assert metrics["llm_parse_error"] > 0 and metrics["llm_ok"] == 0
         assert np.isfinite(metrics["policy_loss"])
         assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))

@@ -18,6 +18,7 @@ import numpy as np
 from agents.advice.acting import make_acting
 from agents.advice.table import STATUS_ASKED
 from agents.advisor.query_loop import QueryLoop
+from agents.training.update import Update
 from agents.config import load_config
 from agents.rl.ppo import make_train
 from agents.training.env_setup import make_env_setup
@@ -39,13 +40,15 @@ def shm_segments() -> set[str]:
 
 @contextlib.contextmanager
 def hybrid_loop(overrides: list[str], run_dir: Path):
-    """(QueryLoop with its mock sidecar started, initial RunnerState) for SMALL + overrides; closed after."""
+    """(QueryLoop with its mock sidecar started, the Update it plugs into, initial RunnerState) for SMALL +
+    overrides; closed after."""
     cfg = load_config(None, SMALL + overrides)
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
-    loop = QueryLoop(cfg, ppo, setup.market, run_dir)
+    loop = QueryLoop(cfg, setup.market, run_dir)
+    update = Update(ppo, cfg.ppo.num_steps, loop)
     try:
-        yield loop, jax.jit(ppo.init)(jax.random.PRNGKey(0))
+        yield loop, update, jax.jit(ppo.init)(jax.random.PRNGKey(0))
     finally:
         loop.close()
 
@@ -68,9 +71,9 @@ def test_strict_mode_with_mock_advisor_is_reproducible(tmp_path):
 
 def test_the_mock_trains_the_same_from_fields_in_process_as_from_text_in_its_sidecar(tmp_path):
     (tmp_path / "loop").mkdir()
-    with hybrid_loop(["hybrid.log_llm=4"], tmp_path / "loop") as (loop, state):  # the default: no process, no memory
+    with hybrid_loop(["hybrid.log_llm=4"], tmp_path / "loop") as (loop, update, state):  # the default: no process, no memory
         for _ in range(2):
-            state, _ = loop.update(state)
+            state, _ = update(state)
         assert children(os.getpid()) == [] and shm_segments() == set()
     logged = [json.loads(line) for line in (tmp_path / "loop" / "llm_log.jsonl").read_text().splitlines()]
     assert logged and all(re.match(r"\d\d:\d\d [A-Z]+ \d+ ADX", row["prompt"]) and row["answer"] for row in logged)  # as text
@@ -87,10 +90,10 @@ def test_the_mock_trains_the_same_from_fields_in_process_as_from_text_in_its_sid
 def test_every_update_gets_answers(tmp_path):
     """The keys asked at one update are answered into the table at the next, so advice keeps coming; a query step
     marks as asked exactly the keys it asks (at most B)."""
-    with hybrid_loop(["ppo.num_steps=64", "total_steps=2048", "hybrid.budget=8"], tmp_path) as (loop, state):
-        for update in range(4):
-            state, m = loop.update(state)
-            assert m["llm_prompts"] == 8 and (m["llm_ok"] == 8 or update == 0)
+    with hybrid_loop(["ppo.num_steps=64", "total_steps=2048", "hybrid.budget=8"], tmp_path) as (loop, update, state):
+        for i in range(4):
+            state, m = update(state)
+            assert m["llm_prompts"] == 8 and (m["llm_ok"] == 8 or i == 0)
         before = loop.link.n_prompts
         state = loop.link.query_step(state)
         loop.link.send()
@@ -102,10 +105,10 @@ def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arr
     """Async latency with an advisor that takes 0.2 s a batch: query steps never wait for it, the answers come some
     query steps later, and the keys are asked that many query steps further ahead, so they are read."""
     overrides = ["hybrid.latency=async", "hybrid.mock_reads=text", "hybrid.mock_latency_s=0.2", "hybrid.budget=64"]
-    with hybrid_loop(overrides, tmp_path) as (loop, state):
+    with hybrid_loop(overrides, tmp_path) as (loop, update, state):
         covered, deadline = 0.0, time.monotonic() + 60
         while covered == 0.0 and time.monotonic() < deadline:
-            state, m = loop.update(state)
+            state, m = update(state)
             assert m["llm_wait_s_per_query"] < 0.05
             covered = m["advice_coverage"]
         assert covered > 0 and m["advice_keys_filled"] > 0
@@ -118,18 +121,19 @@ def test_training_survives_a_killed_sidecar(tmp_path):
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     before = shm_segments()
-    loop = QueryLoop(cfg, ppo, setup.market, tmp_path)
+    loop = QueryLoop(cfg, setup.market, tmp_path)
+    update = Update(ppo, cfg.ppo.num_steps, loop)
     try:
         state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
-        state, first = loop.update(state)
+        state, first = update(state)
         assert first["llm_prompts"] > 0
         os.kill(loop.client.sidecar_pid, signal.SIGKILL)
-        state, second = loop.update(state)  # goes on without advice while a new sidecar starts
+        state, second = update(state)  # goes on without advice while a new sidecar starts
         assert int(state.update) == 2 and np.isfinite(second["policy_loss"])
         deadline = time.monotonic() + 60
         answered = 0
         while not answered and time.monotonic() < deadline:  # updates go on; advice returns once it is up
-            state, later = loop.update(state)
+            state, later = update(state)
             answered = later["llm_ok"]
         assert answered > 0
         assert loop.client.stats()["restarts"] == 1

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.scipy.stats import norm
 
-from agents.advice.table import SIDES, AdviceTable
+from agents.advice.table import SIDES, AdviceTable, key_of
 from bridge.protocol import BUY, SELL, STATUS_OK
 from jaxenv.env import CAN_ENTER, CLOSE, SESSION
 
@@ -124,7 +124,7 @@ def market_calls(table: AdviceTable, params, interval: int, horizon: int) -> Cal
     d = jnp.minimum(decided, n - 1)
     s = jnp.minimum(d + horizon, session_end[d])
     inside = (decided < n) & (d >= params.start_bar) & (s < params.end_bar) & (s > d) & (bars[d, CAN_ENTER] > 0)
-    flat = jnp.arange(blocks) * SIDES + 1
+    flat = key_of(jnp.arange(blocks), 0)
     named = jnp.argmax(table.probs[flat], -1)
     side = (named == BUY).astype(jnp.float32) - (named == SELL).astype(jnp.float32)
     made = inside & (table.status[flat] == STATUS_OK) & (side != 0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from agents.config import QueryConfig
@@ -27,6 +28,25 @@ STATUS_ASKED = -2  # asked, its answer not back yet
 
 def num_blocks(num_bars: int, interval: int) -> int:
     return -(-num_bars // interval)
+
+
+# The key layout, defined here once: key = block · SIDES + side + 1 (side −1 short, 0 flat, +1 long).
+def key_of(block, side):
+    return block * SIDES + side + 1
+
+
+def key_block(keys):
+    return keys // SIDES
+
+
+def key_side(keys):
+    """−1 short, 0 flat, +1 long."""
+    return keys % SIDES - 1
+
+
+def block_last_bar(block, interval: int, num_bars: int):
+    """The bar a block's prompt is rendered from: its last (the data's last, for a short final block)."""
+    return np.minimum(np.asarray(block) * interval + interval - 1, num_bars - 1)
 
 
 def answered(status: jax.Array) -> jax.Array:
@@ -164,3 +184,23 @@ def select_keys(table: AdviceTable, cfg: QueryConfig, cap: int, bar: jax.Array, 
     priority = jnp.where(wanted, demand + missing_first, -1.0)
     score, keys = jax.lax.top_k(priority, min(cap, table.num_keys))
     return keys.astype(jnp.int32), score > 0.0
+
+
+def query_program(cfg: QueryConfig, cap: int, processes: int, count: int, all_sides: bool = False):
+    """The device side of a query step, one donated jitted program: `(carry, rows, budgets, version, first) ->
+    (carry, keys, valid)` writes the collected answers `rows` (AdviceTable.write's arguments) into the carry's advice
+    table and the advisor's `version`, then picks and marks as asked at most budgets[p] keys for each process p
+    (select_keys over `count` blocks from `first`; traced counts: one compiled program for every B). Process p asks
+    picks p, p + P, ... of the at most cap · P."""
+
+    def step(carry, rows, budgets, version, first):
+        hy = carry.hybrid
+        table = hy.advice.write(*rows).replace(current=version)
+        state = carry.env_state
+        keys, valid = select_keys(table, cfg, cap * processes, state.t, state.side, first, count, all_sides)
+        rank = jnp.arange(keys.shape[0])
+        valid &= rank // processes < budgets[rank % processes]
+        table = table.mark_asked(keys, valid)
+        return carry.replace(hybrid=hy.replace(advice=table)), keys, valid
+
+    return jax.jit(step, donate_argnums=0)

@@ -14,7 +14,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from agents.advice.table import SIDES, answered, num_blocks
+from agents.advice.table import SIDES, answered, key_of, num_blocks
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.advisor.sidecar import start_advisor
 from agents.advisor.store import identity, open_store, prompt_format_digest, store_root
@@ -49,7 +49,7 @@ def split_keys(market, splits: list[str], interval: int, sides: tuple[int, ...])
         start, end = market.split_range(split)
         blocks.update(range(max(start // interval - 1, 0), max((end - 1) // interval, 0)))
     blocks = np.array(sorted(blocks), np.int64)
-    return (blocks[:, None] * SIDES + np.array(sides)[None, :] + 1).reshape(-1)
+    return key_of(blocks[:, None], np.array(sides)[None, :]).reshape(-1)
 
 
 def full_rate() -> list[str]:

@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.advice.table import SIDES, WALK_AHEAD, answered, num_blocks, select_keys
+from agents.advice.table import SIDES, WALK_AHEAD, answered, block_last_bar, key_block, key_side, num_blocks, \
+    query_program
 from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder
 from agents.advisor.sidecar import learning_options, start_advisor
 from agents.advisor.store import AdviceStore, Answers, identity, open_store, prompt_format_digest, store_root
@@ -142,21 +143,7 @@ class AdvisorLink:
         self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.log_llm) else None
         self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
         self.reset_counters()
-
-        def step(carry, rows, budgets, version, first):
-            """Writes the collected answers, then picks and marks as asked at most budgets[p] keys for each process
-            p (traced counts: one compiled program for every B)."""
-            hy = carry.hybrid
-            table = hy.advice.write(*rows).replace(current=version)
-            state = carry.env_state
-            keys, valid = select_keys(table, self.h.query, self.cap * self.processes, state.t, state.side, first,
-                                      self.count, all_sides=walk)
-            rank = jnp.arange(keys.shape[0])
-            valid &= rank // self.processes < budgets[rank % self.processes]  # process p asks picks p, p + P, ...
-            table = table.mark_asked(keys, valid)
-            return carry.replace(hybrid=hy.replace(advice=table)), keys, valid
-
-        self._step = jax.jit(step, donate_argnums=0)
+        self._step = query_program(self.h.query, self.cap, self.processes, self.count, all_sides=walk)
 
     def close(self) -> None:
         self.save_store()
@@ -368,8 +355,8 @@ class AdvisorLink:
             key = int(answers.env_ids[i])
             self.llm_log.write(json.dumps({
                 "key": key,
-                "bar": key // SIDES * self.interval + self.interval - 1,  # the block's last bar
-                "side": key % SIDES - 1,
+                "bar": int(block_last_bar(key_block(key), self.interval, self.market.num_bars)),
+                "side": int(key_side(key)),
                 "prompt": text(prompts[i]),
                 "answer": text(answers.reasons[i]) if answers.reasons is not None else None,
                 "probs": [round(float(x), 4) for x in answers.probs[i]],

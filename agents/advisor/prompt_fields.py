@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.advice.table import SIDES, num_blocks
+from agents.advice.table import block_last_bar, key_block, key_side, num_blocks
 from bridge.protocol import FIELD_INDEX, NUM_ACTIONS, NUM_PROMPT_FIELDS, STATUS_NO_VIEW
 from jaxenv.market import Market
 
@@ -28,7 +28,7 @@ class PromptFieldBuilder:
         self.shift = -(-session_bars // interval) if shuffled else 0
         self.blocks = blocks
         # per block, the first bar of the split its last bar lies in (0 outside every split)
-        last = np.minimum(np.arange(blocks) * interval + interval - 1, market.num_bars - 1)
+        last = block_last_bar(np.arange(blocks), interval, market.num_bars)
         self.split_start = np.zeros(blocks, np.int64)
         for start, end in market.splits.values():
             self.split_start[(last >= start) & (last < end)] = start
@@ -39,8 +39,8 @@ class PromptFieldBuilder:
     def rendered_bar(self, keys: np.ndarray) -> np.ndarray:
         """The bar each key's prompt is rendered from: its block's last bar (the data's last, for a short block); for
         the shuffled control, the last bar of the block `shift` blocks earlier (-1: none in the key's split)."""
-        own = np.asarray(keys, np.int64) // SIDES
-        bar = np.minimum((own - self.shift) * self.interval + self.interval - 1, self.market.num_bars - 1)
+        own = key_block(np.asarray(keys, np.int64))
+        bar = block_last_bar(own - self.shift, self.interval, self.market.num_bars)
         return np.where(bar >= self.split_start[own], bar, -1)
 
     def without_past(self, answers) -> None:
@@ -54,7 +54,7 @@ class PromptFieldBuilder:
     def build(self, keys: np.ndarray) -> np.ndarray:
         """[B, len(PROMPT_FIELDS)] float32 for keys [B]; the account fields are NaN."""
         t = self.rendered_bar(keys)
-        side = np.asarray(keys, np.int64) % SIDES - 1
+        side = key_side(np.asarray(keys, np.int64))
         out = np.full((len(t), NUM_PROMPT_FIELDS), np.nan, np.float32)
         out[:, FIELD_INDEX["market"]] = self.market_index
         out[:, FIELD_INDEX["minute_of_day"]] = self.minute[t]

@@ -1,8 +1,7 @@
-"""The hybrid update (docs/design.md, "One training update, as data flows"): a query step (`AdvisorLink.query_step`)
-collects the answers that came since the last update into the advice table and picks the keys the envs will read in
-the next update; then one jitted program runs the rollout of T steps and PPO's learning step through the fused
-distribution the actions were sampled from, and while it runs the host renders and submits the picked keys' prompts
-(`AdvisorLink.send`). With `hybrid.learning` on, each update's outcomes go to the sidecar, a LoRA round starts every
+"""The advisor's part of a training update (docs/design.md, "One training update, as data flows"; the update itself is
+agents.training.update's): before the update's program, a query step (`AdvisorLink.query_step`) collects the answers
+that came since the last update into the advice table and picks the keys the envs will read in the next update;
+while the program runs, the host renders and submits the picked keys' prompts (`AdvisorLink.send`). With `hybrid.learning` on, each update's outcomes go to the sidecar, a LoRA round starts every
 M updates, and each finished round is a new advisor version whose answers replace the older ones by demand."""
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -30,11 +28,12 @@ FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: a CPU a
 
 
 class QueryLoop:
-    """Runs hybrid updates: a query step, then the rollout and PPO's learning step as one program. With
-    `hybrid.learning` on, it also sends each update's outcomes to the sidecar and starts a LoRA round every M
-    updates (the sidecar learns between answering batches, so the rollout does not wait for it)."""
+    """The advisor plugged into a training update (agents.training.update.Update): a query step before the rollout
+    and learning program, the prompts sent while it runs, the figures after. With `hybrid.learning` on, it also
+    sends each update's outcomes to the sidecar and starts a LoRA round every M updates (the sidecar learns between
+    answering batches, so the rollout does not wait for it)."""
 
-    def __init__(self, cfg, ppo, market, run_dir: Path | None, client: SidecarClient | None = None,
+    def __init__(self, cfg, market, run_dir: Path | None, client: SidecarClient | None = None,
                  adapter: str | None = None):
         self.num_steps, self.interval = cfg.ppo.num_steps, cfg.hybrid.query.interval
         self.learning = cfg.hybrid.learning if cfg.hybrid.learning.enabled else None
@@ -44,16 +43,9 @@ class QueryLoop:
         self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir if is_writer() else None, client,
                                 learn=self.learning is not None, adapter=adapter, shared=jax.process_count() > 1,
                                 ahead=update_ahead(self.num_steps, self.interval))
-
-        def rollout_and_learn(rs):
-            rs, traj = ppo.rollout_chunk(rs, self.num_steps)
-            stats = jax.tree.map(jnp.sum, traj.extras.stats)  # how the advice was used, summed over the rollout
-            rs, metrics = ppo.learn(rs, traj)
-            return rs, metrics, stats
-
-        self._update = jax.jit(rollout_and_learn)
         self.rounds_seen = 0
         self.synced = False  # the run's advice table holds the store's answers (after the first query step)
+        self.sent = 0  # outcomes sent during the update
 
     @property
     def client(self) -> AdvisorPool:
@@ -62,25 +54,29 @@ class QueryLoop:
     def close(self) -> None:
         self.link.close()
 
-    def update(self, rs):
-        """One PPO update: a query step, then the rollout and learning (one program, while the prompts go out)."""
+    def before(self, rs):
+        """The query step before an update's program: the answers that came in, the keys to ask next."""
         self.link.reset_counters()
         if not self.synced:
             rs, self.synced = self.link.sync(rs), True
-        rs = self.link.query_step(rs)
-        rs, metrics, stats = self._update(rs)
-        self.link.send()  # renders and submits while the device runs the update
-        sent = self._send_outcomes() if self.learning else 0
-        metrics, stats = jax.device_get((metrics, stats))
-        metrics = dict(metrics)
-        metrics["llm_query_rate"] = self.link.n_prompts / max(float(stats["decisions"]), 1.0)
-        metrics.update(advice_metrics(stats))
+        return self.link.query_step(rs)
+
+    def during(self) -> None:
+        """While the device runs the update: the picked keys' prompts rendered and submitted, outcomes sent."""
+        self.link.send()
+        self.sent = self._send_outcomes() if self.learning else 0
+
+    def after(self, rs, stats: dict) -> dict:
+        """The update's advice figures: how the advice was used (the rollout's sums), the record, the advisor's
+        counters and, with learning, the LoRA rounds'."""
+        out = {"llm_query_rate": self.link.n_prompts / max(float(stats["decisions"]), 1.0)}
+        out.update(advice_metrics(stats))
         if rs.hybrid.record is not None:  # the record as this update's rollout read it
-            metrics.update(record_metrics(rs.hybrid.record))
-        metrics.update(self._link_metrics())
+            out.update(record_metrics(rs.hybrid.record))
+        out.update(self._link_metrics())
         if self.learning:
-            metrics.update(self._learning_step(int(rs.update), sent))
-        return rs, metrics
+            out.update(self._learning_step(int(rs.update), self.sent))
+        return out
 
     def _link_metrics(self) -> dict:
         """The advisor's counters; with several processes, every process's combined: counts and rates summed, the

@@ -37,6 +37,7 @@ from agents.runs.storage import RunWriteError
 from agents.training.env_setup import EnvSetup, make_env_setup
 from agents.training.metrics import HealthMonitor, MetricsLogger
 from agents.training.transfer import frozen_steps, load_source, start_from
+from agents.training.update import Update
 from agents.training.validation import AgentEvaluator
 from bridge import SidecarError
 
@@ -215,24 +216,21 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
         if acting is not None:  # chunks with LLM query steps between them; compiled on first use
             # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
             resumed_adapter = checkpoint_adapter(cfg, run_dir, start) if resume else None
-            query_loop = QueryLoop(cfg, ppo, setup.market, run_dir, adapter=resumed_adapter)
-            update_fn, compile_s = query_loop.update, math.nan
-        elif start < end:  # a finished run resumed has nothing to compile
-            t0 = time.perf_counter()
-            update_fn = jax.jit(ppo.update, out_shardings=(shardings, None)).lower(state).compile()
-            compile_s = time.perf_counter() - t0
+            query_loop = QueryLoop(cfg, setup.market, run_dir, adapter=resumed_adapter)
+        update_fn = Update(ppo, cfg.ppo.num_steps, query_loop)
+        if query_loop is None and start < end:  # a finished run resumed has nothing to compile
+            update_fn.compile(state, shardings)
         for _ in range(start, end):
             if stop.set:
                 interrupted = True
                 break
             t_update = time.perf_counter()
             state, m = update_fn(state)
-            m = jax.device_get(m)
             dt = time.perf_counter() - t_update
             update = int(state.update)
             metrics = _record(m, update, cfg, dt, flops)
             if update == start + 1:
-                metrics["compile_s"] = compile_s
+                metrics["compile_s"] = update_fn.compile_s
             if update == cfg.num_updates and query_loop is not None:
                 # A round started at the last update would be lost; the final checkpoint's adapter includes it.
                 metrics.update(query_loop.finish_round())
