@@ -270,9 +270,42 @@ def tiny_learning_run(model: str) -> list[str]:
             "hybrid.latency=strict"]  # the keys asked at one update are answered at the next: a round starts at 2
 
 
-def test_a_run_whose_advisor_learns_saves_adapters_with_checkpoints_and_evaluation_restores_them(tiny_model, tmp_path):
+def test_a_run_whose_advisor_learns_saves_adapters_with_checkpoints_and_evaluation_restores_them(tiny_model, tmp_path,
+                                                                                                 monkeypatch):
+    """... and its stored answers are each the answer the advisor's version 0 gave (the store's identity names the
+    advisor as it started): an answer of a learned version, which the sidecar reports with it, is never stored."""
+    import sqlite3
+
+    from agents.advisor.link import AdvisorLink
+
+    collected = []  # (the link's store, keys, versions, probs) as each sidecar answered
+
+    collect = AdvisorLink._collect
+
+    def recording(self, wait, since_s=None):
+        rows = collect(self, wait, since_s)
+        ok = rows[3] == 0  # STATUS_OK
+        collected.append((self.store and self.store.dir, rows[0][ok], rows[4][ok], rows[1][ok]))
+        return rows
+
+    monkeypatch.setattr(AdvisorLink, "_collect", recording)
     run_dir = tmp_path / "run"
     train(load_config(None, tiny_learning_run(tiny_model)), run_dir)
+    # the store of the advisor as it started (the walks with a checkpoint's learned adapter have stores of their own)
+    [store] = [p.parent for p in (tmp_path / "advice_store").glob("*/answers.sqlite")
+               if json.loads(dict(sqlite3.connect(p).execute("SELECT name, value FROM meta"))["identity"])[
+                   "adapter"] == "none"]
+    first = {}
+    for where, keys, versions, probs in collected:
+        for k, v, p in zip(keys.tolist(), versions.tolist(), probs):
+            if where == store:
+                first.setdefault((k, v), p)
+    with sqlite3.connect(store / "answers.sqlite") as db:
+        stored = {k: np.frombuffer(p, np.float32) for k, p in db.execute("SELECT key, probs FROM answers")}
+    assert stored and all((k, 0) in first for k in stored)  # the store holds version 0's answers only
+    assert all(np.allclose(stored[k], first[(k, 0)]) for k in stored)
+    learned_only = {k for k, v in first if v > 0} - {k for k, v in first if v == 0}
+    assert not learned_only & set(stored)
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["update"] for m in logged] == [1, 2, 3]
     assert logged[0]["lora_outcomes_sent"] == 0  # nothing answered yet: the first update's keys come back at the next

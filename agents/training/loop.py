@@ -120,13 +120,7 @@ def train(
 
 def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int | None,
            env_setup: EnvSetup | None, from_intact: bool, started: list[bool], devices: str | None) -> TrainResult:
-    if resume:
-        if not (run_dir / RUN_CONFIG_FILE).exists():
-            raise FileNotFoundError(f"--resume: {run_dir / RUN_CONFIG_FILE} not found; is {run_dir} a run folder?")
-        cfg = load_config(run_dir / RUN_CONFIG_FILE, [f"devices={devices}"] if devices else None)
-    elif (run_dir / RUN_CONFIG_FILE).exists():
-        raise FileExistsError(f"{run_dir} already holds a run; use --resume {run_dir} or another --run-dir")
-    assert cfg is not None
+    cfg = _run_config(cfg, run_dir, resume, devices)
     mesh = make_mesh(cfg)  # num_envs must split over the devices: checked before anything is written
     barrier("jaxfutures-run-checked")  # every process has looked at the folder before process 0 writes to it
     print_banner(mesh, cfg)
@@ -141,37 +135,8 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
     ppo = make_train(cfg, setup.env, setup.params, acting, mesh, frozen_steps=frozen_steps(cfg))
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
 
-    init_key = jax.random.PRNGKey(cfg.seed)
-    shardings = state_shardings(jax.eval_shape(ppo.init, init_key), mesh, cfg.num_envs)
-    init = jax.jit(ppo.init, out_shardings=shardings)  # each process computes only its own envs' shards
-
-    def transferred(state: RunnerState, source) -> RunnerState:  # on whole arrays, then over the mesh again
-        return from_host(start_from(jax.tree.map(jax.numpy.asarray, to_host(state)), source, cfg), shardings)
-
-    best_score: float | None = None
-    if resume and ckpt.latest_step() is None and not ckpt.root.joinpath("damaged").exists():
-        # It stopped before its first checkpoint (e.g. the disk was full): the run starts over, as it began.
-        print(f"note: {run_dir} has no checkpoint yet; starting it again from update 0", file=sys.stderr)
-        state = init(init_key)
-        if cfg.transfer.init_from:
-            state = transferred(state, load_source(cfg, setup.env, setup.params))
-    elif resume:
-        try:
-            # Process 0 first (it sets damaged or unfinished checkpoints aside), then the others read what is left.
-            for turn in (True, False):
-                if writer == turn:
-                    state, host = ckpt.restore(jax.eval_shape(ppo.init, init_key), from_intact=from_intact)
-                barrier(f"jaxfutures-restored-{turn}")
-        except BaseException:
-            ckpt.close()
-            raise
-        state = from_host(state, shardings)  # checkpoints hold whole arrays: laid out for this run's devices
-        best_score = host.get("best_score")
-        print(f"resumed {run_dir} at update {int(state.update)} / {cfg.num_updates}", file=sys.stderr)
-    else:
-        state = init(init_key)
-        if source is not None:
-            state = transferred(state, source)
+    shardings = state_shardings(jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed)), mesh, cfg.num_envs)
+    state, best_score = _starting_state(cfg, ppo, setup, ckpt, shardings, run_dir, resume, from_intact, source)
     start = int(state.update)
 
     flops = update_flops_per_step(cfg.network, ppo.obs_dim, ppo.num_actions, cfg.ppo.update_epochs)
@@ -297,6 +262,53 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
         print(f"interrupted at update {update}; checkpoint saved. Continue with: --resume {run_dir}", file=sys.stderr)
     return TrainResult(run_dir, update, interrupted, state, metrics, best_score, setup,
                        stop.signum if interrupted else None)
+
+
+def _run_config(cfg: TrainConfig | None, run_dir: Path, resume: bool, devices: str | None) -> TrainConfig:
+    """The run's config: a resumed run's from its folder (with `devices` replaced), a new run's as given, into a
+    folder that holds no run yet."""
+    if resume:
+        if not (run_dir / RUN_CONFIG_FILE).exists():
+            raise FileNotFoundError(f"--resume: {run_dir / RUN_CONFIG_FILE} not found; is {run_dir} a run folder?")
+        return load_config(run_dir / RUN_CONFIG_FILE, [f"devices={devices}"] if devices else None)
+    if (run_dir / RUN_CONFIG_FILE).exists():
+        raise FileExistsError(f"{run_dir} already holds a run; use --resume {run_dir} or another --run-dir")
+    assert cfg is not None
+    return cfg
+
+
+def _starting_state(cfg: TrainConfig, ppo, setup: EnvSetup, ckpt: RunCheckpoints, shardings, run_dir: Path,
+                    resume: bool, from_intact: bool, source) -> tuple[RunnerState, float | None]:
+    """(the state the run starts from, its best validation score so far): a resumed run's latest checkpoint (the
+    newest intact one with `from_intact`), or a fresh init, its networks copied from `source` (--init-from)."""
+    init_key = jax.random.PRNGKey(cfg.seed)
+    init = jax.jit(ppo.init, out_shardings=shardings)  # each process computes only its own envs' shards
+
+    def transferred(state: RunnerState, source) -> RunnerState:  # on whole arrays, then over the mesh again
+        return from_host(start_from(jax.tree.map(jax.numpy.asarray, to_host(state)), source, cfg), shardings)
+
+    if resume and ckpt.latest_step() is None and not ckpt.root.joinpath("damaged").exists():
+        # It stopped before its first checkpoint (e.g. the disk was full): the run starts over, as it began.
+        print(f"note: {run_dir} has no checkpoint yet; starting it again from update 0", file=sys.stderr)
+        state = init(init_key)
+        if cfg.transfer.init_from:
+            state = transferred(state, load_source(cfg, setup.env, setup.params))
+        return state, None
+    if resume:
+        try:
+            # Process 0 first (it sets damaged or unfinished checkpoints aside), then the others read what is left.
+            for turn in (True, False):
+                if is_writer() == turn:
+                    state, host = ckpt.restore(jax.eval_shape(ppo.init, init_key), from_intact=from_intact)
+                barrier(f"jaxfutures-restored-{turn}")
+        except BaseException:
+            ckpt.close()
+            raise
+        state = from_host(state, shardings)  # checkpoints hold whole arrays: laid out for this run's devices
+        print(f"resumed {run_dir} at update {int(state.update)} / {cfg.num_updates}", file=sys.stderr)
+        return state, host.get("best_score")
+    state = init(init_key)
+    return (transferred(state, source) if source is not None else state), None
 
 
 def _record(m: dict, update: int, cfg: TrainConfig, dt: float, flops: int) -> dict:
