@@ -247,6 +247,11 @@ def test_a_checkpoint_of_per_env_advice_is_refused_with_what_still_works():
     assert "--init-from" in str(refused.value) and "evaluate.py" in str(refused.value)
     with pytest.raises(CheckpointMismatch, match="was llm / hybrid.\\* changed"):  # any other advice shape: the config
         check_shapes({"hybrid": {"advice": {"probs": np.zeros((8, 6))}}}, wanted, "latest/4 of runs/old")
+    # a record of every env's calls (before the record counted one call per key): refused the same way
+    old_record = {"hybrid": {"record": {"calls": {"weight": np.zeros(()), "total": np.zeros(())}, "side": np.zeros(8)}}}
+    new_record = {"hybrid": {"record": {"tally": {"calls": jax.ShapeDtypeStruct((), np.float32)}}}}
+    with pytest.raises(CheckpointMismatch, match="saved before the advice record counted one call per key"):
+        check_shapes(old_record, new_record, "latest/4 of runs/old")
 
 
 def test_a_run_from_before_manifests_restores_unverified_with_a_note(stopped_run, tmp_path, capsys):

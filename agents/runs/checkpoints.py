@@ -331,6 +331,14 @@ _SHAPE_KEYS = (("params/params/actor", "network.actor_hidden or the observation 
                ("hybrid", "llm / hybrid.*"), ("", "num_envs"))
 
 
+# Layouts of earlier versions of the training state that no config builds now: (an array only they hold, the change)
+LEGACY_LAYOUTS = (
+    ("hybrid/advice/age", "advice was keyed by market context (its per-env advice cannot become the advice table)"),
+    ("hybrid/record/calls/weight", "the advice record counted one call per key (its tally of every env's calls "
+                                   "cannot become one of keys)"),
+)
+
+
 def check_shapes(stored: Any, abstract_state: Any, label: str) -> None:
     """Raises CheckpointMismatch naming the first array whose shape (or presence) differs between the checkpoint
     and the state the config builds, and the config keys that decide it."""
@@ -345,11 +353,11 @@ def check_shapes(stored: Any, abstract_state: Any, label: str) -> None:
             problems.append((path, f"{path} is not in the checkpoint"))
         elif have[path] != want[path]:
             problems.append((path, f"{path} has shape {have[path]} in the checkpoint, {want[path]} with the config"))
-    if "hybrid/advice/age" in have and "hybrid/advice/age" not in want:  # per-env advice, kept in each env's state
-        raise CheckpointMismatch(f"checkpoint {label} was saved before advice was keyed by market context (its "
-                                 "per-env advice cannot become the advice table): it cannot be resumed; evaluate it "
-                                 "(scripts/evaluate.py --run-dir RUN_DIR) or start a new run from its networks "
-                                 "(scripts/train.py --init-from RUN_DIR)")
+    for path, change in LEGACY_LAYOUTS:
+        if path in have and path not in want:
+            raise CheckpointMismatch(f"checkpoint {label} was saved before {change}: it cannot be resumed; evaluate it "
+                                     "(scripts/evaluate.py --run-dir RUN_DIR) or start a new run from its networks "
+                                     "(scripts/train.py --init-from RUN_DIR)")
     if problems:
         path, first = problems[0]
         key = next(k for prefix, k in _SHAPE_KEYS if path.startswith(prefix))

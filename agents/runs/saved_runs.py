@@ -97,6 +97,10 @@ def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | 
     obs_norm = RunningMeanStd(**{k: jnp.asarray(v) for k, v in state["obs_norm"].items()})
     hybrid = state.get("hybrid")
     record = hybrid.get("record") if isinstance(hybrid, dict) else None
+    if isinstance(record, dict) and "tally" not in record:
+        print(f"note: {run_dir} checkpoint {kind}/{step} holds an advice record of every env's calls, from before the "
+              "record counted one call per key: its walks start from an empty record", file=sys.stderr)
+        record = None
     return SavedPolicy(run_dir, cfg, kind, step, state["params"], obs_norm, record)
 
 
