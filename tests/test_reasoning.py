@@ -223,6 +223,8 @@ def test_a_thought_cut_by_the_time_budget_is_scored_on_what_it_has(tiny_model, c
 def test_unreadable_thoughts_still_answer_through_the_sidecar_and_their_reason_reaches_llm_log(tmp_path):
     """A mock whose every text is garbage: rows marked `think` still come back ok (the scored decision) with the
     thought as their reason, and the trainer's llm_log.jsonl records that reason; the other rows stay parse errors."""
+    from types import SimpleNamespace
+
     from agents.advisor.link import AdvisorLink
     from agents.config import load_config
     from bridge import BridgeConfig, SidecarClient
@@ -238,6 +240,7 @@ def test_unreadable_thoughts_still_answer_through_the_sidecar_and_their_reason_r
     link = AdvisorLink.__new__(AdvisorLink)  # only the logging: no market, no sidecar of its own
     link.h = load_config(None, ["llm=mock", "hybrid.log_llm=8"]).hybrid
     link.logged, link.interval = 0, 5
+    link.fields = SimpleNamespace(rendered_bar=lambda keys: np.asarray(keys) // 3 * 5 + 4)  # a key's block's last bar
     with open(tmp_path / "llm_log.jsonl", "a") as link.llm_log:
         link._log_llm(prompts, answers)
     logged = [json.loads(line) for line in (tmp_path / "llm_log.jsonl").read_text().splitlines()]

@@ -31,8 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.advice.table import SIDES, WALK_AHEAD, answered, block_last_bar, key_block, key_side, num_blocks, \
-    query_program
+from agents.advice.table import SIDES, WALK_AHEAD, answered, key_side, num_blocks, query_program
 from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder
 from agents.advisor.sidecar import learning_options, start_advisor
 from agents.advisor.store import AdviceStore, Answers, identity, open_store, prompt_format_digest, store_root
@@ -351,11 +350,12 @@ class AdvisorLink:
         n = min(len(answers), self.h.log_llm - self.logged)
         if np.asarray(prompts).dtype.kind == "f":  # prompt-field rows (the mock reading them): the prompts they stand for
             prompts = self.renderer.render(prompts[:n], self.texts)
+        bars = self.fields.rendered_bar(answers.env_ids[:n])  # the bar each prompt was rendered from
         for i in range(n):
             key = int(answers.env_ids[i])
             self.llm_log.write(json.dumps({
                 "key": key,
-                "bar": int(block_last_bar(key_block(key), self.interval, self.market.num_bars)),
+                "bar": int(bars[i]),
                 "side": int(key_side(key)),
                 "prompt": text(prompts[i]),
                 "answer": text(answers.reasons[i]) if answers.reasons is not None else None,
