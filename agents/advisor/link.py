@@ -199,14 +199,8 @@ class AdvisorLink:
             raise ValueError(f"advice table of {table.num_keys} keys for a market of {self.num_keys}")
         if self.store is not None:  # what other holders added since: this run's other links, other processes
             self.store.refresh()
-            new = self.store.answers.filled() & ~self.known.filled()
-            s = self.store.answers
-            self.known.put(np.flatnonzero(new), s.probs[new], s.confidence[new], s.status[new], 0)
-        device = to_host(table) if self.processes > 1 else jax.device_get(table)
-        have = np.asarray(answered(device.status))
-        take = have & ~self.known.filled()
-        keys = np.flatnonzero(take)
-        self.known.put(keys, device.probs[take], device.confidence[take], device.status[take], device.version[take])
+            self.known.take_missing(self.store.answers)
+        self.known.take_missing(to_host(table) if self.processes > 1 else jax.device_get(table))
         k = self.known
         table = table.replace(probs=jnp.asarray(k.probs), confidence=jnp.asarray(k.confidence),
                               status=jnp.asarray(k.status), version=jnp.asarray(k.version))

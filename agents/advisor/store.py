@@ -191,6 +191,13 @@ class Answers:
         self.put(answers.env_ids[got], answers.probs[got], answers.confidence[got], status[got], versions[got])
         return status
 
+    def take_missing(self, other) -> None:
+        """Puts the answers `other` has and this copy lacks (`other`: Answers, or a host copy of an AdviceTable,
+        whose fields are named alike), each under its version there."""
+        take = np.asarray(answered(other.status)) & ~self.filled()
+        self.put(np.flatnonzero(take), other.probs[take], other.confidence[take], other.status[take],
+                 other.version[take])
+
     def copy(self) -> Answers:
         return Answers(self.probs.copy(), self.confidence.copy(), self.status.copy(), self.version.copy())
 
