@@ -140,21 +140,28 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
     # ----------------------------------------------------------------------------------------- params
     def make_params(self, market: Market, split: str | tuple[int, int] = "train", sequential: bool = False) -> EnvParams:
         """Market arrays and rules as device arrays; every split of a market gives the same shapes."""
-        cfg, rules, spec = self.config, self.config.prop_firm, market.contract
         start, end = market.split_range(split)
         if start < self.window - 1:
             raise ValueError(f"split starts at bar {start}, before one {self.window}-bar window exists")
-        can_enter, flatten = session_rules(market, rules)
+        can_enter, flatten = session_rules(market, self.config.prop_firm)
         bars = np.stack(
             [market.open, market.high, market.low, market.close, market.atr, can_enter, flatten, market.sessions.session_id],
             axis=1,
         ).astype(np.float32)
         max_steps = end - 1 - start if sequential else self.episode_steps(market)
+        return self.params_of(market.contract, bars, market.bar_features, market.context_features, start, end,
+                              sequential, max_steps)
+
+    def params_of(self, spec: ContractSpec, bars, bar_features, context_features, start: int, end: int,
+                  sequential: bool, max_steps: int) -> EnvParams:
+        """EnvParams of bar arrays (`bars`: the columns OPEN ... SESSION) traded as `spec` under this env's rules:
+        make_params' body, also used by agents.trading for bars that arrive one at a time."""
+        cfg, rules = self.config, self.config.prop_firm
         f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
         return EnvParams(
-            bars=jnp.asarray(bars),
-            bar_features=jnp.asarray(market.bar_features),
-            context_features=jnp.asarray(market.context_features),
+            bars=jnp.asarray(bars, jnp.float32),
+            bar_features=jnp.asarray(bar_features, jnp.float32),
+            context_features=jnp.asarray(context_features, jnp.float32),
             start_bar=jnp.asarray(start, jnp.int32),
             end_bar=jnp.asarray(end, jnp.int32),
             sequential=jnp.asarray(sequential),

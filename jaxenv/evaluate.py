@@ -41,20 +41,31 @@ def continue_after_breach(env: TradingEnv, next_state, terminated, key: jax.Arra
     return jax.tree.map(lambda f, s: jax.lax.select(terminated, f, s), fresh, next_state)
 
 
+def policy_step(env: TradingEnv, params: EnvParams, policy_fn: PolicyFn, policy_state: Any, state, key: jax.Array):
+    """One decision of a walk: the action of the account at bar state.t, from bars <= t only. A walk is this and
+    `advance_step`, bar after bar; `agents.trading` runs the same two on bars as they arrive."""
+    obs = env.get_obs(state, params)
+    mask = env.action_mask(state, params)
+    if policy_state is None:
+        return policy_fn(obs, mask, key)
+    return policy_fn(policy_state, obs, mask, key)
+
+
+def advance_step(env: TradingEnv, params: EnvParams, state, action, reset_key: jax.Array):
+    """The bar after a decision (t + 1): the order's fill, stops, targets and the drawdown rule. Returns the account
+    at t + 1 (a fresh one after a breach) and the trace's row for bar t."""
+    next_state, _, terminated, info = env.transition(state, action, params)
+    step = trace_step(state, action, next_state, terminated, info, params)
+    return continue_after_breach(env, next_state, terminated, reset_key, params), step
+
+
 @partial(jax.jit, static_argnames=("env", "policy_fn", "num_steps"))
 def _walk(env: TradingEnv, params: EnvParams, policy_fn: PolicyFn, policy_state: Any, key: jax.Array, num_steps: int):
     def body(carry, _):
         state, key = carry
         key, act_key, reset_key = jax.random.split(key, 3)
-        obs = env.get_obs(state, params)
-        mask = env.action_mask(state, params)
-        if policy_state is None:
-            action = policy_fn(obs, mask, act_key)
-        else:
-            action = policy_fn(policy_state, obs, mask, act_key)
-        next_state, reward, terminated, info = env.transition(state, action, params)
-        step = trace_step(state, action, next_state, terminated, info, params)
-        next_state = continue_after_breach(env, next_state, terminated, reset_key, params)
+        action = policy_step(env, params, policy_fn, policy_state, state, act_key)
+        next_state, step = advance_step(env, params, state, action, reset_key)
         return (next_state, key), step
 
     state = env.initial_state(key, params)

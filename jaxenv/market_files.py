@@ -9,7 +9,6 @@ import json
 import os
 from pathlib import Path
 
-import pandas as pd
 
 from jaxenv.contracts import get_contract
 from jaxenv.synthetic import generate_market
@@ -28,16 +27,31 @@ def _replace(path: Path, write) -> None:
     os.replace(partial, path)
 
 
-def write_market(out: Path, preset: str, contract: str, days: int, seed: int) -> tuple[Path, Path | None]:
+def write_market(out: Path, preset: str, contract: str, days: int, seed: int, split: str | None = None
+                 ) -> tuple[Path, Path | None]:
     """Writes the market into folder `out`; returns (the bars file, the news file or None). market.json is written
-    last: a folder with it holds a whole market."""
+    last: a folder with it holds a whole market. `split` (train, val or test): only that split's bars, after the
+    history a file needs before its first decision (jaxenv.Market.first_decision_bar), so that evaluating or trading
+    the file decides on every bar of the split; no market.json then."""
     bars, news = generate_market(preset, get_contract(contract), days, seed)
+    if split is not None:
+        from jaxenv.config import DataConfig
+        from jaxenv.market import load_market
+
+        market = load_market(DataConfig(source=f"synthetic:{preset}", contract=contract, synthetic_days=days,
+                                        synthetic_seed=seed))
+        if split not in market.splits:
+            raise ValueError(f"split {split!r}: use one of {', '.join(market.splits)}")
+        start, end = market.splits[split]
+        bars = bars.iloc[max(start - market.first_decision_bar, 0) : end]
     out.mkdir(parents=True, exist_ok=True)
     _replace(out / BARS_FILE, lambda p: bars.to_csv(p, index=True))
     news_path = None
     if news is not None:
         news_path = out / NEWS_FILE
         _replace(news_path, lambda p: news[["timestamp", "headline"]].to_csv(p, index=False))
+    if split is not None:
+        return out / BARS_FILE, news_path
     spec = {"preset": preset, "contract": contract, "days": days, "seed": seed}
     _replace(out / MARKET_FILE, lambda p: p.write_text(json.dumps(spec, indent=1)))
     return out / BARS_FILE, news_path

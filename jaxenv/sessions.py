@@ -163,6 +163,11 @@ def outside_sessions(index: pd.DatetimeIndex, spec: ContractSpec, interval: int)
     return ~inside, schedule
 
 
+def outside_schedule(index: pd.DatetimeIndex, spec: ContractSpec, schedule: Schedule) -> np.ndarray:
+    """Bars outside `schedule`'s sessions (in the break, or on a weekend)."""
+    return ~_labels(index, spec, schedule)[1]
+
+
 @dataclass
 class ZoneFit:
     """Naive stamps read as wall-clock times in `zone`, placed on an instrument's calendar."""
@@ -204,9 +209,11 @@ def zone_fits(wall: pd.DatetimeIndex, spec: ContractSpec, interval: int, zones: 
     return sorted(fits, key=lambda fit: fit.rank)
 
 
-def session_info(index: pd.DatetimeIndex, spec: ContractSpec, interval: int) -> SessionInfo:
-    """Sessions of bars stamped in exchange time (`index`, tz-aware, every bar inside a session)."""
-    schedule = choose_schedule(index, spec, interval)
+def session_info(index: pd.DatetimeIndex, spec: ContractSpec, interval: int,
+                 schedule: Schedule | None = None) -> SessionInfo:
+    """Sessions of bars stamped in exchange time (`index`, tz-aware, every bar inside a session), on `schedule`
+    (default: choose_schedule's for these bars)."""
+    schedule = schedule or choose_schedule(index, spec, interval)
     day, inside = _labels(index, spec, schedule)
     assert inside.all(), "session_info needs every bar inside a session (see outside_sessions)"
     minute, _ = _local(index)

@@ -5,6 +5,7 @@ row per story: the open stamp of the bar it arrives on, with its offset, and the
 `--data synthetic:PRESET`.
 
     python scripts/write_market.py --preset headlines --days 60 --seed 0 --out results/markets/headlines
+    python scripts/write_market.py --preset default --split test --out results/markets/default-test   # to trade
 """
 
 from agents.devices.gpus import leave_gpu_memory_to_advisor
@@ -26,6 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--days", type=int, default=120, help="trading days (sessions of 390 minute bars) to write")
     ap.add_argument("--seed", type=int, default=0, help="the seed the market is drawn with (data.synthetic_seed)")
     ap.add_argument("--contract", default="NQ", help="the built-in instrument whose tick and zone the bars use")
+    ap.add_argument("--split", choices=["train", "val", "test"],
+                    help="only this split's bars, after the history the first decision needs (for trade.py, evaluate.py)")
     ap.add_argument("--out", required=True, metavar="DIR", help="the folder to write bars.csv (and news.csv) to")
     return ap.parse_args(argv)
 
@@ -36,10 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown synthetic preset {args.preset!r}; choose one of {', '.join(PRESETS)}", file=sys.stderr)
         return 2
     try:
-        bars, news = write_market(Path(args.out), args.preset, args.contract, args.days, args.seed)
+        bars, news = write_market(Path(args.out), args.preset, args.contract, args.days, args.seed, args.split)
     except (InstrumentError, ValueError) as error:  # an unknown instrument, too few days
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.split:
+        print(f"wrote {bars}: the {args.split} split of --data synthetic:{args.preset} (data.synthetic_days={args.days}, "
+              f"data.synthetic_seed={args.seed}) after its history. Trade a run on it:\n  python scripts/trade.py "
+              f"--run-dir RUN --data {bars}")
+        return 0
     command = f"python scripts/train.py --data {bars} --set data.contract={args.contract.upper()}"
     if news is not None:
         command += f" --set data.news={news} " + " ".join(f"--set {k}={v}" for k, v in NEWS_SETTINGS.items())

@@ -33,9 +33,17 @@ class NumericMock:
         self.answers = answers
         self.renderer = renderer
         self.texts = texts
-        self.sentiment = np.array([mock_rules.sentiment(t) for t in texts or []] + [0], np.int64)  # [-1]: none
+        self._sentiment = np.zeros(1, np.int64)  # per text, then [-1]: none
         self._pending: deque[Answers] = deque()
         self._next_seq = 1
+
+    @property
+    def sentiment(self) -> np.ndarray:
+        """Each text's sentiment, [-1] for none; `texts` may grow (agents.trading's feed adds headlines)."""
+        texts = self.texts or []
+        if len(self._sentiment) != len(texts) + 1:
+            self._sentiment = np.array([mock_rules.sentiment(t) for t in texts] + [0], np.int64)
+        return self._sentiment
 
     @property
     def pending(self) -> int:

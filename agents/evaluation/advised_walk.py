@@ -203,36 +203,58 @@ class AdvisedWalker:
         return out
 
 
+@struct.dataclass
+class Choice:
+    """One decision of an advised walk (`advised_decision`), before the bar after it is known."""
+
+    action: jax.Array  # [1] executed
+    hybrid: HybridCarry  # the carry after acting (veto, trust, advised trade)
+    columns: dict  # the trace's advice columns for this bar
+    key: jax.Array  # the walk's key after this step
+    reset_key: jax.Array  # a fresh account's, should the next bar breach this one
+
+
+def advised_decision(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool, carry: WalkCarry, params,
+                     obs_norm, env_params) -> Choice:
+    """The account's action at its bar (bars <= t only): policy, advice in force, masks, entry rules, fusion. A walk
+    is this and `advised_advance`, bar after bar; `agents.trading` runs the same two on bars as they arrive."""
+    key, k_act, k_reset = jax.random.split(carry.key, 3)
+    state = carry.env_state
+    obs = jax.vmap(env.get_obs, in_axes=(0, None))(state, env_params).astype(jnp.float32)
+    mask = jax.vmap(env.action_mask, in_axes=(0, None))(state, env_params)
+    net_in = obs_norm.normalize(obs) if normalize_obs else obs
+    logits = network.apply(params, net_in, method=ActorCritic.logits)
+    advice = view(carry.hybrid.advice, acting.query, state.t, state.side)
+    action, _, _, _, extras, hybrid = acting.act(network, params, carry.hybrid, logits, mask, obs, state, env_params,
+                                                 k_act)
+    columns = {
+        "advice_action": jnp.argmax(advice.probs[0]).astype(jnp.int32),
+        "advice_confidence": advice.confidence[0],
+        "advice_valid": advice.valid[0],
+        "advice_key": jnp.where(advice.valid[0], advice.key[0], -1),
+        **{STAT_PREFIX + k: v for k, v in extras.stats.items()},  # one decision's sums: advice_metrics' input
+    }
+    return Choice(action=action, hybrid=hybrid, columns=columns, key=key, reset_key=k_reset)
+
+
+def advised_advance(env, carry: WalkCarry, choice: Choice, env_params) -> tuple[WalkCarry, dict]:
+    """The bar after `choice` (t + 1): fill, stops, targets, drawdown; a breached account is replaced. Returns the
+    walk at t + 1 and the trace's row for bar t."""
+    state = carry.env_state
+    next_state, _, terminated, info = jax.vmap(env.transition, in_axes=(0, 0, None))(state, choice.action, env_params)
+    step = jax.tree.map(lambda x: x[0], jax.vmap(trace_step, in_axes=(0, 0, 0, 0, 0, None))(
+        state, choice.action, next_state, terminated, info, env_params))
+    step.update(choice.columns)
+    next_state = jax.vmap(continue_after_breach, in_axes=(None, 0, 0, 0, None))(
+        env, next_state, terminated, choice.reset_key[None], env_params)
+    return WalkCarry(env_state=next_state, hybrid=choice.hybrid, key=choice.key), step
+
+
 def _chunk(env, acting: HybridActing, network: ActorCritic, normalize_obs: bool, carry: WalkCarry, params, obs_norm,
            env_params, *, k: int):
-    v_obs = jax.vmap(env.get_obs, in_axes=(0, None))
-    v_mask = jax.vmap(env.action_mask, in_axes=(0, None))
-    v_transition = jax.vmap(env.transition, in_axes=(0, 0, None))
-
     def body(carry: WalkCarry, _):
-        key, k_act, k_reset = jax.random.split(carry.key, 3)
-        state = carry.env_state
-        obs = v_obs(state, env_params).astype(jnp.float32)
-        mask = v_mask(state, env_params)
-        net_in = obs_norm.normalize(obs) if normalize_obs else obs
-        logits = network.apply(params, net_in, method=ActorCritic.logits)
-        advice = view(carry.hybrid.advice, acting.query, state.t, state.side)
-        action, _, _, _, extras, hybrid = acting.act(
-            network, params, carry.hybrid, logits, mask, obs, state, env_params, k_act
-        )
-        next_state, _, terminated, info = v_transition(state, action, env_params)
-        step = jax.tree.map(lambda x: x[0], jax.vmap(trace_step, in_axes=(0, 0, 0, 0, 0, None))(
-            state, action, next_state, terminated, info, env_params))
-        step.update({
-            "advice_action": jnp.argmax(advice.probs[0]).astype(jnp.int32),
-            "advice_confidence": advice.confidence[0],
-            "advice_valid": advice.valid[0],
-            "advice_key": jnp.where(advice.valid[0], advice.key[0], -1),
-            **{STAT_PREFIX + k: v for k, v in extras.stats.items()},  # one decision's sums: advice_metrics' input
-        })
-        next_state = jax.vmap(continue_after_breach, in_axes=(None, 0, 0, 0, None))(
-            env, next_state, terminated, k_reset[None], env_params)
-        return WalkCarry(env_state=next_state, hybrid=hybrid, key=key), step
+        choice = advised_decision(env, acting, network, normalize_obs, carry, params, obs_norm, env_params)
+        return advised_advance(env, carry, choice, env_params)
 
     # a query step came before the chunk: the advice's record counts the calls settled by the account's bar
     carry = carry.replace(hybrid=acting.look(carry.hybrid, carry.env_state, env_params))

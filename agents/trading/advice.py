@@ -1,0 +1,142 @@
+"""The run's advisor on bars as they arrive: a block's keys are asked as it closes, their answers are in force
+during the next block (agents.advice.table's contract), and answers the advice store already holds are read, not
+asked again.
+
+An answer about block b is due at the close of bar (b + 1)·k, one bar after its block's last bar: it is on time when
+it arrived within one bar interval of being asked (a store's answer always is). `advice_on_time` is the share of the
+keys read by a decision whose answer was on time.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from agents.advice.table import answered
+from agents.advisor.adapters import starting_adapter
+from agents.advisor.link import prompt_template
+from agents.advisor.prompt_fields import PromptFieldBuilder
+from agents.advisor.sidecar import start_advisor
+from agents.trading.bars import BarBook
+from bridge.protocol import NUM_ACTIONS
+
+ROWS = 16  # answers written into the table per bar, padded: one compiled write
+
+
+class LiveAdvisor:
+    """Asks the advisor about keys of a growing feed and hands their answers to the acting step."""
+
+    def __init__(self, cfg, book: BarBook, log_stem: Path | None = None, store=None):
+        """`store`: an agents.advisor.store.AdviceStore whose keys are this feed's (a replay of the file it was
+        filled on); its answers are read and the new ones added."""
+        self.cfg, self.book, self.store = cfg, book, store
+        self.renderer, _ = prompt_template(cfg)
+        self.client = start_advisor(cfg, self.renderer, book.text_table, ROWS, starting_adapter(cfg), log_stem)
+        self.asked: dict[int, float] = {}  # key -> perf_counter() when asked (pending)
+        self.latency: dict[int, float] = {}  # key -> seconds its answer took (0 from the store)
+        self.submitted: list[np.ndarray] = []  # keys of each submission, oldest first
+        self.ready: list[tuple] = []  # collected rows not yet written into the table
+        self.read: set[int] = set()  # keys a decision has read (for advice_on_time)
+        self.on_time = 0
+        self.prompts = 0
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.save()
+        self.client.close()
+
+    @property
+    def interval_s(self) -> float:
+        return 60.0 * self.book.interval
+
+    def _market(self) -> SimpleNamespace:
+        """What PromptFieldBuilder reads of a market, for the bars so far."""
+        b, n = self.book, self.book.n
+        return SimpleNamespace(
+            num_bars=n, session_minutes=b.schedule.minutes, interval_minutes=b.interval, splits={"all": (0, n)},
+            contract=b.contract, close=b.column("close"), indicators={k: v[:n] for k, v in b.indicators.items()},
+            sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
+
+    def ask(self, keys: list[int]) -> None:
+        """Asks about the keys not answered or asked yet; the store's answers are taken at once."""
+        keys = [k for k in keys if k >= 0 and k not in self.latency and k not in self.asked]
+        if self.store is not None and keys:
+            have = self.store.answers
+            stored = [k for k in keys if k < have.num_keys and bool(answered(have.status[k]))]
+            if stored:
+                ids = np.array(stored)
+                self.ready.append((ids, have.probs[ids], have.confidence[ids], have.status[ids],
+                                   np.zeros(len(ids), np.int32)))
+                self.latency.update({k: 0.0 for k in stored})
+                keys = [k for k in keys if k not in self.latency]
+        if not keys:
+            return
+        ids = np.array(keys, np.int64)
+        rows = PromptFieldBuilder(self._market(), list(self.renderer.markets), self.cfg.env.contracts_per_trade,
+                                  self.cfg.hybrid.query.interval).build(ids)
+        prompts = rows if getattr(self.client, "reads_fields", False) else self.renderer.render(rows, self.book.text_table)
+        self.client.submit(ids, prompts)
+        self.submitted.append(ids)
+        now = time.perf_counter()
+        self.asked.update({k: now for k in keys})
+        self.prompts += len(keys)
+
+    def _collect(self, wait: bool) -> None:
+        while self.submitted and (wait or self.client.oldest_done):
+            answers = self.client.collect(timeout_s=self.cfg.hybrid.strict_timeout_s if wait else 0.0)
+            keys = self.submitted.pop(0)
+            now = time.perf_counter()
+            if not len(answers):  # no answers (a dead worker, a timeout): asked again when next needed
+                for k in keys.tolist():
+                    self.asked.pop(k, None)
+                continue
+            status = answers.status.astype(np.int32)
+            got = np.asarray(answered(status))
+            ids = answers.env_ids.astype(np.int64)
+            for k in ids[got].tolist():
+                self.latency[k] = now - self.asked.pop(k, now)
+            for k in ids[~got].tolist():
+                self.asked.pop(k, None)
+            versions = np.zeros(len(ids), np.int32) if answers.version is None else answers.version
+            self.ready.append((ids[got], answers.probs[got], answers.confidence[got], status[got], versions[got]))
+            if self.store is not None:
+                own = versions[got] == 0
+                self.store.keep(ids[got][own], answers.probs[got][own], answers.confidence[got][own],
+                                status[got][own])
+
+    def answers(self, need: list[int], read: int | None, wait: bool) -> list[tuple]:
+        """The rows (AdviceTable.write's arguments, in chunks padded to ROWS) of every answer collected since the
+        last call. `need`: keys to have, asked now where they were not; `read`: the key the next decision reads;
+        `wait`: collect every pending answer, waiting for it (else: those back already)."""
+        self.ask(need)
+        self._collect(wait)
+        if read is not None and read not in self.read:
+            self.read.add(read)
+            self.on_time += int(self.latency.get(read, np.inf) <= self.interval_s)
+        if not self.ready:
+            return []
+        parts = list(zip(*self.ready))
+        self.ready = []
+        keys, probs, confidence, status, version = (np.concatenate(p) for p in parts)
+        rows = []
+        for start in range(0, max(len(keys), 1), ROWS):
+            take = slice(start, start + ROWS)
+            n = len(keys[take])
+            pad = ROWS - n
+            rows.append((np.concatenate([keys[take], np.zeros(pad)]).astype(np.int32),
+                         np.concatenate([probs[take], np.full((pad, NUM_ACTIONS), 1 / NUM_ACTIONS)]).astype(np.float32),
+                         np.concatenate([confidence[take], np.zeros(pad)]).astype(np.float32),
+                         np.concatenate([status[take], np.zeros(pad)]).astype(np.int32),
+                         np.concatenate([version[take], np.zeros(pad)]).astype(np.int32),
+                         np.arange(ROWS) < n))
+        return rows
+
+    def metrics(self) -> dict:
+        """`advice_on_time`, how many prompts were asked and their latency."""
+        lat = np.array([v for v in self.latency.values() if v > 0] or [0.0])
+        return {"advice_on_time": self.on_time / max(len(self.read), 1), "advice_keys_read": len(self.read),
+                "llm_prompts": self.prompts, "llm_latency_p50_s": float(np.percentile(lat, 50)),
+                "llm_latency_p99_s": float(np.percentile(lat, 99))}

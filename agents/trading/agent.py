@@ -1,0 +1,324 @@
+"""A trained agent deciding on bars as they arrive: `Agent.load(run_dir)`, then `on_bar(bar)` for each new bar.
+
+    agent = Agent.load("runs/x", checkpoint="best")
+    for bar in feed:                      # agents.trading.Bar: stamp, OHLCV, its news context
+        decision = agent.on_bar(bar)      # None while the history warms up the features
+        if decision and decision.order:
+            broker.place(decision.order)
+
+A decision is taken at a bar's close from bars up to it only, and its order fills on the next bar, as in the
+environment. Acting is evaluation's, step for step: the same jitted functions (`jaxenv.evaluate.policy_step` and
+`advance_step` for a policy alone, `agents.evaluation.advised_walk.advised_decision` and `advised_advance` with an
+advisor) on the same arrays (agents.trading.bars: the batch pipeline's features, bar by bar), one account, greedy.
+On bar t + 1 the account first moves over it (fills, stops, targets, the trailing drawdown; a breached account is
+replaced by a fresh one, as in evaluation), then decides.
+
+With an advisor (a hybrid run), the keys of a block are asked as it closes (agents.trading.advice) and the answer
+about block b is in force during block b + 1, exactly as in training. `advice="wait"` waits for each answer before
+the decision that reads it (evaluation's strict walk; a replay's default); `advice="realtime"` never waits: an
+answer not back in time leaves the older block's in force (within max_age), then none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agents.advice.acting import make_acting
+from agents.advice.risk_veto import RULES
+from agents.advice.table import SIDES, STATUS_ASKED, STATUS_NONE, AdviceTable, key_of, num_blocks
+from agents.advice.usage import STAT_PREFIX
+from agents.config import ConfigError
+from agents.evaluation.advised_walk import WalkCarry, advised_advance, advised_decision
+from agents.evaluation.policies import make_act
+from agents.rl.ppo import make_train
+from agents.runs.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
+from agents.trading.bars import FIRST_DECISION_BAR, Bar, BarBook
+from bridge.protocol import ACTIONS, BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, SELL
+from jaxenv import TradingEnv
+from jaxenv.config import resolve_data_config
+from jaxenv.env import ATR, SESSION, drawdown_room
+from jaxenv.evaluate import advance_step, policy_step
+
+OPEN_END = 2**30  # the bar the data ends at, for a live feed: never (a replay of a file knows its end)
+
+
+@dataclass
+class Order:
+    """What a decision asks of the broker. `id` is the decision's own ("<bar>-<action>"): a broker that sees an id
+    again ignores it, so a restart never places a second order for one decision."""
+
+    id: str
+    bar: int  # the decision bar; a market order fills at the next bar's open
+    kind: str  # "market" (an entry with its bracket) or "stop" (move the protective stop)
+    side: int  # +1 buy, -1 sell (for a stop move: the position's side)
+    quantity: float
+    stop_distance: float | None = None  # an entry's stop, in price units from its fill (the env's ATR rule)
+    target_distance: float | None = None
+    stop: float | None = None  # a stop move's new level; None while the stop trails the close
+    trailing: bool | None = None  # a stop move: trail the close from the next bar (True) or stop trailing (False)
+
+
+@dataclass
+class Decision:
+    bar: int  # the bar's index in the feed
+    time: str  # its stamp
+    action: str  # bridge.protocol.ACTIONS
+    order: Order | None
+    position: int  # the side held when deciding (-1, 0, +1)
+    equity: float  # at the bar's close
+    drawdown_left: float  # dollars above the trailing-drawdown threshold
+    advice: dict | None = None  # the advice in force: action, confidence, key; None without any
+    trust: float | None = None  # the trust gate's weight on the advice (learned fusion, advice in force)
+    veto: list[str] = field(default_factory=list)  # the risk veto's rules that held an action back
+    bound: bool | None = None  # the advice's record binds the account to it (bind_on=record)
+    latency_ms: float = 0.0  # from on_bar's call to the decision
+
+
+@jax.jit
+def _put_bar(params, i, bars_row, bar_features_row, context_row, next_session):
+    """Bar i's rows written into the env's arrays; rows after it carry the session the calendar says comes next."""
+    bars = params.bars.at[i].set(bars_row)
+    later = jnp.arange(bars.shape[0]) > i
+    bars = bars.at[:, SESSION].set(jnp.where(later, next_session, bars[:, SESSION]))
+    return params.replace(bars=bars, bar_features=params.bar_features.at[i].set(bar_features_row),
+                          context_features=params.context_features.at[i].set(context_row))
+
+
+class Agent:
+    """One account of a trained run on a feed of bars. Its state (`state`, `restore`) is everything a restart needs
+    besides the bars."""
+
+    def __init__(self, saved: SavedPolicy, *, advice: str = "wait", end: int = OPEN_END, advisor=None,
+                 min_range_ticks: float | None = None):
+        cfg = saved.cfg
+        if cfg.env_name != "trading":
+            raise ConfigError(f"{saved.run_dir}: this run trained on {cfg.env_name!r}, not the trading env")
+        if cfg.hybrid.shuffled and cfg.llm != "none":
+            raise ConfigError(f"{saved.run_dir}: its advisor is the shuffled control (hybrid.shuffled), which reads "
+                              "other blocks' markets; it does not trade")
+        if advice not in ("wait", "realtime"):
+            raise ValueError(f"advice={advice!r}: use wait or realtime")
+        self.cfg, self.saved, self.advice_mode = cfg, saved, advice
+        self.env = TradingEnv(cfg.env)
+        self.contract = resolve_data_config(cfg.data).contract  # the run's instrument
+        self.book = BarBook(self.contract, cfg.env.prop_firm,
+                            cfg.data.min_range_ticks if min_range_ticks is None else min_range_ticks)
+        self.end = end
+        self.hybrid = cfg.llm != "none"
+        self.acting = make_acting(cfg, self.env) if self.hybrid else None
+        if self.acting is not None:
+            self.acting = dataclasses.replace(self.acting, greedy=True)
+        self.params = self._env_params(self.book.capacity)
+        self.ppo = make_train(cfg, self.env, self.params, self.acting)
+        check_fits(saved, self.ppo.network, self.ppo.obs_dim, self.ppo.num_actions)
+        self.policy_state = (saved.params, saved.obs_norm)
+        self.k = cfg.hybrid.query.interval
+        self.advisor = advisor  # agents.trading.advice.LiveAdvisor (hybrid runs), attached by the caller
+        self.carry = None  # the account: WalkCarry (hybrid) or (EnvState, key)
+        self.choice = None  # the decision taken on the last bar, applied when the next one arrives
+        self.start = FIRST_DECISION_BAR
+        self.last_row: dict | None = None  # the trace's row of the bar before the last (its fills)
+        self._compile()
+
+    @classmethod
+    def load(cls, run_dir: str | Path, checkpoint: str = "best", **options) -> Agent:
+        """A run's `checkpoint` (best, latest or an update), restored to act as evaluation acts (greedy)."""
+        cfg = load_run_config(run_dir)
+        return cls(restore_policy(run_dir, checkpoint, cfg), **options)
+
+    # ---------------------------------------------------------------------------------------------- device
+    def _env_params(self, capacity: int):
+        bars, bar_f, context_f = self.book.env_rows(0, capacity)
+        return self.env.params_of(self.contract, bars, bar_f, context_f, self.start_bar, self.end, True,
+                                  max(self.end - 1 - self.start_bar, 1))
+
+    @property
+    def start_bar(self) -> int:
+        return FIRST_DECISION_BAR
+
+    def _compile(self) -> None:
+        env, network, normalize = self.env, self.ppo.network, self.cfg.ppo.normalize_obs
+        if self.hybrid:
+            self._decide = jax.jit(partial(advised_decision, env, self.acting, network, normalize))
+            self._advance = jax.jit(partial(advised_advance, env))
+            self._look = jax.jit(self.acting.look)
+            self._write = jax.jit(lambda table, *rows: table.write(*rows))
+        else:
+            act = make_act(self.ppo, deterministic=True)
+            self._decide = jax.jit(partial(policy_step, env, policy_fn=act))
+            self._advance = jax.jit(partial(advance_step, env))
+
+    def _grow(self) -> None:
+        """The env's arrays (and the advice table) at the book's new capacity: shapes change, so the jitted steps
+        compile again (a doubling: log2(bars) times in a feed)."""
+        self.params = self._env_params(self.book.capacity)
+        if self.hybrid and self.carry is not None:
+            old = self.carry.hybrid.advice
+            keys = num_blocks(self.book.capacity, self.k) * SIDES
+            grown = AdviceTable.create(keys)
+            grown = jax.tree.map(lambda g, o: g.at[: o.shape[0]].set(o) if g.ndim else o, grown, old)
+            self.carry = self.carry.replace(hybrid=self.carry.hybrid.replace(advice=grown))
+            if self.choice is not None:
+                self.choice = self.choice.replace(hybrid=self.choice.hybrid.replace(advice=grown))
+
+    def _put(self, i: int) -> None:
+        if self.params.bars.shape[0] != self.book.capacity:
+            self._grow()
+        bars, bar_f, context_f = self.book.env_rows(i, i + 1)
+        self.params = _put_bar(self.params, i, bars[0], bar_f[0], context_f[0],
+                               np.float32(self.book.next_session_id()))
+
+    # ------------------------------------------------------------------------------------------------ bars
+    def on_bar(self, bar: Bar) -> Decision | None:
+        """The decision at `bar`'s close (None while the feed is history: the first FIRST_DECISION_BAR bars). Raises
+        agents.trading.bars.BarRefused, adding nothing, for a bar that cannot follow the ones before."""
+        t0 = time.perf_counter()
+        warming = self.book.schedule is None
+        self.book.add(bar)
+        t = self.book.n - 1
+        if self.book.schedule is None:
+            return None
+        if warming:  # the history just completed: all of it goes to the device at once
+            self.params = self._env_params(self.book.capacity)
+            self.params = _put_bar(self.params, t, *(r[0] for r in self.book.env_rows(t, t + 1)),
+                                   np.float32(self.book.next_session_id()))
+            self._warm_up()
+            t0 = time.perf_counter()  # compiling is set-up, not the first decision's latency
+        else:
+            self._put(t)
+        if t < self.start_bar:
+            return None
+        if self.carry is None:
+            self._open_account()
+        else:
+            self._step_over(t)
+        if self.hybrid:
+            self._advise(t)
+        return self._decision(t, t0)
+
+    def _warm_up(self) -> None:
+        """Compiles the acting steps on a throwaway account, before the first decision."""
+        carry, choice = self.carry, self.choice
+        self._open_account()
+        if self.hybrid:
+            self.choice = self._decide(self.carry, *self.policy_state, self.params)
+            jax.block_until_ready(self._advance(self.carry, self.choice, self.params))
+            jax.block_until_ready(self._look(self.carry.hybrid, self.carry.env_state, self.params))
+        else:
+            state, key = self.carry
+            action = self._decide(self.params, policy_state=self.policy_state, state=state, key=key)
+            jax.block_until_ready(self._advance(self.params, state, jnp.asarray(action, jnp.int32), key))
+        self.carry, self.choice = carry, choice
+
+    def _open_account(self) -> None:
+        key = jax.random.PRNGKey(0)  # evaluation's seed 0: greedy acting leaves it unused
+        if self.hybrid:
+            k_init, key = jax.random.split(key)
+            state = jax.vmap(self.env.initial_state, in_axes=(0, None))(k_init[None], self.params)
+            hybrid = self.acting.carry_for_walk(self.params, self.saved.advice_record)
+            self.carry = WalkCarry(env_state=state, hybrid=hybrid, key=key)
+        else:
+            self.carry = (self.env.initial_state(key, self.params), key)
+
+    def _step_over(self, t: int) -> None:
+        """The account over bar t: the last decision's fill, stops and targets, the drawdown rule."""
+        if self.hybrid:
+            self.carry, row = self._advance(self.carry, self.choice, self.params)
+        else:
+            (state, key), (action, reset_key) = self.carry, self.choice
+            state, row = self._advance(self.params, state, action, reset_key)
+            self.carry = (state, key)
+        self.last_row = {k: np.asarray(v).item() for k, v in jax.device_get(row).items()}
+
+    def _advise(self, t: int) -> None:
+        """Answers into the table; at a query step (every k bars from the first decision, as a walk's chunks) the
+        record looks; the keys this bar's decision reads are asked where missing (and waited for, in wait mode)."""
+        carry = self.carry
+        side = int(np.asarray(carry.env_state.side)[0])
+        block = t // self.k
+        if self.advisor is not None:
+            read = key_of(block - 1, side) if block >= 1 else None
+            need = [key_of(block - 1, 0), read] if block >= 1 else []
+            for rows in self.advisor.answers(need, read, wait=self.advice_mode == "wait"):
+                table = self._write(carry.hybrid.advice, *rows)
+                carry = carry.replace(hybrid=carry.hybrid.replace(advice=table))
+        if (t - self.start) % self.k == 0:
+            carry = carry.replace(hybrid=self._look(carry.hybrid, carry.env_state, self.params))
+        self.carry = carry
+
+    def _decision(self, t: int, t0: float) -> Decision:
+        if self.hybrid:
+            self.choice = self._decide(self.carry, *self.policy_state, self.params)
+            action = int(np.asarray(self.choice.action)[0])
+            state = jax.tree.map(lambda x: x[0], self.carry.env_state)
+        else:
+            state, key = self.carry
+            key, act_key, reset_key = jax.random.split(key, 3)
+            action = int(self._decide(self.params, policy_state=self.policy_state, state=state, key=act_key))
+            self.carry, self.choice = (state, key), (jnp.asarray(action, jnp.int32), reset_key)
+        if self.hybrid and self.advisor is not None and (t + 1) % self.k == 0:  # block t // k closes: ask its keys
+            side = int(state.side)
+            after = {BUY: 1, SELL: -1}.get(action, side)
+            self.advisor.ask([key_of(t // self.k, s) for s in dict.fromkeys((0, side, after))])
+        return self._describe(t, t0, action, state)
+
+    # ----------------------------------------------------------------------------------------------- output
+    def _describe(self, t: int, t0: float, action: int, state) -> Decision:
+        book, env_cfg = self.book, self.cfg.env
+        side = int(state.side)
+        bar = self.book.env_rows(t, t + 1)[0][0]
+        order = None
+        qty = float(env_cfg.contracts_per_trade)
+        if action in (BUY, SELL):
+            order = Order(f"{t}-{ACTIONS[action]}", t, "market", 1 if action == BUY else -1, qty,
+                          stop_distance=float(env_cfg.stop_atr_mult * bar[ATR]),
+                          target_distance=float(env_cfg.target_atr_mult * bar[ATR]))
+        elif action == MOVE_TO_BE:
+            order = Order(f"{t}-{ACTIONS[action]}", t, "stop", side, qty, stop=float(state.entry_price))
+        elif action in (ENABLE_TRAIL, DISABLE_TRAIL):
+            order = Order(f"{t}-{ACTIONS[action]}", t, "stop", side, qty, trailing=action == ENABLE_TRAIL)
+        decision = Decision(
+            bar=t, time=str(book.stamp(t)), action=ACTIONS[action],
+            order=order, position=side, equity=float(state.equity),
+            drawdown_left=float(drawdown_room(state, self.params) * self.params.trailing_drawdown))
+        if self.hybrid:
+            c = jax.device_get(self.choice.columns)
+            if bool(c["advice_valid"]):
+                decision.advice = {"action": ACTIONS[int(c["advice_action"])],
+                                   "confidence": round(float(c["advice_confidence"]), 4), "key": int(c["advice_key"])}
+            if self.acting.gated and decision.advice is not None:
+                decision.trust = round(float(c[STAT_PREFIX + "trust"]), 4)
+            decision.veto = [r for r in RULES if float(c[f"{STAT_PREFIX}veto_fired_{r}"]) > 0]
+            record = self.choice.hybrid.record
+            decision.bound = None if record is None else bool(np.asarray(record.bound))
+        decision.latency_ms = round((time.perf_counter() - t0) * 1e3, 3)
+        return decision
+
+    # ------------------------------------------------------------------------------------------------ state
+    def state(self) -> dict[str, Any]:
+        """What a restart needs besides the bars: the account, the pending decision, the advice table and record."""
+        return {"carry": jax.device_get(self.carry), "choice": jax.device_get(self.choice)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """The account as `state` left it, on a book that holds the same bars (agents.trading.journal). Keys asked
+        but not answered are asked again."""
+        self.params = self._env_params(self.book.capacity)
+        carry, choice = state["carry"], state["choice"]
+        if self.hybrid:
+            def unasked(hybrid):
+                t = hybrid.advice
+                status = jnp.where(t.status == STATUS_ASKED, STATUS_NONE, t.status)
+                return hybrid.replace(advice=t.replace(status=status))
+            carry = carry.replace(hybrid=unasked(carry.hybrid))
+            choice = choice.replace(hybrid=unasked(choice.hybrid)) if choice is not None else None
+        self.carry = jax.tree.map(jnp.asarray, carry)
+        self.choice = jax.tree.map(jnp.asarray, choice) if choice is not None else None

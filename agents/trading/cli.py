@@ -1,0 +1,294 @@
+"""Trade a trained run on a bars file: a replay of every row, or `--follow` for rows appended as they arrive.
+
+    python scripts/trade.py --run-dir runs/x --data bars.csv                  # replay, paper broker
+    python scripts/trade.py --run-dir runs/x --data live.csv --follow         # wait for new rows (Ctrl-C stops)
+    python scripts/trade.py --run-dir runs/x --data bars.csv --out paper/x    # the same command again resumes
+
+Writes to --out (default RUN/trade/<file name>): decisions.jsonl, orders.csv, fills.csv, trace.csv and
+summary.json (docs/trading.md says what each column means). The state is saved after every bar; running the same
+command again resumes at the next row, without repeating or missing a decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+TRADE_DIR = "trade"  # RUN/trade/<file name>: the default --out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True, metavar="RUN", help="run folder made by scripts/train.py")
+    ap.add_argument("--data", required=True, metavar="FILE", help="the bars file (CSV or Parquet; --follow: CSV)")
+    ap.add_argument("--checkpoint", default="best", metavar="STEP|best|latest", help="which checkpoint (default best)")
+    ap.add_argument("--news", metavar="FILE", help="a news file (data.news's format): each bar's prompt shows the items "
+                    "published before its close, with the run's data.news_items and data.news_max_age")
+    ap.add_argument("--follow", action="store_true", help="after the file's rows, wait for rows appended to it")
+    ap.add_argument("--out", metavar="DIR", help="outputs and state (default RUN/trade/<file name>); an existing "
+                    "state there is resumed")
+    ap.add_argument("--advice", choices=["wait", "realtime"],
+                    help="hybrid runs: wait for each answer before the decision that reads it (evaluation's strict "
+                    "walk; the default for a replay), or never wait (the default with --follow): a late answer "
+                    "leaves the older block's advice in force")
+    ap.add_argument("--timezone", metavar="ZONE", help="the zone of naive stamps in the file (default: the run's "
+                    "data.source_timezone, else the exchange's)")
+    ap.add_argument("--poll", type=float, default=1.0, metavar="S", help="--follow: seconds between reads (default 1)")
+    ap.add_argument("--idle-exit", type=float, metavar="S", help="--follow: stop after S seconds without a new row")
+    ap.add_argument("--status-every", type=int, metavar="N",
+                    help="a status line every N decisions (default: every one with --follow, none in a replay, "
+                    "which shows a progress bar)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    if args.poll <= 0 or (args.status_every is not None and args.status_every < 0):
+        ap.error("--poll must be > 0 and --status-every >= 0")
+    if args.idle_exit is not None and not args.follow:
+        ap.error("--idle-exit goes with --follow")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from agents.config import ConfigError
+    from jaxenv.data import DataValidationError
+
+    try:
+        session = Session.open(args)
+    except (ConfigError, DataValidationError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return session.run()
+    except KeyboardInterrupt:
+        print(f"\nstopped after row {session.rows_done} of {args.data}; the state is saved: run the same command to "
+              "resume", file=sys.stderr)
+        return 130
+    except (DataValidationError, FileNotFoundError, ValueError) as e:  # a file that is not the run's instrument
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        session.close()
+
+
+class Session:
+    """One trading run: the agent, its broker, the feed and the journal."""
+
+    def __init__(self, args, agent, broker, journal, feed, advisor):
+        self.args, self.agent, self.broker, self.journal, self.feed = args, agent, broker, journal, feed
+        self.advisor = advisor
+        self.rows_done = 0
+        self.refused = 0
+        self.decisions = 0
+        self.latencies: list[float] = []
+        self.entry_order = None  # the last decision's entry order, filled (or not) on the next bar
+        self.status_every = args.status_every if args.status_every is not None else (1 if args.follow else 0)
+        self.bar = None
+
+    @classmethod
+    def open(cls, args) -> Session:
+        from agents.runs.saved_runs import load_run_config, restore_policy
+        from agents.trading.agent import OPEN_END, Agent
+        from agents.trading.broker import PaperBroker
+        from agents.trading.feed import BarFile
+        from agents.trading.journal import Journal
+        from jaxenv.config import resolve_data_config
+
+        run_dir = Path(args.run_dir)
+        cfg = load_run_config(run_dir)
+        data = resolve_data_config(cfg.data)
+        news = dataclasses.replace(data, news=args.news) if args.news else None
+        feed = BarFile(args.data, data.contract.timezone, args.timezone or (
+            "" if cfg.data.source_timezone == "auto" else cfg.data.source_timezone), cfg.data.date_format,
+            cfg.data.text_column, news)
+        if args.follow and Path(args.data).suffix.lower() != ".csv":
+            raise ValueError(f"{args.data}: --follow reads rows appended to a CSV file")
+        rows = feed.read()  # a replay knows where the data ends (entries stop a bar before, as in evaluation)
+        end = OPEN_END if args.follow else len([r for r in rows if not isinstance(r[1], str)])
+        mode = args.advice or ("realtime" if args.follow else "wait")
+        agent = Agent(restore_policy(run_dir, args.checkpoint, cfg), advice=mode, end=end)
+        out = Path(args.out) if args.out else run_dir / TRADE_DIR / Path(args.data).stem
+        journal = Journal(out)
+        session = cls(args, agent, PaperBroker(), journal, feed, None)
+        if journal.has_state:
+            session._resume()
+        else:
+            journal.open()
+        if agent.hybrid:
+            session.advisor = session._start_advisor(rows)
+            agent.advisor = session.advisor
+        return session
+
+    def _start_advisor(self, rows):
+        from agents.trading.advice import LiveAdvisor
+
+        store = None if self.args.follow else self._store()
+        advisor = LiveAdvisor(self.agent.cfg, self.agent.book, self.journal.out / "advisor", store)
+        saved = getattr(self, "_advisor_state", None)
+        if saved:
+            advisor.latency, advisor.read, advisor.on_time, advisor.prompts = saved
+        return advisor
+
+    def _store(self):
+        """A replay of a whole file reads (and fills) the advice store of that file's keys, as evaluate.py --data does;
+        a file that does not load as a whole has none."""
+        from agents.advisor.link import prompt_template
+        from agents.advisor.prompt_fields import PromptFieldBuilder
+        from agents.advisor.store import identity, open_store, prompt_format_digest, store_root
+        from agents.advice.table import SIDES, num_blocks
+        from agents.advisor.adapters import starting_adapter
+        from jaxenv import load_market
+        from jaxenv.data import DataValidationError
+
+        cfg = self.agent.cfg
+        root = store_root(cfg)
+        if root is None:
+            return None
+        try:
+            market = load_market(dataclasses.replace(cfg.data, source=str(self.args.data), news=self.args.news or ""))
+        except DataValidationError as e:
+            print(f"note: the advice store is not read ({str(e).splitlines()[0][:160]}): every key is asked",
+                  file=sys.stderr)
+            return None
+        renderer, template = prompt_template(cfg)
+        keys = num_blocks(market.num_bars, cfg.hybrid.query.interval) * SIDES
+        fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade,
+                                    cfg.hybrid.query.interval)
+        texts = list(market.text_table) or None
+        ident = identity(cfg, market, template, starting_adapter(cfg),
+                         prompt_format_digest(fields, renderer, texts, keys), root)
+        return open_store(root, ident, keys)
+
+    def _resume(self) -> None:
+        state = self.journal.load(self.agent.book)
+        if state["run"] != str(self.args.run_dir) or state["data"] != str(self.args.data):
+            raise ValueError(f"{self.journal.out}: its state is of --run-dir {state['run']} --data {state['data']}; "
+                             "resume with those, or give another --out")
+        self.journal.open(state["sizes"])
+        self.agent.restore(state["agent"])
+        self.broker = state["broker"]
+        self.rows_done, self.refused, self.decisions = state["rows_done"], state["refused"], state["decisions"]
+        self.latencies, self.entry_order = state["latencies"], state["entry_order"]
+        self._advisor_state = state.get("advisor")
+        print(f"resumed at row {self.rows_done} of {self.args.data} ({self.decisions} decisions so far)",
+              file=sys.stderr)
+
+    def _save(self) -> None:
+        advisor = self.advisor
+        self.journal.save(self.agent.book, {
+            "run": str(self.args.run_dir), "data": str(self.args.data), "rows_done": self.rows_done,
+            "refused": self.refused, "decisions": self.decisions, "latencies": self.latencies,
+            "entry_order": self.entry_order, "agent": self.agent.state(), "broker": self.broker,
+            "advisor": (advisor.latency, advisor.read, advisor.on_time, advisor.prompts) if advisor else None,
+        })
+
+    # ------------------------------------------------------------------------------------------------ the loop
+    def run(self) -> int:
+        from tqdm import tqdm
+
+        from agents.trading.bars import BarRefused
+
+        a = self.args
+        total = None if a.follow else len(self.feed.read())
+        self.bar = tqdm(total=total, initial=self.rows_done, unit="bar", desc="trading", file=sys.stderr,
+                        disable=a.no_progress or a.follow, mininterval=1.0)
+        for line, item in self.feed.rows(self.rows_done, a.follow, a.poll, a.idle_exit):
+            self.rows_done += 1
+            self.bar.update(1)
+            if isinstance(item, str):
+                self._refuse(line, item)
+                continue
+            try:
+                decision = self.agent.on_bar(item)
+            except BarRefused as e:
+                if self.agent.book.n == 0 and str(e).startswith("the first"):  # the history is not this instrument's
+                    raise ValueError(f"{a.data}: {e}") from None
+                self._refuse(line, str(e))
+                continue
+            if self.agent.book.note:
+                self._say(f"{a.data}: line {line}: {self.agent.book.note}")
+            if decision is not None:
+                self._record(decision)
+        self.bar.close()
+        summary = self.summary()
+        print(json.dumps({k: summary[k] for k in ("pnl", "trades", "bars", "latency_p50_ms", "latency_p99_ms")
+                          + (("advice_on_time",) if "advice_on_time" in summary else ())}))
+        return 0
+
+    def _say(self, text: str) -> None:
+        (self.bar.write if self.bar is not None else print)(text, file=sys.stderr)
+
+    def _refuse(self, line: int, why: str) -> None:
+        self.refused += 1
+        self._say(f"{self.args.data}: line {line}: {why}; skipped, the position is unchanged")
+
+    def _record(self, decision) -> None:
+
+        agent, journal, broker = self.agent, self.journal, self.broker
+        row = agent.last_row
+        if row is not None:  # the bar the last decision's order met
+            broker.settle(decision.bar, decision.time, row, self.entry_order)
+            for fill in broker.fills():
+                journal.row("fills.csv", fill.row())
+            journal.row("trace.csv", row)
+        if decision.order is not None:
+            broker.place(decision.order)
+            journal.row("orders.csv", {"time": decision.time, **dataclasses.asdict(decision.order)})
+        self.entry_order = decision.order if decision.order is not None and decision.order.kind == "market" else None
+        held = broker.position()
+        if held != decision.position * agent.cfg.env.contracts_per_trade:
+            raise ValueError(f"the broker holds {held:g} contracts, the agent {decision.position:+d} position: "
+                             "reconcile the account, then resume")
+        line = dataclasses.asdict(decision)
+        journal.decision(line)
+        self.decisions += 1
+        self.latencies.append(decision.latency_ms)
+        if self.status_every and self.decisions % self.status_every == 0:
+            self._say(status_line(decision))
+        self.bar.set_postfix_str(f"pos {decision.position:+d} equity {decision.equity:,.0f}", refresh=False)
+        self._save()
+
+    # ---------------------------------------------------------------------------------------------- summary
+    def summary(self) -> dict:
+        from jaxenv.metrics import walk_metrics
+
+        path = self.journal.out / "trace.csv"
+        book = self.agent.book
+        out = {"run": str(self.args.run_dir), "checkpoint": self.agent.saved.label, "data": str(self.args.data),
+               "rows": self.rows_done, "refused_rows": self.refused, "decisions": self.decisions, "pnl": 0.0,
+               "trades": 0, "bars": 0}
+        if path.exists() and path.stat().st_size and book.n:
+            self.journal.files["trace.csv"].flush()
+            trace = {k: v.to_numpy() for k, v in pd.read_csv(path).items()}
+            metrics = walk_metrics(trace, book.timestamps, self.agent.cfg.env.prop_firm, book.days)
+            out.update(metrics, pnl=metrics["net_pnl"])  # bars: the bars the account moved over, as evaluate.py's
+        lat = np.array(self.latencies or [np.nan])
+        out["latency_p50_ms"] = float(np.nanpercentile(lat, 50)) if self.latencies else None
+        out["latency_p99_ms"] = float(np.nanpercentile(lat, 99)) if self.latencies else None
+        if self.advisor is not None:
+            out.update(self.advisor.metrics())
+        return out
+
+    def close(self) -> None:
+        if self.journal.files:
+            summary = self.summary()
+            tmp = self.journal.out / "summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=1, default=float))
+            tmp.replace(self.journal.out / "summary.json")
+            self.journal.close()
+        if self.advisor is not None:
+            self.advisor.close()
+
+
+def status_line(d) -> str:
+    """One line a decision: time, action, position, equity, drawdown left, the advice in force."""
+    advice = f"advice {d.advice['action']} {d.advice['confidence']:.2f}" if d.advice else "no advice"
+    bound = " (bound)" if d.bound else ""
+    veto = f" veto {','.join(d.veto)}" if d.veto else ""
+    return (f"{d.time}  {d.action:<13} pos {d.position:+d}  equity {d.equity:,.0f}  drawdown left "
+            f"{d.drawdown_left:,.0f}  {advice}{bound}{veto}  {d.latency_ms:.0f} ms")

@@ -1,0 +1,164 @@
+"""A trading run's folder: its outputs, written a line at a time, and its state, saved atomically after every bar so
+that a restart (after Ctrl-C, a crash or SIGKILL) resumes at the next bar without repeating or missing a decision.
+
+    decisions.jsonl   one line per decision bar
+    orders.csv        one row per order a decision placed
+    fills.csv         one row per fill the broker reported
+    trace.csv         one row per bar the account moved over (jaxenv.walk_split's columns: the summary's input)
+    summary.json      the figures so far (written at the end, and on Ctrl-C)
+    state/            bars.bin (every placed bar, appended), state.pkl (everything else; replaced atomically)
+
+The state names how long each output was when it was saved; a resumed run cuts them back to those lengths, so lines
+written for a bar whose state was never saved are written again, once.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.trading.bars import BarBook
+
+OUTPUTS = ("decisions.jsonl", "orders.csv", "fills.csv", "trace.csv")
+STATE_DIR = "state"
+STATE_FILE = "state.pkl"
+BARS_FILE = "bars.bin"
+FORMAT = 1
+
+# One placed bar of a BarBook, as bars.bin stores it.
+BAR_RECORD = np.dtype([
+    ("stamp", "i8"), ("raw", "f8", 5), ("bar_features", "f4", 11), ("context_features", "f4", 28), ("atr", "f4"),
+    ("indicators", "f4", 4), ("session_id", "i4"), ("minute_of_day", "i4"), ("day", "i8"), ("can_enter", "?"),
+    ("flatten", "?"), ("text_index", "i4"),
+])
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.state_dir = self.out / STATE_DIR
+        self.files: dict[str, Any] = {}
+        self.writers: dict[str, csv.DictWriter] = {}
+        self.logged = 0  # bars of the book in bars.bin
+
+    @property
+    def has_state(self) -> bool:
+        return (self.state_dir / STATE_FILE).exists()
+
+    def open(self, sizes: dict[str, int] | None = None) -> None:
+        """Opens the outputs for appending, cut back to `sizes` (a resumed run's) or empty."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(exist_ok=True)
+        for name in OUTPUTS:
+            path = self.out / name
+            f = open(path, "a+b")
+            f.truncate(sizes.get(name, 0) if sizes else 0)
+            f.seek(0, os.SEEK_END)
+            self.files[name] = f
+        if sizes is None:
+            (self.state_dir / BARS_FILE).write_bytes(b"")
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files = {}
+
+    # ---------------------------------------------------------------------------------------------- outputs
+    def decision(self, line: dict) -> None:
+        self.files["decisions.jsonl"].write((json.dumps(line) + "\n").encode())
+
+    def row(self, name: str, row: dict) -> None:
+        """A CSV row; the header comes with the first."""
+        f = self.files[name]
+        text = _csv_line(row.values())
+        if f.tell() == 0:
+            text = _csv_line(row.keys()) + text
+        f.write(text.encode())
+
+    # ------------------------------------------------------------------------------------------------ state
+    def save(self, book: BarBook, state: dict) -> None:
+        """After a bar: the book's new bars appended, the outputs flushed, then the state replaced atomically."""
+        if book.schedule is not None and self.logged < book.n:
+            with open(self.state_dir / BARS_FILE, "ab") as f:
+                f.write(_records(book, self.logged, book.n).tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+            self.logged = book.n
+        for f in self.files.values():
+            f.flush()
+            os.fsync(f.fileno())
+        state = {**state, "format": FORMAT, "logged": self.logged, "texts": list(book.text_table),
+                 "schedule": book.schedule, "interval": book.interval,
+                 "sizes": {name: f.tell() for name, f in self.files.items()}}
+        tmp = self.state_dir / f"{STATE_FILE}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_dir / STATE_FILE)
+        _fsync(self.state_dir)
+
+    def load(self, book: BarBook) -> dict:
+        """The saved state, with `book` holding the bars it had (bars.bin's first `logged` records)."""
+        with open(self.state_dir / STATE_FILE, "rb") as f:
+            state = pickle.load(f)
+        if state.get("format") != FORMAT:
+            raise ValueError(f"{self.state_dir}: a trading state of another format; start in a new --out folder")
+        n = state["logged"]
+        records = np.fromfile(self.state_dir / BARS_FILE, BAR_RECORD, count=n)
+        if len(records) < n:
+            raise ValueError(f"{self.state_dir / BARS_FILE}: {len(records)} bars, the state names {n}")
+        _restore(book, records, state)
+        self.logged = n
+        return state
+
+
+def _csv_line(values) -> str:
+    from io import StringIO
+
+    buf = StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(list(values))
+    return buf.getvalue()
+
+
+def _records(book: BarBook, start: int, end: int) -> np.ndarray:
+    out = np.zeros(end - start, BAR_RECORD)
+    out["stamp"], out["raw"] = book.stamps[start:end], book.raw[start:end]
+    out["bar_features"], out["context_features"] = book.bar_features[start:end], book.context_features[start:end]
+    out["atr"] = book.atr[start:end]
+    out["indicators"] = np.stack([v[start:end] for v in book.indicators.values()], axis=1)
+    for name in ("session_id", "minute_of_day", "day", "can_enter", "flatten", "text_index"):
+        out[name] = getattr(book, name)[start:end]
+    return out
+
+
+def _restore(book: BarBook, records: np.ndarray, state: dict) -> None:
+    n = len(records)
+    while book.capacity < n + 1:
+        book._grow()
+    book.stamps[:n], book.raw[:n] = records["stamp"], records["raw"]
+    book.bar_features[:n], book.context_features[:n] = records["bar_features"], records["context_features"]
+    book.atr[:n] = records["atr"]
+    for j, name in enumerate(book.indicators):
+        book.indicators[name][:n] = records["indicators"][:, j]
+    for name in ("session_id", "minute_of_day", "day", "can_enter", "flatten", "text_index"):
+        getattr(book, name)[:n] = records[name]
+    book.n = n
+    book.schedule, book.interval = state["schedule"], state["interval"]
+    book.text_table[:] = state["texts"]
+    book._text_ids.clear()
+    book._text_ids.update({t: i for i, t in enumerate(book.text_table)})

@@ -1,0 +1,11 @@
+"""Trade a trained run on bars as they arrive: a replay of a file, or --follow for rows appended to it; paper broker,
+decisions identical to evaluation (the logic: agents/trading/cli.py; `--help` lists every flag).
+
+    python scripts/trade.py --run-dir runs/x --data bars.csv
+    python scripts/trade.py --run-dir runs/x --data live.csv --follow
+"""
+
+from agents.trading.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
