@@ -135,6 +135,22 @@ def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, name, t
         assert len(advised) > len(taken) // 4
         assert summary["advice_on_time"] == 1.0  # the mock answers in microseconds
 
+        # the API on arrays that double twice on the way (256 -> 1024 bars: the table grows, the steps recompile)
+        from agents.trading import Agent
+        from agents.trading.advice import LiveAdvisor
+
+        agent = Agent.load(run, "latest", end=FILE_BARS, capacity=256)
+        agent.advisor = LiveAdvisor(agent.cfg, agent.book)
+        frame = pd.read_csv(run / "F.csv")
+        actions = []
+        for row in frame.itertuples():
+            decision = agent.on_bar(Bar(pd.Timestamp(row.timestamp), row.open, row.high, row.low, row.close,
+                                        row.volume, row.headline if isinstance(row.headline, str) else ""))
+            if decision is not None:
+                actions.append(decision.action)
+        agent.advisor.close()
+        assert actions == [d["action"] for d in taken]
+
 
 def test_a_replay_killed_at_a_random_bar_and_resumed_writes_the_same_outputs(runs, tmp_path):
     run = runs["rl"]
@@ -209,3 +225,32 @@ def test_a_news_file_gives_each_bar_the_context_its_headline_column_gives(runs, 
     column, joined = decisions(tmp_path / "column"), decisions(tmp_path / "news")
     assert [d["action"] for d in joined] == [d["action"] for d in column]
     assert [d["advice"] for d in joined] == [d["advice"] for d in column]
+
+
+def test_following_a_file_trades_the_rows_appended_to_it_as_a_replay_does(runs, tmp_path):
+    """--follow: rows written while it runs (a last line half-written at times) are traded as they complete; the
+    decisions are the replay's but at the file's last bars, where only a replay knows that the data ends."""
+    run = runs["rl"]
+    lines = (run / "F.csv").read_text().splitlines(keepends=True)
+    live = tmp_path / "live.csv"
+    live.write_text("".join(lines[: FIRST_DECISION_BAR + 50]))
+    cmd = [sys.executable, str(REPO / "scripts" / "trade.py"), "--run-dir", str(run), "--data", str(live),
+           "--checkpoint", "latest", "--out", str(tmp_path / "follow"), "--follow", "--poll", "0.1",
+           "--idle-exit", "5", "--status-every", "100"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rest = lines[FIRST_DECISION_BAR + 50:]
+    with open(live, "a") as f:
+        for i in range(0, len(rest), 97):
+            chunk = "".join(rest[i:i + 97])
+            f.write(chunk[:-7])  # a row half-written: not read until its newline comes
+            f.flush()
+            time.sleep(0.3)
+            f.write(chunk[-7:])
+            f.flush()
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    assert "pos " in err and "drawdown left" in err  # the status line, every 100 decisions
+    assert trade(run, tmp_path / "replay") == 0
+    followed, replayed = decisions(tmp_path / "follow"), decisions(tmp_path / "replay")
+    assert len(followed) == len(replayed)
+    assert [d["action"] for d in followed[:-2]] == [d["action"] for d in replayed[:-2]]

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from agents.advice.table import answered
+from agents.advice.table import answered, key_block
 from agents.advisor.adapters import starting_adapter
-from agents.advisor.link import prompt_template
+from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.advisor.sidecar import start_advisor
 from agents.trading.bars import BarBook
@@ -35,6 +35,7 @@ class LiveAdvisor:
         self.cfg, self.book, self.store = cfg, book, store
         self.renderer, _ = prompt_template(cfg)
         self.client = start_advisor(cfg, self.renderer, book.text_table, ROWS, starting_adapter(cfg), log_stem)
+        self.queue: list[int] = []  # keys to ask once the advisor can take a submission (MAX_IN_FLIGHT)
         self.asked: dict[int, float] = {}  # key -> perf_counter() when asked (pending)
         self.latency: dict[int, float] = {}  # key -> seconds its answer took (0 from the store)
         self.submitted: list[np.ndarray] = []  # keys of each submission, oldest first
@@ -61,8 +62,9 @@ class LiveAdvisor:
             sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
 
     def ask(self, keys: list[int]) -> None:
-        """Asks about the keys not answered or asked yet; the store's answers are taken at once."""
-        keys = [k for k in keys if k >= 0 and k not in self.latency and k not in self.asked]
+        """Asks about the keys not answered or asked yet (the store's answers are taken at once); each is timed from
+        now, when it is due to be asked."""
+        keys = [k for k in dict.fromkeys(keys) if k >= 0 and k not in self.latency and k not in self.asked]
         if self.store is not None and keys:
             have = self.store.answers
             stored = [k for k in keys if k < have.num_keys and bool(answered(have.status[k]))]
@@ -72,40 +74,61 @@ class LiveAdvisor:
                                    np.zeros(len(ids), np.int32)))
                 self.latency.update({k: 0.0 for k in stored})
                 keys = [k for k in keys if k not in self.latency]
-        if not keys:
-            return
-        ids = np.array(keys, np.int64)
-        rows = PromptFieldBuilder(self._market(), list(self.renderer.markets), self.cfg.env.contracts_per_trade,
-                                  self.cfg.hybrid.query.interval).build(ids)
-        prompts = rows if getattr(self.client, "reads_fields", False) else self.renderer.render(rows, self.book.text_table)
-        self.client.submit(ids, prompts)
-        self.submitted.append(ids)
         now = time.perf_counter()
         self.asked.update({k: now for k in keys})
-        self.prompts += len(keys)
+        self.queue += keys
+        self._submit()
+
+    def _submit(self) -> None:
+        """Submits queued keys while the advisor can take them, the newest blocks first; keys of blocks too old to be
+        read any more (max_age) are dropped."""
+        q = self.cfg.hybrid.query
+        while self.queue and self.client.pending < MAX_IN_FLIGHT:
+            newest = max(key_block(np.array(self.queue)))
+            stale = [k for k in self.queue if key_block(k) < newest - q.max_age // q.interval - 1]
+            for k in stale:
+                self.asked.pop(k, None)
+            keys = sorted((k for k in self.queue if k not in stale), reverse=True)[:ROWS]
+            self.queue = [k for k in self.queue if k not in stale and k not in keys]
+            if not keys:
+                return
+            ids = np.array(keys, np.int64)
+            rows = PromptFieldBuilder(self._market(), list(self.renderer.markets), self.cfg.env.contracts_per_trade,
+                                      q.interval).build(ids)
+            reads_fields = getattr(self.client, "reads_fields", False)
+            prompts = rows if reads_fields else self.renderer.render(rows, self.book.text_table)
+            self.client.submit(ids, prompts)
+            self.submitted.append(ids)
+            self.prompts += len(keys)
 
     def _collect(self, wait: bool) -> None:
+        """Collects answered submissions (with `wait`: every one, the queue included), refilling the advisor."""
         while self.submitted and (wait or self.client.oldest_done):
-            answers = self.client.collect(timeout_s=self.cfg.hybrid.strict_timeout_s if wait else 0.0)
-            keys = self.submitted.pop(0)
-            now = time.perf_counter()
-            if not len(answers):  # no answers (a dead worker, a timeout): asked again when next needed
-                for k in keys.tolist():
-                    self.asked.pop(k, None)
-                continue
-            status = answers.status.astype(np.int32)
-            got = np.asarray(answered(status))
-            ids = answers.env_ids.astype(np.int64)
-            for k in ids[got].tolist():
-                self.latency[k] = now - self.asked.pop(k, now)
-            for k in ids[~got].tolist():
+            self._collect_one(wait)
+            self._submit()
+
+    def _collect_one(self, wait: bool) -> None:
+        """The oldest submission's answers, timed, kept for the table (and the store)."""
+        answers = self.client.collect(timeout_s=self.cfg.hybrid.strict_timeout_s if wait else 0.0)
+        keys = self.submitted.pop(0)
+        now = time.perf_counter()
+        if not len(answers):  # no answers (a dead worker, a timeout): asked again when next needed
+            for k in keys.tolist():
                 self.asked.pop(k, None)
-            versions = np.zeros(len(ids), np.int32) if answers.version is None else answers.version
-            self.ready.append((ids[got], answers.probs[got], answers.confidence[got], status[got], versions[got]))
-            if self.store is not None:
-                own = versions[got] == 0
-                self.store.keep(ids[got][own], answers.probs[got][own], answers.confidence[got][own],
-                                status[got][own])
+            return
+        status = answers.status.astype(np.int32)
+        got = np.asarray(answered(status))
+        ids = answers.env_ids.astype(np.int64)
+        for k in ids[got].tolist():
+            self.latency[k] = now - self.asked.pop(k, now)
+        for k in ids[~got].tolist():
+            self.asked.pop(k, None)
+        versions = np.zeros(len(ids), np.int32) if answers.version is None else answers.version
+        self.ready.append((ids[got], answers.probs[got], answers.confidence[got], status[got], versions[got]))
+        if self.store is not None:
+            own = versions[got] == 0
+            self.store.keep(ids[got][own], answers.probs[got][own], answers.confidence[got][own],
+                            status[got][own])
 
     def answers(self, need: list[int], read: int | None, wait: bool) -> list[tuple]:
         """The rows (AdviceTable.write's arguments, in chunks padded to ROWS) of every answer collected since the

@@ -98,7 +98,9 @@ class Agent:
     besides the bars."""
 
     def __init__(self, saved: SavedPolicy, *, advice: str = "wait", end: int = OPEN_END, advisor=None,
-                 min_range_ticks: float | None = None):
+                 min_range_ticks: float | None = None, capacity: int = 8192):
+        """`end`: the bar the data ends at (a replay's file length), where entries stop as in evaluation; `capacity`:
+        bars the arrays hold before they double."""
         cfg = saved.cfg
         if cfg.env_name != "trading":
             raise ConfigError(f"{saved.run_dir}: this run trained on {cfg.env_name!r}, not the trading env")
@@ -111,7 +113,7 @@ class Agent:
         self.env = TradingEnv(cfg.env)
         self.contract = resolve_data_config(cfg.data).contract  # the run's instrument
         self.book = BarBook(self.contract, cfg.env.prop_firm,
-                            cfg.data.min_range_ticks if min_range_ticks is None else min_range_ticks)
+                            cfg.data.min_range_ticks if min_range_ticks is None else min_range_ticks, capacity)
         self.end = end
         self.hybrid = cfg.llm != "none"
         self.acting = make_acting(cfg, self.env) if self.hybrid else None

@@ -205,7 +205,14 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             ) and setup.evaluate is not None:
                 # on this process's first device, from host copies of the (replicated) networks
                 policy = state.replace(params=jax.device_get(state.params), obs_norm=jax.device_get(state.obs_norm))
+                t_walk = time.perf_counter()
                 result = evaluator(policy, "val", jax.random.PRNGKey(cfg.seed + update))
+                # the walk has its own progress line: the bar's rate and ETA are the updates' (the first advised walk
+                # can take minutes, and would otherwise read as hours left)
+                if not bar.disable:
+                    walked = time.perf_counter() - t_walk
+                    bar.start_t += walked
+                    bar.last_print_t += walked
                 metrics.update({setup.score_name if k == "score" else f"eval_{k}": v for k, v in result.items()})
                 # every process walked; process 0's score decides, so all save (a collective) or none do
                 score = broadcast_from_writer(float(result["score"]))
