@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from agents.advice.table import STATUS_NONE, answered
+from agents.runs.storage import fsync_dir
 from bridge.protocol import NUM_ACTIONS
 
 DATABASE_FILE = "answers.sqlite"
@@ -202,14 +203,6 @@ class Answers:
         return Answers(self.probs.copy(), self.confidence.copy(), self.status.copy(), self.version.copy())
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 _OPEN: dict[Path, AdviceStore] = {}  # this process's stores, by folder: one holder per identity
 
 
@@ -318,7 +311,7 @@ class AdviceStore:
             db.executemany("INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?)", rows)
             db.execute("COMMIT")
         if created:
-            _fsync_dir(self.dir)
-            _fsync_dir(self.dir.parent)
+            fsync_dir(self.dir)
+            fsync_dir(self.dir.parent)
         self.on_disk[keys] = True
         return len(keys)

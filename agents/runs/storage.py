@@ -88,3 +88,12 @@ def replace_text(path: str | Path, text: str) -> None:
     except BaseException:
         staging.unlink(missing_ok=True)
         raise
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Makes a folder's entries durable (a file created or renamed in it survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from agents.runs.storage import fsync_dir
 from agents.trading.bars import BarBook
 
 OUTPUTS = ("decisions.jsonl", "orders.csv", "fills.csv", "trace.csv")
@@ -37,14 +38,6 @@ BAR_RECORD = np.dtype([
     ("indicators", "f4", 4), ("session_id", "i4"), ("minute_of_day", "i4"), ("day", "i8"), ("can_enter", "?"),
     ("flatten", "?"), ("text_index", "i4"),
 ])
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Journal:
@@ -110,7 +103,7 @@ class Journal:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.state_dir / STATE_FILE)
-        _fsync(self.state_dir)
+        fsync_dir(self.state_dir)
 
     def load(self, book: BarBook) -> dict:
         """The saved state, with `book` holding the bars it had (bars.bin's first `logged` records)."""
