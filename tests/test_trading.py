@@ -102,12 +102,22 @@ def trade(run: Path, out: Path, *extra: str) -> int:
                  "--no-progress", *extra])
 
 
+@pytest.fixture(scope="module")
+def replays(runs, tmp_path_factory) -> dict[str, Path]:
+    """Each run's file traded once, uninterrupted: the outputs the other tests compare with."""
+    out = {}
+    for name, run in runs.items():
+        out[name] = tmp_path_factory.mktemp("replay") / name
+        assert trade(run, out[name]) == 0
+    return out
+
+
 def decisions(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, name, tmp_path):
+def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, replays, name, tmp_path):
     from agents.evaluation.cli import main as evaluate_main
 
     run = runs[name]
@@ -119,15 +129,14 @@ def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, name, t
     trace = agent_walk(walked)(walked.market.split_range((0, walked.market.num_bars)), jax.random.PRNGKey(0))
     walked.close()
 
-    assert trade(run, tmp_path / "paper") == 0
-    summary = json.loads((tmp_path / "paper" / "summary.json").read_text())
-    taken = decisions(tmp_path / "paper")
+    summary = json.loads((replays[name] / "summary.json").read_text())
+    taken = decisions(replays[name])
     assert taken[0]["bar"] == FIRST_DECISION_BAR and len(taken) == FILE_BARS - FIRST_DECISION_BAR
     assert [d["action"] for d in taken[:-1]] == [ACTIONS[a] for a in trace["action"]]  # the last bar is never walked
     assert summary["pnl"] == pytest.approx(evaluated["net_pnl"], abs=1e-3)
     assert summary["trades"] == evaluated["trades"] > 0
     assert summary["latency_p99_ms"] > 0
-    fills = pd.read_csv(tmp_path / "paper" / "fills.csv")
+    fills = pd.read_csv(replays[name] / "fills.csv")
     assert fills["trade_pnl"].sum() == pytest.approx(
         sum(t for t in trace["trade_pnl"]), abs=1e-2)  # every closed trade is a fill with its P&L
     if name == "mock":
@@ -152,9 +161,8 @@ def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, name, t
         assert actions == [d["action"] for d in taken]
 
 
-def test_a_replay_killed_at_a_random_bar_and_resumed_writes_the_same_outputs(runs, tmp_path):
-    run = runs["rl"]
-    assert trade(run, tmp_path / "whole") == 0
+def test_a_replay_killed_at_a_random_bar_and_resumed_writes_the_same_outputs(runs, replays, tmp_path):
+    run, whole = runs["rl"], replays["rl"]
     killed = tmp_path / "killed"
     stop_at = np.random.default_rng().integers(20, FILE_BARS - FIRST_DECISION_BAR - 20)
     cmd = [sys.executable, str(REPO / "scripts" / "trade.py"), "--run-dir", str(run), "--data", str(run / "F.csv"),
@@ -170,11 +178,11 @@ def test_a_replay_killed_at_a_random_bar_and_resumed_writes_the_same_outputs(run
     def without_latency(rows):
         return [{k: v for k, v in row.items() if not k.startswith("latency")} for row in rows]
 
-    assert without_latency(decisions(killed)) == without_latency(decisions(tmp_path / "whole"))
+    assert without_latency(decisions(killed)) == without_latency(decisions(whole))
     for name in ("orders.csv", "fills.csv", "trace.csv"):
-        assert (killed / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
-    whole, resumed = (json.loads((d / "summary.json").read_text()) for d in (tmp_path / "whole", killed))
-    assert without_latency([resumed]) == without_latency([whole])
+        assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
+    uninterrupted, resumed = (json.loads((d / "summary.json").read_text()) for d in (whole, killed))
+    assert without_latency([resumed]) == without_latency([uninterrupted])
 
 
 def test_bad_rows_get_one_line_each_and_the_rest_is_traded(runs, tmp_path, capsys):
@@ -210,24 +218,23 @@ def test_bad_rows_get_one_line_each_and_the_rest_is_traded(runs, tmp_path, capsy
     assert err[-1].startswith(f"error: {path}: the first {FIRST_DECISION_BAR} bars:")
 
 
-def test_a_news_file_gives_each_bar_the_context_its_headline_column_gives(runs, tmp_path):
+def test_a_news_file_gives_each_bar_the_context_its_headline_column_gives(runs, replays, tmp_path):
     """The mock run's file traded with its headlines in their own file (--news, joined bar by bar as data.news joins
     them) decides exactly as with the headline column."""
     run = runs["mock"]
     _, news = write_market(tmp_path / "market", "headlines", "NQ", 30, 0)  # the run's market, as files
     bars = pd.read_csv(run / "F.csv").drop(columns="headline")
     bars.to_csv(tmp_path / "bars.csv", index=False)
-    assert trade(run, tmp_path / "column") == 0
     from agents.trading.cli import main
 
     assert main(["--run-dir", str(run), "--data", str(tmp_path / "bars.csv"), "--news", str(news), "--checkpoint",
                  "latest", "--out", str(tmp_path / "news"), "--no-progress"]) == 0
-    column, joined = decisions(tmp_path / "column"), decisions(tmp_path / "news")
+    column, joined = decisions(replays["mock"]), decisions(tmp_path / "news")
     assert [d["action"] for d in joined] == [d["action"] for d in column]
     assert [d["advice"] for d in joined] == [d["advice"] for d in column]
 
 
-def test_following_a_file_trades_the_rows_appended_to_it_as_a_replay_does(runs, tmp_path):
+def test_following_a_file_trades_the_rows_appended_to_it_as_a_replay_does(runs, replays, tmp_path):
     """--follow: rows written while it runs (a last line half-written at times) are traded as they complete; the
     decisions are the replay's but at the file's last bars, where only a replay knows that the data ends."""
     run = runs["rl"]
@@ -250,7 +257,6 @@ def test_following_a_file_trades_the_rows_appended_to_it_as_a_replay_does(runs, 
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert "pos " in err and "drawdown left" in err  # the status line, every 100 decisions
-    assert trade(run, tmp_path / "replay") == 0
-    followed, replayed = decisions(tmp_path / "follow"), decisions(tmp_path / "replay")
+    followed, replayed = decisions(tmp_path / "follow"), decisions(replays["rl"])
     assert len(followed) == len(replayed)
     assert [d["action"] for d in followed[:-2]] == [d["action"] for d in replayed[:-2]]
