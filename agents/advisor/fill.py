@@ -14,10 +14,10 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from agents.advice.table import SIDES, answered, key_of, num_blocks
+from agents.advice.table import answered, key_of
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.advisor.sidecar import start_advisor
-from agents.advisor.store import identity, open_store, prompt_format_digest, store_root
+from agents.advisor.store import open_market_store, store_root
 from agents.advisor.adapters import starting_adapter
 from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
 from agents.config import ConfigError, load_config
@@ -94,9 +94,7 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k,
                                 cfg.hybrid.shuffled)
     texts = list(market.text_table) or None
-    num_keys = num_blocks(market.num_bars, k) * SIDES
-    prompt_format = prompt_format_digest(fields, renderer, texts, num_keys)
-    store = open_store(root, identity(cfg, market, template, starting_adapter(cfg), prompt_format, root), num_keys)
+    store = open_market_store(cfg, market, root, renderer, template, fields, starting_adapter(cfg))
     known = store.answers  # this process's holder: what the store holds, and every answer this fill adds
     fields.without_past(known)
     sides = (0,) if cfg.hybrid.query.entries_only else (-1, 0, 1)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.advice.table import STATUS_NONE, answered
+from agents.advice.table import SIDES, STATUS_NONE, answered, num_blocks
 from agents.runs.storage import fsync_dir
 from bridge.protocol import NUM_ACTIONS
 
@@ -152,6 +152,15 @@ def identity(cfg, market, template: str, adapter: str | None, prompt_format: str
             "template": hashlib.sha256(template.encode()).hexdigest(), "prompt_format": prompt_format,
             "data": data_digest(market), "interval": cfg.hybrid.query.interval,
             "contracts": cfg.env.contracts_per_trade, "reasoning": bool(h.reasoning.enabled)}
+
+
+def open_market_store(cfg, market, root: Path, renderer, template: str, fields, adapter: str | None) -> AdviceStore:
+    """This process's holder of the store of `market`'s keys for the run's advisor with `adapter`: its identity from
+    the market, the prompt template's text and the prompt format that `renderer` and `fields` (the market's
+    PromptFieldBuilder) give (scripts/advise.py, scripts/trade.py)."""
+    num_keys = num_blocks(market.num_bars, cfg.hybrid.query.interval) * SIDES
+    prompt_format = prompt_format_digest(fields, renderer, list(market.text_table) or None, num_keys)
+    return open_store(root, identity(cfg, market, template, adapter, prompt_format, root), num_keys)
 
 
 @dataclass

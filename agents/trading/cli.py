@@ -137,11 +137,10 @@ class Session:
     def _store(self):
         """A replay of a whole file reads (and fills) the advice store of that file's keys, as evaluate.py --data does;
         a file that does not load as a whole has none."""
+        from agents.advisor.adapters import starting_adapter
         from agents.advisor.link import prompt_template
         from agents.advisor.prompt_fields import PromptFieldBuilder
-        from agents.advisor.store import identity, open_store, prompt_format_digest, store_root
-        from agents.advice.table import SIDES, num_blocks
-        from agents.advisor.adapters import starting_adapter
+        from agents.advisor.store import open_market_store, store_root
         from jaxenv import load_market
         from jaxenv.data import DataValidationError
 
@@ -156,13 +155,9 @@ class Session:
                   file=sys.stderr)
             return None
         renderer, template = prompt_template(cfg)
-        keys = num_blocks(market.num_bars, cfg.hybrid.query.interval) * SIDES
         fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade,
                                     cfg.hybrid.query.interval)
-        texts = list(market.text_table) or None
-        ident = identity(cfg, market, template, starting_adapter(cfg),
-                         prompt_format_digest(fields, renderer, texts, keys), root)
-        return open_store(root, ident, keys)
+        return open_market_store(cfg, market, root, renderer, template, fields, starting_adapter(cfg))
 
     def _resume(self) -> None:
         state = self.journal.load(self.agent.book)
