@@ -41,6 +41,7 @@ from jaxenv.synthetic import generate_bars
 
 SPLITS = ("train", "val", "test")
 MAX_WINDOW = 64  # the observation window may not exceed this; it sets the minimum data length
+FIRST_DECISION_BAR = WARMUP_BARS + MAX_WINDOW  # no decision before the features' warm-up and one observation window
 
 
 @dataclass
@@ -84,7 +85,7 @@ class Market:
     @property
     def first_decision_bar(self) -> int:
         """No decision before the features' warm-up and one full observation window have passed."""
-        return WARMUP_BARS + MAX_WINDOW
+        return FIRST_DECISION_BAR
 
     def split_range(self, split: str | tuple[int, int]) -> tuple[int, int]:
         if isinstance(split, tuple):

@@ -127,7 +127,6 @@ class Agent:
         self.advisor = advisor  # agents.trading.advice.LiveAdvisor (hybrid runs), attached by the caller
         self.carry = None  # the account: WalkCarry (hybrid) or (EnvState, key)
         self.choice = None  # the decision taken on the last bar, applied when the next one arrives
-        self.start = FIRST_DECISION_BAR
         self.last_row: dict | None = None  # the trace's row of the bar before the last (its fills)
         self._compile()
 
@@ -191,12 +190,10 @@ class Agent:
             return None
         if warming:  # the history just completed: all of it goes to the device at once
             self.params = self._env_params(self.book.capacity)
-            self.params = _put_bar(self.params, t, *(r[0] for r in self.book.env_rows(t, t + 1)),
-                                   np.float32(self.book.next_session_id()))
+        self._put(t)  # the padding rows' session
+        if warming:
             self._warm_up()
             t0 = time.perf_counter()  # compiling is set-up, not the first decision's latency
-        else:
-            self._put(t)
         if t < self.start_bar:
             return None
         if self.carry is None:
@@ -253,7 +250,7 @@ class Agent:
             for rows in self.advisor.answers(need, read, wait=self.advice_mode == "wait"):
                 table = self._write(carry.hybrid.advice, *rows)
                 carry = carry.replace(hybrid=carry.hybrid.replace(advice=table))
-        if (t - self.start) % self.k == 0:
+        if (t - self.start_bar) % self.k == 0:
             carry = carry.replace(hybrid=self._look(carry.hybrid, carry.env_state, self.params))
         self.carry = carry
 

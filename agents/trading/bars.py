@@ -21,7 +21,7 @@ import pandas as pd
 from jaxenv.contracts import ContractSpec
 from jaxenv.env import prop_flat_by
 from jaxenv.features import INDICATORS, N_BAR_FEATURES, N_CONTEXT_FEATURES, compute_features
-from jaxenv.market import MAX_WINDOW, WARMUP_BARS
+from jaxenv.market import FIRST_DECISION_BAR
 from jaxenv.scale import check_scale
 from jaxenv.sessions import (
     Schedule,
@@ -34,7 +34,6 @@ from jaxenv.sessions import (
 )
 
 FEATURE_WINDOW = 4096  # bars the features of a new bar are computed over
-FIRST_DECISION_BAR = WARMUP_BARS + MAX_WINDOW  # jaxenv.Market.first_decision_bar: the bars before are history
 MAX_JUMP = 0.5  # a close this far (as a share) from the previous one is another instrument's, not a move
 ROW_FIELDS = ("open", "high", "low", "close", "volume")
 
@@ -147,9 +146,9 @@ class BarBook:
                         f"{self.contract.timezone}, {self.schedule.hours} hours) the agent trades in")
         return ""
 
-    def add(self, bar: Bar) -> str:
-        """Adds a bar that `check` passes (else raises BarRefused with its reason). Returns a note for a bar that is
-        taken but worth a line (bars missing before it), else ""."""
+    def add(self, bar: Bar) -> None:
+        """Adds a bar that `check` passes (else raises BarRefused with its reason). `note` says what is worth a line
+        about a bar that was taken (bars missing before it), else ""."""
         problem = self.check(bar)
         if problem:
             raise BarRefused(problem)
@@ -158,12 +157,6 @@ class BarBook:
             self._grow()
         i = self.n
         stamp = pd.Timestamp(bar.time)
-        note = ""
-        if i and self.schedule is not None:
-            gap = (stamp.value - self.stamps[i - 1]) // (60 * 10**9 * max(self.interval, 1)) - 1
-            same_session = self._session_of_new(stamp) == self.session_id[i - 1]
-            if same_session and gap > 0 and self.interval < 1440:
-                note = f"{gap} {interval_text(self.interval)} bar(s) missing before {stamp}: traded on without them"
         self.stamps[i] = stamp.value
         self.raw[i] = [getattr(bar, f) for f in ROW_FIELDS]
         if bar.text.strip():
@@ -174,10 +167,11 @@ class BarBook:
         self.n += 1
         if self.schedule is not None:
             self._place(i, i + 1)
+            gap = (stamp.value - self.stamps[i - 1]) // (60 * 10**9 * self.interval) - 1
+            if self.session_id[i] == self.session_id[i - 1] and gap > 0 and self.interval < 1440:
+                self.note = f"{gap} {interval_text(self.interval)} bar(s) missing before {stamp}: traded on without them"
         elif self.n == FIRST_DECISION_BAR:  # the history is complete: its schedule, scale, then its features
             self._start()
-        self.note = note
-        return note
 
     def _start(self) -> None:
         """At the first decision bar: the schedule and price scale of the history, then every history bar placed."""
@@ -199,16 +193,6 @@ class BarBook:
                              f"{self.contract.symbol}'s sessions (first: {index[outside][0]})")
         self.schedule = schedule
         self._place(0, self.n)  # one pass: each row looks back only, so it is the row a bar-by-bar pass gives
-
-    def _session_of_new(self, stamp: pd.Timestamp) -> int:
-        """The session id a bar stamped `stamp` would get after the bars so far."""
-        start = max(0, self.n - 1)
-        index = pd.DatetimeIndex(np.append(self.stamps[start : self.n], stamp.value)).tz_localize("UTC").tz_convert(
-            self.contract.timezone)
-        info = session_info(index, self.contract, self.interval, self.schedule)
-        if self.n == 0:
-            return 0
-        return int(self.session_id[self.n - 1] + (info.session_id[-1] != info.session_id[0]))
 
     def _place(self, first: int, end: int) -> None:
         """Bars [first, end)'s sessions, rules and features: the last rows of the window of bars up to end."""

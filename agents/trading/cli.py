@@ -88,6 +88,7 @@ class Session:
         self.latencies: list[float] = []
         self.entry_order = None  # the last decision's entry order, filled (or not) on the next bar
         self.status_every = args.status_every if args.status_every is not None else (1 if args.follow else 0)
+        self.total = None  # a replay's rows (the progress bar's total)
         self.bar = None
 
     @classmethod
@@ -115,16 +116,17 @@ class Session:
         out = Path(args.out) if args.out else run_dir / TRADE_DIR / Path(args.data).stem
         journal = Journal(out)
         session = cls(args, agent, PaperBroker(), journal, feed, None)
+        session.total = None if args.follow else len(rows)
         if journal.has_state:
             session._resume()
         else:
             journal.open()
         if agent.hybrid:
-            session.advisor = session._start_advisor(rows)
+            session.advisor = session._start_advisor()
             agent.advisor = session.advisor
         return session
 
-    def _start_advisor(self, rows):
+    def _start_advisor(self):
         from agents.trading.advice import LiveAdvisor
 
         store = None if self.args.follow else self._store()
@@ -189,8 +191,7 @@ class Session:
         from agents.trading.bars import BarRefused
 
         a = self.args
-        total = None if a.follow else len(self.feed.read())
-        self.bar = tqdm(total=total, initial=self.rows_done, unit="bar", desc="trading", file=sys.stderr,
+        self.bar = tqdm(total=self.total, initial=self.rows_done, unit="bar", desc="trading", file=sys.stderr,
                         disable=a.no_progress or a.follow, mininterval=1.0)
         for line, item in self.feed.rows(self.rows_done, a.follow, a.poll, a.idle_exit):
             self.rows_done += 1
@@ -223,7 +224,6 @@ class Session:
         self._say(f"{self.args.data}: line {line}: {why}; skipped, the position is unchanged")
 
     def _record(self, decision) -> None:
-
         agent, journal, broker = self.agent, self.journal, self.broker
         row = agent.last_row
         if row is not None:  # the bar the last decision's order met

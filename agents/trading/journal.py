@@ -45,7 +45,6 @@ class Journal:
         self.out = Path(out)
         self.state_dir = self.out / STATE_DIR
         self.files: dict[str, Any] = {}
-        self.writers: dict[str, csv.DictWriter] = {}
         self.logged = 0  # bars of the book in bars.bin
 
     @property
