@@ -216,6 +216,7 @@ def test_bad_rows_get_one_line_each_and_the_rest_is_traded(runs, tmp_path, capsy
                  str(tmp_path / "other"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"error: {path}: the first {FIRST_DECISION_BAR} bars:")
+    assert not (tmp_path / "other").exists()  # nothing traded, nothing left behind
 
 
 def test_a_news_file_gives_each_bar_the_context_its_headline_column_gives(runs, replays, tmp_path):

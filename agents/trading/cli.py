@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (DataValidationError, FileNotFoundError, ValueError) as e:  # a file that is not the run's instrument
         print(f"error: {e}", file=sys.stderr)
+        if not session.decisions:  # nothing was traded: nothing is left behind
+            session.journal.discard()
         return 2
     finally:
         session.close()
@@ -270,11 +272,14 @@ class Session:
         return out
 
     def close(self) -> None:
+        from agents.trading.journal import SUMMARY_FILE
+
         if self.journal.files:
             summary = self.summary()
-            tmp = self.journal.out / "summary.json.tmp"
+            path = self.journal.out / SUMMARY_FILE
+            tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(json.dumps(summary, indent=1, default=float))
-            tmp.replace(self.journal.out / "summary.json")
+            tmp.replace(path)
             self.journal.close()
         if self.advisor is not None:
             self.advisor.close()

@@ -14,10 +14,12 @@ written for a bar whose state was never saved are written again, once.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from agents.runs.storage import fsync_dir
 from agents.trading.bars import BarBook
 
 OUTPUTS = ("decisions.jsonl", "orders.csv", "fills.csv", "trace.csv")
+SUMMARY_FILE = "summary.json"
 STATE_DIR = "state"
 STATE_FILE = "state.pkl"
 BARS_FILE = "bars.bin"
@@ -68,6 +71,16 @@ class Journal:
         for f in self.files.values():
             f.close()
         self.files = {}
+
+    def discard(self) -> None:
+        """Removes what a run that stopped before its first decision wrote (empty outputs and state), so that an error
+        leaves no folder that looks like a trading run; the folder itself goes where nothing else is in it."""
+        self.close()
+        for name in (*OUTPUTS, SUMMARY_FILE):
+            (self.out / name).unlink(missing_ok=True)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.out.rmdir()
 
     # ---------------------------------------------------------------------------------------------- outputs
     def decision(self, line: dict) -> None:
