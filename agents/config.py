@@ -312,6 +312,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
         (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),
          "hybrid.learning.enabled", "LoRA learning needs a transformers advisor (smollm2 or a model path) in score mode"),
+        (not (cfg.hybrid.learning.enabled and cfg.hybrid.query.bind_on == "record"), "hybrid.query.bind_on",
+         "the record scores the advice's calls on the market's moves, and an advisor that learns (hybrid.learning) "
+         "re-answers keys with adapters trained on those very moves: bind on trust or always, or turn learning off"),
         (not (cfg.hybrid.learning.enabled and cfg.hybrid.shuffled), "hybrid.shuffled",
          "the shuffled control asks about other bars, so it cannot learn from outcomes: turn hybrid.learning off"),
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),

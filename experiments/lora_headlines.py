@@ -59,8 +59,8 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
     import jax
 
     from agents.advice.acting import make_acting
-    from agents.advisor.adapters import checkpoint_adapter
     from agents.rl.ppo import make_train
+    from agents.runs.adapters import checkpoint_adapter
     from agents.training.loop import train
     from agents.training.validation import AgentEvaluator
 

@@ -70,6 +70,9 @@ class DataConfig:
     synthetic_seed: int = 0  # the seed a synthetic market is drawn with
     train_frac: float = 0.70  # the first share of the bars: the training split; then validation
     val_frac: float = 0.15  # the rest is the test split
+    # the splits by whole sessions instead ("train=0:60,val=60:72,test=74:86": sessions [a, b) counted from 0; the
+    # sessions between splits are in none): a walk-forward's fold (jaxenv.folds). "" = the fractions above
+    splits: str = ""
 
 
 def resolve_data_config(cfg: DataConfig) -> DataConfig:
@@ -83,6 +86,10 @@ def resolve_data_config(cfg: DataConfig) -> DataConfig:
         raise ValueError(f"data.source_timezone: unknown time zone {cfg.source_timezone!r} (an IANA name such as UTC, "
                          "Europe/London or America/Chicago)")
     news_max_age(cfg)
+    if cfg.splits:
+        from jaxenv.folds import parse_splits
+
+        parse_splits(cfg.splits)
     if isinstance(cfg.news_items, bool) or not isinstance(cfg.news_items, int) or cfg.news_items < 1:
         raise ValueError(f"data.news_items: the newest items a bar's context holds, a whole number >= 1; got "
                          f"{cfg.news_items!r}")

@@ -10,6 +10,7 @@ and a month are read in the order the file proves (a field above 12), never by a
 from __future__ import annotations
 
 import gzip
+import io
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ REQUIRED_COLUMNS = (*PRICE_COLUMNS, "volume")
 TIMESTAMP_NAMES = ("datetime", "timestamp", "date_time", "time", "date")
 TEXT_NAMES = ("headline", "headlines", "news", "text")
 _SHOWN_ROWS = 5  # offending rows listed in one error message
+_GUESSED_ROWS = 100  # leading stamps tried for the format of a column with bad rows
 # the fix for stamps of a file that no format option reads (a news file)
 ISO_STAMPS = "write the stamps in ISO 8601 (2024-03-04 14:30:00+00:00, or naive 2024-03-04 09:30:00)"
 
@@ -98,7 +100,13 @@ def read_bars_noted(
 def read_raw_bars(path: str | Path, date_format: str | None = None, text_column: str | None = None) -> RawBars:
     """A CSV or Parquet file's bars with their stamps as parsed, before any time zone is applied."""
     path = Path(path)
-    raw = read_table(path)
+    return raw_bars(path, read_table(path), date_format, text_column)[0]
+
+
+def raw_bars(path: Path, raw: pd.DataFrame, date_format: str | None = None, text_column: str | None = None,
+             refuse_rows: bool = False) -> tuple[RawBars, dict[int, str]]:
+    """`read_raw_bars` of the file's table as read (`read_table`). With `refuse_rows`, a stamp that cannot be read
+    (NaT) or a value that is not a number (NaN) fails its row, not the file: {the row's position: why}."""
     by_lower = columns_by_name(raw)
 
     missing = [c for c in REQUIRED_COLUMNS if c not in by_lower]
@@ -109,10 +117,20 @@ def read_raw_bars(path: str | Path, date_format: str | None = None, text_column:
     if not len(raw):
         raise DataValidationError(f"{path}: has columns but no rows of bars")
 
-    stamps, wall, column, note = parse_timestamps(path, raw, by_lower, date_format)
+    stamps, wall, column, note = parse_timestamps(path, raw, by_lower, date_format, refuse_rows=refuse_rows)
     frame = pd.DataFrame({c: pd.to_numeric(raw[by_lower[c]], errors="coerce") for c in REQUIRED_COLUMNS})
     non_numeric = frame.isna() & raw[[by_lower[c] for c in REQUIRED_COLUMNS]].notna().values
-    if non_numeric.values.any():
+    refused: dict[int, list[str]] = {}
+    if refuse_rows:
+        unread = np.flatnonzero(stamps.isna())
+        written = _stamp_text(path, raw, by_lower)[0].iloc[unread] if len(unread) else []
+        for i, text in zip(unread, written):
+            refused[int(i)] = [f"its stamp {str(text)!r} cannot be read" if pd.notna(text) else "its stamp is missing"]
+        for col in non_numeric.columns[non_numeric.any()]:
+            for i in np.flatnonzero(non_numeric[col].values):
+                refused.setdefault(int(i), []).append(f"column '{col}' is not a number "
+                                                      f"({str(raw[by_lower[col]].iloc[i])!r})")
+    elif non_numeric.values.any():
         col = non_numeric.columns[non_numeric.any()].tolist()[0]
         rows = np.flatnonzero(non_numeric[col].values)
         raise DataValidationError(f"{path}: column '{col}' has non-numeric values at {row_list(rows)}")
@@ -124,7 +142,7 @@ def read_raw_bars(path: str | Path, date_format: str | None = None, text_column:
         if text_key not in by_lower:
             raise DataValidationError(f"{path}: text column {text_column!r} not found")
         frame["headline"] = raw[by_lower[text_key]].fillna("").astype(str).values
-    return RawBars(frame, wall, column, note)
+    return RawBars(frame, wall, column, note), {i: "; ".join(why) for i, why in sorted(refused.items())}
 
 
 def columns_by_name(raw: pd.DataFrame) -> dict[str, str]:
@@ -135,14 +153,15 @@ def columns_by_name(raw: pd.DataFrame) -> dict[str, str]:
     return by_lower
 
 
-def read_table(path: Path, setting: str = "--data") -> pd.DataFrame:
+def read_table(path: Path, setting: str = "--data", data: bytes | None = None) -> pd.DataFrame:
     """The file as a raw frame; a file that cannot be read as a table fails with one line naming it (and the
-    `setting` that names the file, where it is a folder)."""
-    if not path.exists():
+    `setting` that names the file, where it is a folder). `data`: a CSV file's bytes as read already, parsed
+    instead of the file."""
+    if data is None and not path.exists():
         raise FileNotFoundError(f"market data file not found: {path}")
-    if path.is_dir():
+    if data is None and path.is_dir():
         raise DataValidationError(f"{path}: is a folder; {setting} takes a CSV or Parquet file")
-    if path.stat().st_size == 0:
+    if (path.stat().st_size if data is None else len(data)) == 0:
         raise DataValidationError(f"{path}: the file is empty")
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
@@ -161,10 +180,10 @@ def read_table(path: Path, setting: str = "--data") -> pd.DataFrame:
     not_text = DataValidationError(
         f"{path}: not a UTF-8 text CSV file (binary content or another encoding; Parquet files need the .parquet "
         "suffix)")
-    if not _is_text(path):
+    if not _is_text(path, data):
         raise not_text
     try:
-        return pd.read_csv(path)
+        return pd.read_csv(path if data is None else io.BytesIO(data))
     except pd.errors.EmptyDataError:
         raise DataValidationError(f"{path}: has no columns (an empty or blank CSV file)") from None
     except (UnicodeDecodeError, EOFError, OSError, zlib.error):
@@ -174,10 +193,11 @@ def read_table(path: Path, setting: str = "--data") -> pd.DataFrame:
         raise DataValidationError(f"{path}: could not be read as CSV: {reason}") from None
 
 
-def _is_text(path: Path, size: int = 8192) -> bool:
-    """The file's first bytes (decompressed for .gz) are UTF-8 text without NUL bytes."""
+def _is_text(path: Path, data: bytes | None = None, size: int = 8192) -> bool:
+    """The file's first bytes (decompressed for .gz; of `data` where given) are UTF-8 text without NUL bytes."""
     try:
-        with (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else path.open("rb")) as file:
+        with (io.BytesIO(data) if data is not None else gzip.open(path, "rb") if path.suffix.lower() == ".gz"
+              else path.open("rb")) as file:
             head = file.read(size)
     except (OSError, EOFError, zlib.error):
         return False
@@ -189,33 +209,36 @@ def _is_text(path: Path, size: int = 8192) -> bool:
     return b"\x00" not in head
 
 
+def _stamp_text(path: Path, raw: pd.DataFrame, by_lower: dict[str, str]) -> tuple[pd.Series, str]:
+    """The stamps as written (a date and a time column joined) and the column's name."""
+    names = [n for n in TIMESTAMP_NAMES if n in by_lower]
+    if "date" in by_lower and "time" in by_lower and not any(n in by_lower for n in TIMESTAMP_NAMES[:3]):
+        return raw[by_lower["date"]].astype(str) + " " + raw[by_lower["time"]].astype(str), "date+time"
+    if names:
+        return raw[by_lower[names[0]]], str(by_lower[names[0]])
+    first = str(raw.columns[0])
+    if first.startswith("Unnamed") or first.strip() == "" or first == "index":
+        return raw[raw.columns[0]], first
+    raise DataValidationError(
+        f"{path}: no timestamp column; expected one of {', '.join(TIMESTAMP_NAMES)} "
+        "(any case), separate date and time columns, or an unnamed first index column"
+    )
+
+
 def parse_timestamps(
     path: Path, raw: pd.DataFrame, by_lower: dict[str, str], date_format: str | None,
-    date_option: str | None = "--date-format",
+    date_option: str | None = "--date-format", refuse_rows: bool = False,
 ) -> tuple[pd.DatetimeIndex, pd.DatetimeIndex, str, str]:
     """(stamps as parsed: naive, or tz-aware where the text carries offsets; their wall-clock times as written,
     naive; the column's name; a note of the day and month order where the file decided it). `date_option` is the
-    flag that gives the file a format, named in errors; None where it has none (ISO 8601 stamps are then the fix)."""
-    names = [n for n in TIMESTAMP_NAMES if n in by_lower]
-    if "date" in by_lower and "time" in by_lower and not any(n in by_lower for n in TIMESTAMP_NAMES[:3]):
-        text = raw[by_lower["date"]].astype(str) + " " + raw[by_lower["time"]].astype(str)
-        column = "date+time"
-    elif names:
-        text = raw[by_lower[names[0]]]
-        column = str(by_lower[names[0]])
-    else:
-        first = str(raw.columns[0])
-        if first.startswith("Unnamed") or first.strip() == "" or first == "index":
-            text = raw[raw.columns[0]]
-            column = first
-        else:
-            raise DataValidationError(
-                f"{path}: no timestamp column; expected one of {', '.join(TIMESTAMP_NAMES)} "
-                "(any case), separate date and time columns, or an unnamed first index column"
-            )
+    flag that gives the file a format, named in errors; None where it has none (ISO 8601 stamps are then the fix).
+    With `refuse_rows`, stamps that cannot be read are NaT, not an error, and the rest are read as without them."""
+    text, column = _stamp_text(path, raw, by_lower)
     wall, note, fmt = None, "", date_format
+    if refuse_rows and fmt is None and not pd.api.types.is_numeric_dtype(text):
+        text = _readable(text)
     if fmt is None and not pd.api.types.is_numeric_dtype(text):
-        fmt, note = _day_and_month_order(path, column, text, date_option)
+        fmt, note = _day_and_month_order(path, column, text, date_option, refuse_rows)
     try:
         if pd.api.types.is_numeric_dtype(text):
             # Epoch numbers: seconds, milliseconds or nanoseconds by magnitude.
@@ -236,7 +259,7 @@ def parse_timestamps(
         raise DataValidationError(f"{path}: column '{column}' could not be parsed as timestamps: {err}") from None
     stamps = pd.DatetimeIndex(stamps)
     bad = np.flatnonzero(stamps.isna())
-    if len(bad):
+    if len(bad) and not refuse_rows:
         if date_format:
             hint = ""
         elif not date_option:
@@ -246,24 +269,28 @@ def parse_timestamps(
         else:
             hint = f"; pass {date_option} for unusual formats"
         raise DataValidationError(f"{path}: column '{column}' has unparseable timestamps at {row_list(bad)}{hint}")
-    if wall is None or wall.isna().any():
+    if wall is None or (wall.isna() & stamps.notna()).any():
         wall = stamps if stamps.tz is None else stamps.tz_localize(None)
     return stamps, wall, column, note
 
 
-def _day_and_month_order(path: Path, column: str, text: pd.Series, date_option: str | None) -> tuple[str | None, str]:
+def _day_and_month_order(path: Path, column: str, text: pd.Series, date_option: str | None,
+                         refuse_rows: bool = False) -> tuple[str | None, str]:
     """The format of stamps that start with a day and a month in either order (01.02.2017 22:00:00.000), as the
     file proves it: a field above 12 is the day. Returns the format and a note of the decision; (None, "") for other
     stamps (ISO dates, ...). Stamps that read every row both ways, to different dates, are an error that names both
     formats (passed with `date_option`; ISO 8601 stamps where the file has none): a guess would move most dates by
-    months."""
-    guessed = guess_datetime_format(str(text.iloc[0])) or ""
+    months. With `refuse_rows`, stamps that read neither way prove nothing (their rows are refused)."""
+    first = int(np.argmax(text.notna().to_numpy())) if refuse_rows else 0
+    guessed = guess_datetime_format(str(text.iloc[first])) or ""
     if sorted([guessed[:2], guessed[3:5]]) != ["%d", "%m"]:
         return None, ""
     rest = guessed[5:]
     day_first, month_first = f"%d{guessed[2]}%m{rest}", f"%m{guessed[2]}%d{rest}"
     readings = {fmt: pd.to_datetime(text, format=fmt, errors="coerce") for fmt in (day_first, month_first)}
-    whole = [fmt for fmt, stamps in readings.items() if stamps.notna().all()]
+    read = ((readings[day_first].notna() | readings[month_first].notna()).to_numpy() if refuse_rows
+            else np.ones(len(text), bool))
+    whole = [fmt for fmt, stamps in readings.items() if stamps.notna().to_numpy()[read].all()]
     if not whole:  # bad rows either way: the reading that parses most of them names them
         return max(readings, key=lambda fmt: readings[fmt].notna().sum()), ""
     if len(whole) == 2:
@@ -276,9 +303,32 @@ def _day_and_month_order(path: Path, column: str, text: pd.Series, date_option: 
             f"different dates: {fix}")
     fmt = whole[0]
     other = month_first if fmt == day_first else day_first
-    proof = int(np.flatnonzero(readings[other].isna())[0])
+    proof = int(np.flatnonzero(readings[other].isna().to_numpy() & read)[0])
     order = "day-first" if fmt == day_first else "month-first"
     return fmt, f"read {order} as {fmt} (row {proof + 1}, {text.iloc[proof]}, reads no other way)"
+
+
+def _readable(text: pd.Series) -> pd.Series:
+    """`text` read as without its bad stamps: epoch numbers where the first stamp is one (a bad one made the column
+    text), else the stamps above the first whose format can be guessed blanked (pandas reads a column in the format
+    of its first stamp, and a bad first one would have every stamp read one by one)."""
+    for i, value in enumerate(text.iloc[:_GUESSED_ROWS]):
+        if pd.isna(value):
+            continue
+        if _is_number(str(value)):
+            return pd.to_numeric(text, errors="coerce")
+        if guess_datetime_format(str(value)):
+            return text.where(np.arange(len(text)) >= i) if i else text
+    return text
+
+
+def _is_number(text: str) -> bool:
+    """`text` reads as a number (an epoch stamp)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def to_exchange_time(

@@ -23,6 +23,7 @@ from jaxenv.data import (
     too_few_bars,
 )
 from jaxenv.features import WARMUP_BARS, compute_features
+from jaxenv.folds import session_splits
 from jaxenv.news import news_context
 from jaxenv.scale import Scale, check_scale, same_calendar
 from jaxenv.sessions import (
@@ -99,14 +100,6 @@ class Market:
             raise ValueError(f"split {split!r} = [{start}, {end}) leaves no bars to trade in {self.num_bars} bars")
         return start, end
 
-    def walk_forward_folds(self, n_folds: int) -> list[dict[str, tuple[int, int]]]:
-        """Expanding-window folds over whole sessions: fold k trains on chunks 0..k and tests on chunk k+1."""
-        if n_folds < 1:
-            raise ValueError("n_folds must be at least 1")
-        bounds = _session_aligned_bounds(self.sessions.session_id, np.linspace(0, 1, n_folds + 2)[1:-1])
-        edges = [0, *bounds, self.num_bars]
-        return [{"train": (edges[0], edges[k + 1]), "test": (edges[k + 1], edges[k + 2])} for k in range(n_folds)]
-
 
 def _session_aligned_bounds(session_id: np.ndarray, fractions: np.ndarray) -> list[int]:
     """Split points moved to the first bar of the session nearest to each fraction of the data."""
@@ -117,6 +110,16 @@ def _session_aligned_bounds(session_id: np.ndarray, fractions: np.ndarray) -> li
         target = f * n
         out.append(int(starts[np.argmin(np.abs(starts - target))]))
     return out
+
+
+def market_splits(session_id: np.ndarray, cfg: DataConfig, source: str) -> dict[str, tuple[int, int]]:
+    """The splits `data.splits` names by session (a walk-forward's fold), else the time fractions."""
+    if not cfg.splits:
+        return time_splits(session_id, cfg.train_frac, cfg.val_frac)
+    try:
+        return session_splits(session_id, cfg.splits)
+    except ValueError as error:
+        raise DataValidationError(f"{source}: {error}") from None
 
 
 def time_splits(session_id: np.ndarray, train_frac: float, val_frac: float) -> dict[str, tuple[int, int]]:
@@ -334,7 +337,7 @@ def market_from_frame(
         session_minutes=sessions.session_minutes,
         text_table=table,
         text_index=text_index,
-        splits=time_splits(sessions.session_id, cfg.train_frac, cfg.val_frac),
+        splits=market_splits(sessions.session_id, cfg, source),
         dropped_rows=len(bad) - len(frame),
         dropped_note="; ".join(dropped),
         stamps_note="; ".join(filter(None, [read_note, stamps_note or note])),

@@ -4,8 +4,10 @@ training with scripts/advise.py."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +115,153 @@ for start in range(0, 200_000, 4000):
     assert loaded.filled()[:reported].all()
     n = int(loaded.filled().sum())
     assert n % 4000 == 0 and np.array_equal(np.flatnonzero(loaded.filled()), np.arange(n))  # whole saves only
+
+
+FIRST_SAVE = f"""
+import os, signal, sys, numpy as np
+sys.path.insert(0, {str(ROOT)!r})
+from agents.advisor.store import AdviceStore
+from bridge.protocol import STATUS_OK
+root, at = sys.argv[1], sys.argv[2]
+connect = AdviceStore._connect
+def hooked(self, *args, **kwargs):  # the save's connection, stopped at its COMMIT
+    db = connect(self, *args, **kwargs)
+    if at == "kill":
+        db.execute("PRAGMA cache_size=2")  # the transaction's pages spill into the file before COMMIT
+    def at_commit(sql):
+        if sql == "COMMIT" and at == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if sql == "COMMIT":
+            print("in", flush=True)
+            sys.stdin.readline()
+    db.set_trace_callback(at_commit)
+    return db
+AdviceStore._connect = hooked
+store = AdviceStore(root, {{"advisor": "x"}}, 5000)
+keys = np.arange(5000)
+store.keep(keys, np.eye(6, dtype=np.float32)[keys % 6], np.full(5000, 0.5, np.float32),
+           np.full(5000, STATUS_OK, np.int32))
+print(store.save(), flush=True)
+"""
+
+
+def test_a_holder_reading_during_another_holders_first_save_finds_it_empty_and_the_save_goes_through(tmp_path, capsys):
+    """Holder A (another process) is inside its first save's transaction: the file exists, its tables are not
+    committed. Holder B reads then: an empty store, not a damaged one (before, B set the folder aside, A's save
+    died with a disk I/O error and the store lost it)."""
+    writer = subprocess.Popen([sys.executable, "-c", FIRST_SAVE, str(tmp_path), "pause"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "in\n"  # A holds its transaction open at COMMIT
+        reader = AdviceStore(tmp_path, {"advisor": "x"}, 5000)
+        assert reader.path.exists() and reader.refresh() == 0 and not reader.answers.filled().any()
+        assert not list(tmp_path.glob("*.damaged-*")) and "set aside" not in capsys.readouterr().err
+        out, err = writer.communicate("\n", timeout=120)
+    finally:
+        writer.kill()
+    assert writer.returncode == 0 and out.split() == ["5000"], err
+    assert reader.refresh() == 5000 and AdviceStore(tmp_path, {"advisor": "x"}, 5000).load().filled().all()
+
+
+def test_a_store_left_by_a_writer_killed_in_its_first_save_reads_as_empty_and_takes_the_next_save(tmp_path, capsys):
+    """A writer killed inside its first save leaves a file without committed tables (here with its pages half
+    written and a hot journal), or one killed right after creating it an empty file or one without tables: each is
+    an empty store, not a damaged one, and the next save works."""
+    killed = subprocess.run([sys.executable, "-c", FIRST_SAVE, str(tmp_path), "kill"], capture_output=True,
+                            text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    store = AdviceStore(tmp_path, {"advisor": "x"}, 5000)
+    assert (store.dir / "answers.sqlite-journal").exists()  # the save's pages reached the file: a hot journal
+    empty = AdviceStore(tmp_path / "empty", {"advisor": "x"}, 5000)
+    empty.dir.mkdir(parents=True)
+    empty.path.touch()  # killed right after the file was created
+    bare = AdviceStore(tmp_path / "bare", {"advisor": "x"}, 5000)
+    bare.dir.mkdir(parents=True)
+    with closing(sqlite3.connect(bare.path)) as db:
+        db.execute("PRAGMA user_version=1")  # a database with a first page and no tables
+    for s in (store, empty, bare):
+        assert not s.load().filled().any()
+        assert held(s, answers(5000, [7, 4999])).save() == 2
+        assert np.flatnonzero(AdviceStore(s.dir.parent, {"advisor": "x"}, 5000).load().filled()).tolist() == [7, 4999]
+    assert not list(tmp_path.rglob("*.damaged-*")) and "set aside" not in capsys.readouterr().err
+
+
+def test_a_save_whose_folder_is_set_aside_under_it_saves_into_a_new_one(tmp_path, monkeypatch):
+    """Another holder sets the folder aside (it found it damaged) while this one's save is in its transaction: the
+    save does not die (training's save_store would end the run), it saves every answer it holds into a new file."""
+    store = held(AdviceStore(tmp_path, {"advisor": "x"}, 50), answers(50, [1, 2]))
+    assert store.save() == 2
+    connect = AdviceStore._connect
+
+    def hooked(self, *args, **kwargs):
+        db = connect(self, *args, **kwargs)
+        db.set_trace_callback(lambda sql: sql == "COMMIT" and not aside and aside.append(
+            store.dir.rename(store.dir.with_name(f"{store.dir.name}.damaged-x"))))
+        return db
+
+    aside = []
+    monkeypatch.setattr(AdviceStore, "_connect", hooked)
+    held(store, answers(50, [3]))
+    store.save()
+    monkeypatch.undo()
+    assert aside and np.flatnonzero(AdviceStore(tmp_path, {"advisor": "x"}, 50).load().filled()).tolist() == [1, 2, 3]
+
+
+def test_a_store_another_holder_keeps_locked_is_not_judged(tmp_path, monkeypatch, capsys):
+    """A reader that cannot get at the file now (another holder keeps it locked past the wait) goes on with the answers
+    it holds, with one line: the file is not set aside (before, it was, under the live holder)."""
+    store = held(AdviceStore(tmp_path, {"advisor": "x"}, 20), answers(20, [1, 2]))
+    assert store.save() == 2
+    monkeypatch.setattr("agents.advisor.store.LOCK_TIMEOUT_S", 0.2)
+    reader = AdviceStore(tmp_path, {"advisor": "x"}, 20)
+    with closing(sqlite3.connect(store.path, isolation_level=None)) as db:
+        db.execute("BEGIN EXCLUSIVE")
+        assert reader.refresh() == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot read it now" in err[0] and not list(tmp_path.glob("*.damaged-*"))
+    assert reader.refresh() == 2
+
+def test_a_save_is_durable_and_a_holder_in_another_process_reads_it(tmp_path):
+    """A save commits in the rollback journal with synchronous=EXTRA (the journal's deletion, its commit, is made
+    durable too: FULL could lose the last save to a power cut), and a new holder in another process reads it."""
+    store = held(AdviceStore(tmp_path, {"advisor": "x"}, 40), answers(40, [3, 5, 39]))
+    assert store.save() == 3
+    with closing(store._connect()) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert db.execute("PRAGMA synchronous").fetchone()[0] == 3  # EXTRA
+    assert [p.name for p in store.dir.iterdir()] == ["answers.sqlite"]  # no journal left beside it
+    read = subprocess.run([sys.executable, "-c", f"""
+import sys, numpy as np
+sys.path.insert(0, {str(ROOT)!r})
+from agents.advisor.store import AdviceStore
+print(np.flatnonzero(AdviceStore({str(tmp_path)!r}, {{"advisor": "x"}}, 40).load().filled()).tolist())
+"""], capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0 and read.stdout.strip() == "[3, 5, 39]", read.stderr
+
+
+def test_a_local_model_folder_is_one_store_however_its_path_is_spelled(tmp_path, monkeypatch):
+    """`m`, `./m`, `m/` and its absolute path name one model folder: one store (its identity names the folder's
+    resolved path); another folder is another store, and a hub id is named as given."""
+    from agents.advisor.store import identity
+    from jaxenv import load_market
+
+    market = load_market(load_config(None, SMALL).data)
+    for name in ("m", "n"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("agents.devices.gpus.visible_gpus", lambda: 0)
+
+    def store_of(llm: str) -> AdviceStore:
+        ident = identity(load_config(None, SMALL + [f"llm={llm}"]), market, "t", None, "p", tmp_path / "store")
+        return AdviceStore(tmp_path / "store", ident, 10)
+
+    spellings = {llm: store_of(llm) for llm in ("m", "./m", "m/", str(tmp_path / "m"), "n/../m")}
+    assert len({s.dir for s in spellings.values()}) == 1
+    assert spellings["m"].ident["advisor"]["llm"] == str(tmp_path.resolve() / "m")
+    assert store_of("n").dir != spellings["m"].dir
+    assert store_of("org/model").ident["advisor"]["llm"] == "org/model"
 
 
 def test_a_keys_prompt_shows_the_market_at_its_blocks_last_bar_and_no_accounts_figures():
@@ -267,15 +416,13 @@ def test_the_store_identity_moves_with_the_prompt_format_the_model_files_and_the
     monkeypatch.setattr("agents.devices.gpus.visible_gpus", lambda: 1)
     on[1] = identity(smollm2, market, template, None, base, tmp_path / "store")
     assert on[0]["advisor"]["device"] == "cpu" and on[1]["advisor"]["dtype"] == "bfloat16" and on[0] != on[1]
-    learning = load_config(None, SMALL + ["llm=smollm2", "hybrid.learning.enabled=true"])
+    learning = load_config(None, SMALL + ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.query.bind_on=trust"])
     assert identity(learning, market, template, None, base, tmp_path / "store") != on[1]  # its own arm
 
 
 def test_a_runs_training_and_its_walks_leave_both_splits_keys_in_the_store(tmp_path):
     """Training's link and the validation walks' share the run's store: after the run it holds the training keys
     training asked and the validation keys its walks asked (before, the last saver's answers replaced the other's)."""
-    import sqlite3
-
     from agents.training.loop import train
     from jaxenv import load_market
 

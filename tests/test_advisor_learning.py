@@ -88,6 +88,12 @@ def test_learning_config_needs_a_transformers_advisor_in_score_mode():
         load_config(None, ["hybrid.learning.move_clip=0"])
 
 
+def test_the_record_does_not_judge_an_advisor_that_learns_from_the_moves_it_scores():
+    with pytest.raises(ConfigError, match="hybrid.query.bind_on: the record scores"):
+        load_config(None, ["llm=smollm2", "hybrid.learning.enabled=true"])  # bind_on: record, the default
+    assert load_config(None, ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.query.bind_on=trust"])
+
+
 def test_the_learner_raises_the_side_the_market_took_after_every_answered_prompt_with_a_known_move():
     def experience(move: float) -> Experience:
         return Experience("p", np.full(6, 1 / 6, np.float32), move)
@@ -264,7 +270,7 @@ def tiny_learning_run(model: str) -> list[str]:
             "network.actor_hidden=[16,16]", "network.critic_hidden=[16,16]", "log.progress=false",
             "log.tensorboard=false", "data.source=synthetic:headlines", "data.synthetic_days=20",
             "env.max_steps_in_episode=400", "checkpoint.every_updates=1", "checkpoint.eval_every_updates=2",
-            "hybrid.budget=64", "hybrid.learning.enabled=true",
+            "hybrid.budget=64", "hybrid.learning.enabled=true", "hybrid.query.bind_on=trust",
             "hybrid.learning.every_updates=1", "hybrid.learning.min_examples=8", "hybrid.learning.batch_size=8",
             "hybrid.learning.lr=1e-2", "hybrid.learning.move_bars=10", "total_steps=960",
             "hybrid.latency=strict"]  # the keys asked at one update are answered at the next: a round starts at 2

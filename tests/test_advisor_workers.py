@@ -14,12 +14,12 @@ import pytest
 
 from agents.advice.acting import make_acting
 from agents.advisor.query_loop import QueryLoop
-from agents.training.update import Update
 from agents.advisor.workers import AdvisorPool, split_counts
 from agents.config import ConfigError, load_config
 from agents.rl.ppo import make_train
 from agents.training.env_setup import make_env_setup
 from agents.training.loop import _postfix
+from agents.training.update import Update
 from bridge import BridgeConfig
 from bridge.protocol import STATUS_BACKEND_ERROR, STATUS_OK, STATUS_TIMEOUT
 
@@ -145,5 +145,58 @@ def test_a_slow_answer_is_collected_when_done_not_abandoned():
         answers = pool.collect(timeout_s=0.0)
         assert (answers.status != STATUS_BACKEND_ERROR).all() and (answers.status != STATUS_TIMEOUT).all()
         assert pool.metrics()["llm_answered_w0"] + pool.metrics()["llm_answered_w1"] == int((answers.status == STATUS_OK).sum())
+    finally:
+        pool.close()
+
+
+def test_a_restarted_worker_answers_with_the_adapter_the_pool_loaded(tmp_path):
+    """A worker restarts from its start flags (here: the base model); the pool's last `load` is sent to it again
+    before it is given prompts, so its answers are the loaded adapter's, which they are stored as."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from bridge import PromptRenderer
+    from llm_sidecar.__main__ import example_fields
+    from llm_sidecar.models import build_tiny_phi3
+
+    renderer = PromptRenderer.from_yaml()
+    model = str(build_tiny_phi3(tmp_path / "tiny_phi3"))
+    torch.manual_seed(1)
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(model),
+                          LoraConfig(r=4, lora_alpha=16, target_modules=["qkv_proj", "o_proj"],
+                                     init_lora_weights=False))  # random B: answers differ from the base model's
+    lora.save_pretrained(tmp_path / "adapter")
+    fields, texts = example_fields(6, seed=5)
+    prompts, ids = renderer.render(fields, texts), np.arange(6, dtype=np.int32)
+
+    def ask() -> np.ndarray:
+        pool.submit(ids, prompts)
+        answers = pool.collect(timeout_s=60.0)
+        assert (answers.status == STATUS_OK).all()
+        return answers.probs
+
+    pool = AdvisorPool.start([("transformers", {"model": model, "batch_size": 8, "threads": 1})],
+                             BridgeConfig(capacity=8, name_prefix=f"jxfr{os.getpid()}_"), prompts=renderer)
+    try:
+        base = ask()
+        pool.command("load", path=str(tmp_path / "adapter"))
+        adapted = ask()
+        assert np.abs(adapted - base).max() > 1e-3
+        worker, old_pid = pool.workers[0], pool.sidecar_pid
+        os.kill(old_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while worker.sidecar_pid == old_pid:  # restarted once it is seen dead
+            assert time.monotonic() < deadline, "the worker was not restarted"
+            pool.restart_dead()
+            time.sleep(0.05)
+        while not worker.alive:  # its new process reports ready
+            assert time.monotonic() < deadline, "the worker did not come back"
+            time.sleep(0.05)
+        assert not pool.alive and pool.weights()[0] == 0  # ready, but still answering with its start flags' model
+        pool.restart_dead()  # sends it the pool's load before anything else
+        assert pool.alive and pool.weights()[0] > 0 and worker.stats()["restarts"] == 1
+        assert np.allclose(ask(), adapted, atol=1e-5)  # the adapter's answers, not the base model's
     finally:
         pool.close()

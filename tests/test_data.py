@@ -209,11 +209,13 @@ def test_splits_do_not_overlap_and_follow_fractions():
     (a0, a1), (b0, b1), (c0, c1) = (market.splits[s] for s in ("train", "val", "test"))
     assert a0 == 0 and a1 == b0 and b1 == c0 and c1 == market.num_bars
     assert a1 == 28 * 390 and b1 == 34 * 390  # 70 / 15 / 15 of 40 sessions, on session starts
-    folds = market.walk_forward_folds(3)
-    assert len(folds) == 3
-    for fold in folds:
-        assert fold["train"][1] == fold["test"][0]
-    assert folds[0]["test"][1] == folds[1]["test"][0]
+    # splits named by session (a walk-forward's fold): the purged sessions are in none
+    named = load_market(DataConfig(source="synthetic:default", synthetic_days=40, splits="train=0:20,val=20:25,"
+                                                                                          "test=27:40"))
+    assert named.splits == {"train": (0, 20 * 390), "val": (20 * 390, 25 * 390), "test": (27 * 390, 40 * 390)}
+    with pytest.raises(DataValidationError, match="the data holds 40 sessions, the splits reach session 41"):
+        load_market(DataConfig(source="synthetic:default", synthetic_days=40, splits="train=0:20,val=20:25,"
+                                                                                     "test=27:41"))
 
 
 def test_synthetic_presets_are_seeded_and_realistic():

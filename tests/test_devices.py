@@ -160,7 +160,8 @@ def test_two_processes_train_one_run(tmp_path):
     assert "envs sharded over 2 (process 0 of 2" in outs[0][1]
     assert [m["update"] for m in metrics(run_dir)] == [1, 2, 3]
     assert sorted(p.name for p in (run_dir / "checkpoints" / "latest").iterdir()) == ["1", "2", "3"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # one run folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "trials.jsonl"]  # one run folder, one trial
+    assert len((tmp_path / "trials.jsonl").read_text().splitlines()) == 1
 
 
 def test_two_processes_each_ask_their_own_advisor(tmp_path):
@@ -178,7 +179,7 @@ def test_two_processes_each_ask_their_own_advisor(tmp_path):
     logged = [json.loads(line)["key"] for line in (run_dir / "llm_log.jsonl").read_text().splitlines()]
     assert logged and len(set(logged)) == len(logged)
     assert [p.name for p in (run_dir / "checkpoints" / "best").iterdir()] == ["3"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "trials.jsonl"]
 
 
 @pytest.mark.parametrize("cuda_visible, user_setting, left", [

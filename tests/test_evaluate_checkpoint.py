@@ -183,9 +183,11 @@ def test_a_checkpoint_keeps_the_advice_record_and_its_walks_start_from_it(tmp_pa
                                             "hybrid.query.bind_on=record"]), path)
     trained = result.state.hybrid.record
     saved = restore_policy(path, "latest")
-    assert float(trained.tally.calls) > 0  # the calls of the keys answered in training
-    for field in ("calls", "clusters", "total", "squares"):
-        assert float(saved.advice_record["tally"][field]) == pytest.approx(float(getattr(trained.tally, field)))
+    assert float(trained.calls) > 0 and float(trained.evidence.sessions) > 0  # the sessions answered in training
+    assert float(saved.advice_record["calls"]) == float(trained.calls)
+    for field in ("sessions", "clipped", "pnl"):
+        assert float(saved.advice_record["evidence"][field]) == pytest.approx(float(getattr(trained.evidence, field)))
+    np.testing.assert_allclose(saved.advice_record["evidence"]["log_wealth"], trained.evidence.log_wealth, rtol=1e-6)
     assert bool(saved.advice_record["bound"]) == bool(trained.bound)
     logged = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     run = load_run(path, "latest")

@@ -197,6 +197,9 @@ def test_query_steps_ask_the_keys_most_envs_will_read_missing_before_stale_and_n
     # entries_only: only flat envs' keys
     keys, ok = select_keys(table, QueryConfig(interval=K, entries_only=True), 8, bar, side, 0, 2)
     assert all(k % SIDES == 1 for k in keys[ok].tolist())
+    # the flat keys the advice's record lacks (blocks [8, 10)) come after those the envs read, where no env reads them
+    keys, ok = select_keys(table, cfg, 20, bar, side, 0, 2, wanted=jnp.array([8, 10]))
+    assert set(keys[ok].tolist()[-2:]) == {8 * SIDES + 1, 9 * SIDES + 1}
 
 
 @pytest.mark.nojit
@@ -539,8 +542,9 @@ def test_the_advice_record_counts_one_call_per_key_held_for_the_advice_lifetime(
     """query.bind_on=record: a call is a flat key's answer naming BUY or SELL (status OK), counted once however many
     envs read it. It is held on paper from the close of the first bar of the block after its own for the advice's
     lifetime (or to its session's last bar), less a round trip's costs; PASS answers, other sides' keys and calls not
-    yet settled at a walk's bar do not count."""
-    from agents.advice.record import market_calls, tally_of
+    yet settled at a walk's bar do not count. Sessions are counted whole and in time order: one with a key not yet
+    answered, or a call not yet settled, stops the count there."""
+    from agents.advice.record import market_calls, session_evidence
     from jaxenv.env import CAN_ENTER, SESSION
 
     env = TradingEnv()
@@ -555,11 +559,14 @@ def test_the_advice_record_counts_one_call_per_key_held_for_the_advice_lifetime(
     b_long, b_short, b_pass, b_side, b_next = b0, b0 + 1, b0 + 2, b0 + 3, first_end // K + 2
     b_cut = int(np.flatnonzero([can_enter[(b + 1) * K] > 0 and (b + 1) * K + horizon > first_end
                                 for b in range(first_end // K)])[0])  # its lifetime crosses the session's end
+    every_flat = jnp.arange(blocks) * SIDES + 1  # every flat key answered PASS (no call), then the calls
+    table = AdviceTable.create(blocks * SIDES).write(every_flat, jnp.full((blocks, 6), 1 / 6), jnp.zeros(blocks),
+                                                     jnp.full(blocks, STATUS_NO_VIEW), jnp.zeros(blocks, jnp.int32),
+                                                     jnp.ones(blocks, bool))
     keys = jnp.array([b * SIDES + 1 for b in (b_long, b_short, b_pass, b_next, b_cut)] + [b_side * SIDES])
     probs = jax.nn.one_hot(jnp.array([BUY, SELL, HOLD, BUY, BUY, BUY]), 6)
     status = jnp.array([STATUS_OK, STATUS_OK, STATUS_NO_VIEW, STATUS_OK, STATUS_OK, STATUS_OK])
-    table = AdviceTable.create(blocks * SIDES).write(keys, probs, jnp.ones(6), status, jnp.zeros(6, jnp.int32),
-                                                     jnp.ones(6, bool))
+    table = table.write(keys, probs, jnp.ones(6), status, jnp.zeros(6, jnp.int32), jnp.ones(6, bool))
     calls = jax.device_get(market_calls(table, params, K, horizon))
     value, cost = 20.0, 2 * (2.14 + 0.25 * 20.0)  # NQ: $20 a point; commission and a tick's slippage a side
     assert np.flatnonzero(calls.made).tolist() == sorted([b_long, b_short, b_cut, b_next])
@@ -568,35 +575,47 @@ def test_the_advice_record_counts_one_call_per_key_held_for_the_advice_lifetime(
     assert calls.settled_at[b_long] == (b_long + 1) * K + horizon
     assert calls.settled_at[b_cut] == first_end
     assert calls.pnl[b_cut] == pytest.approx((first_end - (b_cut + 1) * K) * value - cost)
-    # a walk counts only the calls settled by its bar; training (every call of the split) counts them all
-    early = jax.device_get(tally_of(calls, jnp.asarray((b_long + 1) * K + horizon)))
-    assert float(early.calls) == 1 and float(early.total) == pytest.approx(horizon * value - cost)
-    every = jax.device_get(tally_of(calls, jnp.asarray(10_000)))
-    assert float(every.calls) == 4 and float(every.clusters) == 2  # b_next is in the next session
-    first = calls.pnl[[b_long, b_short, b_cut]].sum()
-    assert float(every.squares) == pytest.approx(first**2 + calls.pnl[b_next] ** 2, rel=1e-5)
+    # a walk counts a session once all its calls are settled; training (every call of the split) counts them all
+    scale = 2_500.0
+
+    def counted(calls, upto):
+        evidence, n, _ = jax.device_get(session_evidence(calls, jnp.asarray(upto), scale))
+        return float(evidence.sessions), int(n), float(evidence.pnl)
+
+    first = float(calls.pnl[[b_long, b_short, b_cut]].sum())
+    assert counted(calls, first_end - 1) == (0, 0, 0.0)  # b_cut settles at the session's last bar
+    assert counted(calls, first_end) == (1, 3, pytest.approx(first))
+    assert counted(calls, 10_000) == (2, 4, pytest.approx(first + float(calls.pnl[b_next])))  # b_next: next session
+    # a key of the first session not answered yet: nothing is counted, not even the complete session after it
+    hole = jax.device_get(market_calls(table.replace(status=table.status.at[b_pass * SIDES + 1].set(STATUS_NONE)),
+                                       params, K, horizon))
+    assert counted(hole, 10_000) == (0, 0, 0.0)
+    # ... and the record wants that key: training asks it where no env does
+    assert np.asarray(session_evidence(hole, jnp.asarray(10_000), scale)[2]).tolist() == [b_pass, b_pass + 1]
+    assert np.asarray(session_evidence(calls, jnp.asarray(10_000), scale)[2]).tolist() == [blocks, 0]  # none
 
 
-def test_the_record_binds_on_a_sequential_test_over_sessions_and_lets_go_without_evidence():
-    """query.bind_on=record: the envs are bound once the cluster-robust t of the calls' P&L over sessions reaches the
-    normal-mixture e-value's bar (E >= 1/alpha, at least RECORD_MIN_CLUSTERS sessions), and let go once E < 1. A
-    walk from a checkpoint starts from the record saved in it, bound."""
-    from agents.advice.record import RECORD_MIN_CLUSTERS, AdviceRecord, Tally, settles, t_bar
+def test_the_record_binds_on_a_betting_e_process_over_sessions_and_lets_go_without_evidence():
+    """query.bind_on=record: the envs are bound once the betting e-process over the sessions' clipped P&L reaches
+    E >= 1/ALPHA, and let go once E < 1. However strong the sessions, it takes eleven of them. A walk from a
+    checkpoint starts from the record saved in it, bound."""
+    from agents.advice.record import AdviceRecord
+    from agents.evidence.eprocess import Evidence, passes
 
-    def tally(session_sums) -> Tally:
-        x = np.asarray(session_sums, np.float64)
-        return Tally(*(jnp.asarray(v, jnp.float32) for v in (len(x), len(x), x.sum(), (x**2).sum())))
+    scale = 100.0
 
-    spread = np.array([-1.0, 1.0])
-    assert not bool(settles(tally([1.0] * (RECORD_MIN_CLUSTERS - 1)), False))  # too few sessions, however strong
-    weak = tally(np.tile(spread, 20) + 0.3)  # t = 0.3·40/√(40·1.09) ≈ 1.8
-    assert not bool(settles(weak, False))
-    strong = tally(np.tile(spread, 20) + 1.0)  # t ≈ 4.5
-    assert float(strong.t_statistic()) > t_bar(40) > 2.5 and bool(settles(strong, False))
-    assert bool(settles(weak, True))  # bound stays bound while there is evidence left (E >= 1) ...
-    assert not bool(settles(tally(np.tile(spread, 20) - 0.2), True))  # ... and lets go without it
-    # the bar falls as sessions accrue, and stays far above the fixed-sample 1.64
-    assert t_bar(10) > t_bar(40) > t_bar(400) > 2.0
+    def evidence(session_pnl) -> Evidence:
+        return Evidence.zero().add(np.asarray(session_pnl, np.float32), scale)
+
+    spread = np.array([-50.0, 50.0])
+    assert not bool(passes(evidence([1_000.0] * 10), False))  # 10 sessions at the range's top: not yet ...
+    assert bool(passes(evidence([1_000.0] * 11), False))  # ... the eleventh binds
+    weak = evidence(np.tile(spread, 20) + 10.0)  # mean 0.1 of the range, spread 0.5
+    assert not bool(passes(weak, False))
+    strong = evidence(np.tile(spread, 40) + 40.0)
+    assert bool(passes(strong, False))
+    assert bool(passes(weak, True))  # bound stays bound while there is evidence left (E >= 1) ...
+    assert not bool(passes(evidence(np.tile(spread, 20) - 20.0), True))  # ... and lets go without it
 
     cfg = QueryConfig(interval=K, advised_entries_only=True, bind_on="record")
     acting = acting_with("learned", cfg, VetoConfig(enabled=False))
@@ -608,14 +627,15 @@ def test_the_record_binds_on_a_sequential_test_over_sessions_and_lets_go_without
         mask, _ = act_on_window_one(acting, 2)(acting, carry, flat)
         return np.asarray(mask)[:, [BUY, SELL]].tolist()
 
-    bound_record = AdviceRecord(Tally.zero(), strong, jnp.asarray(True))
+    bound_record = AdviceRecord(Evidence.zero(), strong, jnp.zeros(()), jnp.asarray(True), jnp.zeros(2, jnp.int32))
     assert entries_allowed(start) == [[True, True], [True, True]]  # no record yet
     # bound: env 0 may enter only on the advised side, env 1 (no advice) not on its own
     assert entries_allowed(start.replace(record=bound_record)) == [[True, False], [False, False]]
-    # a walk from a checkpoint (restored as dicts) starts bound, its tally carried
+    # a walk from a checkpoint (restored as dicts) starts bound, its evidence carried
     saved = jax.tree.map(np.asarray, bound_record)
-    walk = acting.carry_for_walk(params_for(1), {"carried": vars(saved.carried), "tally": vars(saved.tally),
-                                                 "bound": saved.bound})
-    assert bool(walk.record.bound) and float(walk.record.carried.total) == float(strong.total)
-    # a record saved before calls were counted per key is not read: the walk starts from none
-    assert not bool(acting.carry_for_walk(params_for(1), {"calls": {}, "bound": True}).record.bound)
+    walk = acting.carry_for_walk(params_for(1), {"carried": vars(saved.carried), "evidence": vars(saved.evidence),
+                                                 "calls": saved.calls, "bound": saved.bound,
+                                                 "wanted": saved.wanted})
+    assert bool(walk.record.bound) and float(walk.record.carried.pnl) == float(strong.pnl)
+    # a record of an earlier test (a tally of calls) is not read: the walk starts from none
+    assert not bool(acting.carry_for_walk(params_for(1), {"tally": {}, "bound": True}).record.bound)

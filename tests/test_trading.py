@@ -1,11 +1,13 @@
 """A trained agent on bars as they arrive (agents.trading, scripts/trade.py): every feature equals the batch
 pipeline's, decisions and P&L are evaluation's on the same file (a policy alone, and the mock advisor under strict
-latency), a replay killed with SIGKILL and resumed writes the same outputs, and bad rows get one line each."""
+latency), a replay killed (SIGKILL, or stopped twice between a bar's two writes) and resumed writes the same outputs,
+one trader holds a folder, and bad rows get one line each."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +38,7 @@ TINY = ["num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_e
 RUNS = {"rl": ["llm=none", "data.source=synthetic:signal"],
         "mock": ["llm=mock", "hybrid.latency=strict", "hybrid.budget=128", "data.source=synthetic:headlines",
                  *(f"{k}={v}" for k, v in NEWS_SETTINGS.items())]}  # what a news file of the market needs
+STORE = "store"  # the mock run's advice store, in its run folder: a replay reads the answers an earlier one kept
 FILE_BARS = 1000  # bars of the validation split written as the file to trade: 536 decisions after the history
 
 
@@ -81,7 +84,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name, extra in RUNS.items():
         path = tmp_path_factory.mktemp("trade") / name
-        train(load_config(None, TINY + extra), path)
+        store = [f"hybrid.store={path / STORE}"] if name == "mock" else []
+        train(load_config(None, TINY + extra + store), path)
         market = load_run(path, "latest").market
         a = market.splits["val"][0]
         rows = slice(a, a + FILE_BARS)
@@ -124,7 +128,8 @@ def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, replays
     assert evaluate_main(["--run-dir", str(run), "--data", str(run / "F.csv"), "--checkpoint", "latest",
                           "--json", str(tmp_path / "eval.json"), "--out", str(tmp_path / "eval"),
                           "--no-progress"]) == 0
-    evaluated = json.loads((tmp_path / "eval.json").read_text())["agent"]
+    evaluation = json.loads((tmp_path / "eval.json").read_text())
+    evaluated = evaluation["agent"]
     walked = load_run(run, "latest", data=str(run / "F.csv"))
     trace = agent_walk(walked)(walked.market.split_range((0, walked.market.num_bars)), jax.random.PRNGKey(0))
     walked.close()
@@ -133,8 +138,11 @@ def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, replays
     taken = decisions(replays[name])
     assert taken[0]["bar"] == FIRST_DECISION_BAR and len(taken) == FILE_BARS - FIRST_DECISION_BAR
     assert [d["action"] for d in taken[:-1]] == [ACTIONS[a] for a in trace["action"]]  # the last bar is never walked
-    assert summary["pnl"] == pytest.approx(evaluated["net_pnl"], abs=1e-3)
-    assert summary["trades"] == evaluated["trades"] > 0
+    assert summary["pnl_ungated"] == pytest.approx(evaluated["net_pnl"], abs=1e-3)
+    assert summary["trades_ungated"] == evaluated["trades"] > 0
+    # the gate: what reached the broker is evaluation's gated walk (here all paper: no out-of-sample record before F)
+    assert summary["pnl"] == pytest.approx(evaluation["gated"]["net_pnl"], abs=1e-3)
+    assert {d["mode"] for d in taken} == {"paper"} and summary["gate"]["mode"] == evaluation["gate"][0]["mode"]
     assert summary["latency_p99_ms"] > 0
     fills = pd.read_csv(replays[name] / "fills.csv")
     assert fills["trade_pnl"].sum() == pytest.approx(
@@ -149,7 +157,7 @@ def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, replays
         from agents.trading.advice import LiveAdvisor
 
         agent = Agent.load(run, "latest", end=FILE_BARS, capacity=256)
-        agent.advisor = LiveAdvisor(agent.cfg, agent.book)
+        agent.advisor = LiveAdvisor(agent.cfg, agent.book, agent.saved.adapter)
         frame = pd.read_csv(run / "F.csv")
         actions = []
         for row in frame.itertuples():
@@ -161,8 +169,25 @@ def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, replays
         assert actions == [d["action"] for d in taken]
 
 
-def test_a_replay_killed_at_a_random_bar_and_resumed_writes_the_same_outputs(runs, replays, tmp_path):
-    run, whole = runs["rl"], replays["rl"]
+def without_latency(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith("latency")} for row in rows]
+
+
+def assert_same_outputs(resumed: Path, whole: Path) -> None:
+    """A resumed replay wrote what the uninterrupted one wrote: decisions, orders, fills, trace and summary (the
+    latencies aside)."""
+    assert without_latency(decisions(resumed)) == without_latency(decisions(whole))
+    for name in ("orders.csv", "fills.csv", "trace.csv"):
+        assert (resumed / name).read_bytes() == (whole / name).read_bytes(), name
+    # the advisor's counters (prompts asked, their latency) depend on what the store held when each ran, not the trading
+    summaries = [{k: v for k, v in json.loads((d / "summary.json").read_text()).items() if not k.startswith("llm_")}
+                 for d in (whole, resumed)]
+    assert without_latency(summaries[1:]) == without_latency(summaries[:1])
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_a_replay_killed_at_a_random_bar_and_resumed_writes_the_same_outputs(runs, replays, name, tmp_path):
+    run = runs[name]
     killed = tmp_path / "killed"
     stop_at = np.random.default_rng().integers(20, FILE_BARS - FIRST_DECISION_BAR - 20)
     cmd = [sys.executable, str(REPO / "scripts" / "trade.py"), "--run-dir", str(run), "--data", str(run / "F.csv"),
@@ -174,15 +199,237 @@ def test_a_replay_killed_at_a_random_bar_and_resumed_writes_the_same_outputs(run
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert subprocess.run(cmd, cwd=REPO, capture_output=True).returncode == 0
+    assert_same_outputs(killed, replays[name])
 
-    def without_latency(rows):
-        return [{k: v for k, v in row.items() if not k.startswith("latency")} for row in rows]
 
-    assert without_latency(decisions(killed)) == without_latency(decisions(whole))
-    for name in ("orders.csv", "fills.csv", "trace.csv"):
-        assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
-    uninterrupted, resumed = (json.loads((d / "summary.json").read_text()) for d in (whole, killed))
-    assert without_latency([resumed]) == without_latency([uninterrupted])
+class Killed(BaseException):
+    """Where SIGKILL would stop a trader: nothing after it runs (not caught as an error)."""
+
+
+def stop_at_call(monkeypatch, target, name: str, call: int, after: bool = False) -> None:
+    """`target.name`'s `call`-th call (counted from 1) raises Killed: before it runs, or `after` it returned."""
+    original = getattr(target, name)
+    calls = [0]
+
+    def stopping(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call and not after:
+            raise Killed
+        out = original(*args, **kwargs)
+        if calls[0] == call:
+            raise Killed
+        return out
+
+    monkeypatch.setattr(target, name, stopping)
+
+
+def test_two_stops_between_a_bars_two_writes_and_two_resumes_write_the_same_outputs(runs, replays, tmp_path,
+                                                                                     monkeypatch):
+    """A stop after a bar's record is appended to bars.bin and before its state replaces the last one, twice: each
+    resume reads the bars the state names (the orphan record is cut off), not one record off; and keeps its gate (each
+    decision's line and the summary show the gate's evidence)."""
+    from agents.trading.journal import Journal
+
+    out = tmp_path / "twice"
+    for call in (40, 90):
+        with monkeypatch.context() as m:
+            stop_at_call(m, Journal, "_replace_state", call)
+            with pytest.raises(Killed):
+                trade(runs["rl"], out)
+    assert trade(runs["rl"], out) == 0
+    assert_same_outputs(out, replays["rl"])
+
+
+def test_an_advised_replay_stopped_as_a_block_closes_resumes_with_the_stores_answers(runs, replays, tmp_path,
+                                                                                      monkeypatch):
+    """The answers a block's close read from the advice store (written into the table at the next bar) are part of
+    the state: a resume from the bar that read them decides with them, as the uninterrupted replay did."""
+    from agents.trading.journal import Journal
+
+    k = load_config(runs["mock"] / "config.yaml").hybrid.query.interval
+    closing = next(j for j in range(30, 60) if (FIRST_DECISION_BAR + j) % k == 0)  # decision j's bar closes a block
+    out = tmp_path / "stopped"
+    with monkeypatch.context() as m:
+        stop_at_call(m, Journal, "save", closing, after=True)
+        with pytest.raises(Killed):
+            trade(runs["mock"], out)
+    assert trade(runs["mock"], out) == 0
+    assert_same_outputs(out, replays["mock"])
+
+
+def test_the_gate_sends_orders_to_the_broker_only_while_the_agents_out_of_sample_record_passes(runs, replays,
+                                                                                                 tmp_path):
+    """--gate evidence: the agent's evidence starts from its out-of-sample record (RUN/evidence/<checkpoint>.json)
+    before the bars it trades. A record that passes: every order reaches the broker; one that does not: paper only,
+    with the reason; one just short of the bar: the file's sessions decide, as evaluation's gated walk decides them.
+    --gate off: every order reaches the broker, and the P&L is the ungated walk's."""
+    from agents.evaluation.cli import main as evaluate_main
+    from agents.evaluation.saved_run import EVIDENCE_DIR, load_run
+    from agents.evidence.gate import OutOfSample
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["rl"], run)
+    bars = tmp_path / "bars.csv"  # 236 decisions: the file's first two sessions and a half
+    pd.read_csv(run / "F.csv").iloc[:700].to_csv(bars, index=False)
+    label = load_run(run, "latest").saved.label
+    scale = load_config(run / "config.yaml").env.prop_firm.trailing_drawdown
+    days = [f"2001-01-{d:02d}" for d in range(1, 13)]  # sessions before the file's
+
+    def traded(name: str, session_pnl: list[float], *extra: str) -> tuple[list[dict], dict, pd.DataFrame]:
+        OutOfSample(days[: len(session_pnl)], session_pnl, "test").save(run / EVIDENCE_DIR / f"{label}.json")
+        out = tmp_path / name
+        assert main(["--run-dir", str(run), "--data", str(bars), "--checkpoint", "latest", "--out", str(out),
+                     "--no-progress", *extra]) == 0
+        return decisions(out), json.loads((out / "summary.json").read_text()), pd.read_csv(out / "orders.csv")
+
+    from agents.trading.cli import main
+
+    taken, summary, orders = traded("passed", [2.0 * scale] * 12)
+    assert {d["mode"] for d in taken} == {"live"} and set(orders["mode"]) == {"live"}
+    assert summary["pnl"] == summary["pnl_ungated"] and summary["gate"]["mode"] == "live"
+    taken, summary, orders = traded("failed", [-0.1 * scale] * 12)
+    assert {d["mode"] for d in taken} == {"paper"} and set(orders["mode"]) == {"paper"} and summary["pnl"] == 0
+    assert taken[-1]["gate"].startswith("no edge shown out of sample") and summary["gate"]["mode"] == "paper"
+    assert [d["action"] for d in taken] == [d["action"] for d in decisions(replays["rl"])][: len(taken)]  # as ever
+    taken, summary, _ = traded("off", [-0.1 * scale] * 12, "--gate", "off")
+    assert {d["mode"] for d in taken} == {"live"} and summary["pnl"] == pytest.approx(summary["pnl_ungated"])
+    taken, summary, _ = traded("short", [scale] * 10)  # E = 14.7, the bar is 20
+    assert evaluate_main(["--run-dir", str(run), "--data", str(bars), "--checkpoint", "latest", "--json",
+                          str(tmp_path / "eval.json"), "--out", str(tmp_path / "eval"), "--no-progress"]) == 0
+    evaluation = json.loads((tmp_path / "eval.json").read_text())
+    assert summary["pnl"] == pytest.approx(evaluation["gated"]["net_pnl"], abs=1e-3)
+    assert summary["gate"]["changes"] == evaluation["gate"][0]["changes"]
+
+
+def test_a_second_trader_on_a_folder_in_use_exits_with_one_line_naming_the_holder(runs, tmp_path, capsys):
+    from agents.runs.lock import RunLock
+
+    out = tmp_path / "held"
+    holder = RunLock.acquire(out)  # another trader's (flock: a second open file description conflicts)
+    try:
+        assert trade(runs["rl"], out) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {out} is in use by PID {os.getpid()}")
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written beside the holder's lock
+    finally:
+        holder.release()
+
+
+def test_a_resume_exactly_at_capacity_keeps_every_key_of_the_grown_table(runs, tmp_path):
+    """A state saved when the book is full (n = capacity) resumes on arrays twice the size: the advice table grows with
+    them, so keys past the old size are written and read, and decisions equal an uninterrupted agent's."""
+    from agents.advice.table import SIDES, num_blocks
+    from agents.trading import Agent
+    from agents.trading.advice import LiveAdvisor
+    from agents.trading.journal import Journal
+
+    run, capacity = runs["mock"], 512
+    frame = pd.read_csv(run / "F.csv").iloc[:640]
+    bars = [Bar(pd.Timestamp(r.timestamp), r.open, r.high, r.low, r.close, r.volume,
+                r.headline if isinstance(r.headline, str) else "") for r in frame.itertuples()]
+
+    def agent():
+        a = Agent.load(run, "latest", end=len(bars), capacity=capacity)
+        a.advisor = LiveAdvisor(a.cfg, a.book, a.saved.adapter)
+        return a
+
+    def taken(a, rows):
+        out = [a.on_bar(bar) for bar in rows]
+        return [(d.action, d.advice) for d in out if d is not None]
+
+    whole = agent()
+    expected = taken(whole, bars)
+    whole.advisor.close()
+    first = agent()
+    before = taken(first, bars[:capacity])
+    assert first.book.n == first.book.capacity == capacity
+    journal = Journal(tmp_path / "j")
+    journal.open()
+    journal.save(first.book, {"agent": first.state(), "advisor": first.advisor.state()})
+    journal.close()
+    first.advisor.close()
+    resumed = agent()
+    state = Journal(tmp_path / "j").load(resumed.book)
+    resumed.restore(state["agent"])
+    resumed.advisor.restore(state["advisor"])
+    assert resumed.carry.hybrid.advice.num_keys == num_blocks(resumed.book.capacity, resumed.k) * SIDES
+    after = taken(resumed, bars[capacity:])
+    resumed.advisor.close()
+    assert before + after == expected
+
+
+def test_realtime_trading_marks_the_keys_it_asks_as_in_flight(runs):
+    """Keys asked of the advisor as a block closes are in flight in the table until answered, as in training (the
+    wait rule reads it); keys the advisor failed to answer are missing again."""
+    from agents.advice.table import STATUS_ASKED, STATUS_NONE, key_of
+    from agents.trading import Agent
+    from agents.trading.advice import LiveAdvisor
+
+    run = runs["mock"]
+    frame = pd.read_csv(run / "F.csv").iloc[:FIRST_DECISION_BAR + 20]
+    agent = Agent.load(run, "latest", advice="realtime", end=len(frame))
+    agent.advisor = advisor = LiveAdvisor(agent.cfg, agent.book, agent.saved.adapter)
+
+    class Silent:
+        """An advisor that takes prompts and never answers."""
+
+        reads_fields, pending, oldest_done = True, 0, False
+
+        def submit(self, ids, prompts):
+            submitted.append(ids)
+
+        def close(self):
+            pass
+
+    submitted = []
+    advisor.client = Silent()
+    try:
+        for r in frame.itertuples():
+            agent.on_bar(Bar(pd.Timestamp(r.timestamp), r.open, r.high, r.low, r.close, r.volume,
+                             r.headline if isinstance(r.headline, str) else ""))
+            if submitted:
+                break
+        read = key_of(agent.book.n // agent.k - 2, 0)  # the key the first decision read, asked before it
+        closed = key_of(agent.book.n // agent.k - 1, 0)  # the block its bar closed, asked after it
+        assert np.concatenate(submitted).tolist() == [read, closed]
+        table = agent.choice.hybrid.advice
+        assert int(table.status[read]) == int(table.status[closed]) == STATUS_ASKED
+        assert agent.choice.columns["advice_key"] == -1  # nothing in force: the wait rule sees the key in flight
+        advisor._unasked(np.array([closed]))  # its answer will not come (a dead worker)
+        for rows in advisor.answers(None, wait=False):
+            table = agent._write(table, *rows)
+        assert int(table.status[closed]) == STATUS_NONE
+    finally:
+        advisor.close()
+
+
+def test_trading_and_evaluation_advise_with_the_checkpoints_adapter(runs, tmp_path, monkeypatch):
+    """A run whose advisor learned is traded, as it is evaluated, with the LoRA adapter saved beside its checkpoint,
+    not the one it started from."""
+    from agents.evaluation.saved_run import advised_walk, load_run
+    from agents.runs.adapters import adapter_dir
+    from agents.trading import advice as live
+
+    run = runs["mock"]
+    step = load_run(run, "latest").saved.step
+    learned = adapter_dir(run, step)
+    learned.mkdir(parents=True)
+    (learned / "adapter_config.json").write_text("{}")
+    started = []
+    monkeypatch.setattr(live, "start_advisor", lambda cfg, renderer, texts, rows, adapter, log: started.append(adapter))
+    try:
+        walked = load_run(run, "latest")
+        asked = {}
+        walked.walker.walk = lambda *a, **changes: asked.update(changes)
+        advised_walk(walked)(None, None)
+        from agents.trading.cli import Session, parse_args
+
+        session = Session.open(parse_args(["--run-dir", str(run), "--data", str(run / "F.csv"), "--checkpoint",
+                                           "latest", "--out", str(tmp_path / "t"), "--no-progress"]))
+        session.lock.release(discard=True)
+    finally:
+        shutil.rmtree(learned.parent)
+    assert asked["adapter"] == str(learned) and started == [str(learned)]
 
 
 def test_bad_rows_get_one_line_each_and_the_rest_is_traded(runs, tmp_path, capsys):

@@ -8,97 +8,36 @@ the close of bar d + H (H = query.max_age, the answer's lifetime) or of the sess
 round trip's costs: its P&L is a function of the table and the prices alone. Calls at bars where no entry is allowed
 do not count.
 
-Calls of neighbouring blocks overlap on one price path (H spans several blocks), so they are not independent. The
-record's independent unit is the session: a call's cluster is the session of its decision bar, and its statistic is
-the cluster-robust one, S = Σ s_c over V = Σ s_c² (s_c a session's summed P&L; t = S / √V), which is t-distributed
-under no information whatever the dependence inside a session (docs/findings.md says why sessions, not runs of keys).
+Calls of neighbouring blocks overlap on one price path (H spans several blocks), so they are not independent; a
+call never outlives its session, so sessions are. The record's unit is the session: its calls' paper P&L summed, fed
+in time order to the betting e-process (agents.evidence.eprocess), which binds at E ≥ 1/ALPHA and lets go below
+RELEASE. A session is counted once it is complete: every block in it whose call would count has its flat key
+answered and every call settled; the record counts the complete sessions up to the first that is not, so a session's
+sum is final when counted (answers of a fixed advisor do not change) and keys answered in any order give the same
+evidence as answered in time order. The null, in one line: the advice's paper P&L per session after costs, clipped to
+± the account's trailing drawdown times the calls open at once (H / k, `record_scale`), has mean ≤ 0. Advice without
+information on a market whose drift beats the costs (an always-BUY advisor on a rising market) does not fit it: its
+paper does earn, and it binds. Training asks the advisor for the keys the first incomplete session lacks where no env
+reads them (`wanted`), so the count moves on.
 
-The record is looked at once per query step, every one of them, so the bar to bind is a sequential test that stays
-valid under any number of looks: a one-sided normal-mixture e-value E(S, V) (Robbins' mixture of exp(λS − λ²V/2) over
-λ > 0), binding where E ≥ 1/RECORD_ALPHA. By Ville's inequality, advice without information (mean paper P&L ≤ 0)
-binds with probability at most RECORD_ALPHA over a whole run, however often it is looked at; the placebo battery
-(agents.advice.placebo, tests/test_record_evidence.py) measures it on a price path.
+The record is looked at once per query step, every one of them: by Ville's inequality the test holds however often it
+is looked at (the placebo battery, experiments/evidence_battery.py and tests/test_evidence.py, measures it).
 
-Where it counts: training's envs stand everywhere on their split, so training's record counts every call settled
-inside the split; a walk's one account stands at one bar, so its record counts the calls settled by that bar (no
+Where it counts: training's envs stand everywhere on their split, so training's record counts every complete session
+of the split; a walk's one account stands at one bar, so its record counts the sessions complete by that bar (no
 look-ahead), starting from the trained agent's record (`carried`).
 """
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.scipy.stats import norm
 
-from agents.advice.table import SIDES, AdviceTable, key_of
+from agents.advice.table import SIDES, AdviceTable, answered, key_of
+from agents.evidence.eprocess import Evidence, evidence_metrics, passes, scale_of
 from bridge.protocol import BUY, SELL, STATUS_OK
 from jaxenv.env import CAN_ENTER, CLOSE, SESSION
-
-RECORD_ALPHA = 0.05  # the most the record may bind to advice without information, over a whole run's looks
-RECORD_MIN_CLUSTERS = 10  # no binding on calls from fewer sessions than this
-# The mixture's scale, in sessions: the e-value is most sensitive (its bar lowest relative to later ones) near this
-# many sessions with calls.
-RECORD_PRIOR_CLUSTERS = 20
-RECORD_RELEASE = 1.0  # a bound record lets go once its e-value falls below this: no evidence left either way
-
-
-@struct.dataclass
-class Tally:
-    """Calls counted, the sessions they fall in, and the statistic's sums (S, V), as scalars."""
-
-    calls: jax.Array
-    clusters: jax.Array
-    total: jax.Array  # S: the calls' paper P&L
-    squares: jax.Array  # V: the sum over sessions of the square of each session's P&L
-
-    @classmethod
-    def zero(cls) -> Tally:
-        return cls(*(jnp.zeros(()) for _ in range(4)))
-
-    def __add__(self, other: Tally) -> Tally:
-        return jax.tree.map(jnp.add, self, other)
-
-    def t_statistic(self) -> jax.Array:
-        """[] S / √V, the cluster-robust t (0 without calls)."""
-        return jnp.where(self.squares > 0, self.total / jnp.sqrt(jnp.maximum(self.squares, 1e-30)), 0.0)
-
-    def log_evidence(self) -> jax.Array:
-        """[] log E: the one-sided normal-mixture e-value of S over V, the mixture scaled to RECORD_PRIOR_CLUSTERS
-        sessions' worth of V (so it is free of the P&L's units)."""
-        return log_evidence(self.t_statistic(), self.clusters)
-
-
-def log_evidence(t, clusters):
-    """log E at cluster-robust t over `clusters` sessions (jnp or numpy scalars): with r = RECORD_PRIOR_CLUSTERS /
-    clusters, E = 2 √(r / (1 + r)) · exp(t² / (2(1 + r))) · Φ(t / √(1 + r))."""
-    r = RECORD_PRIOR_CLUSTERS / jnp.maximum(clusters, 1.0)
-    return (math.log(2.0) + 0.5 * jnp.log(r / (1.0 + r)) + t**2 / (2.0 * (1.0 + r))
-            + norm.logcdf(t / jnp.sqrt(1.0 + r)))
-
-
-def t_bar(clusters: float) -> float:
-    """The t at which the record binds with this many sessions of calls (for reports; bisection on log_evidence)."""
-    if clusters < RECORD_MIN_CLUSTERS:
-        return math.nan
-    lo, hi = 0.0, 20.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if float(log_evidence(mid, float(clusters))) >= math.log(1 / RECORD_ALPHA):
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def settles(t: Tally, bound: jax.Array) -> jax.Array:
-    """Whether a record with tally t binds: it binds once E ≥ 1/RECORD_ALPHA on at least RECORD_MIN_CLUSTERS
-    sessions, and, once bound, stays bound while E ≥ RECORD_RELEASE."""
-    log_e = t.log_evidence()
-    binds = (t.clusters >= RECORD_MIN_CLUSTERS) & (log_e >= math.log(1 / RECORD_ALPHA))
-    return jnp.where(bound, log_e >= math.log(RECORD_RELEASE), binds)
 
 
 class Calls(struct.PyTreeNode):
@@ -106,7 +45,9 @@ class Calls(struct.PyTreeNode):
 
     pnl: jax.Array  # paper P&L of the block's call (0 where it made none)
     made: jax.Array  # bool: a call that counts
-    session: jax.Array  # int32: the session of its decision bar (its cluster)
+    counts: jax.Array  # bool: a call here would count (its flat key's answer decides whether it makes one)
+    asked: jax.Array  # bool: its flat key is answered
+    session: jax.Array  # int32: the session of its decision bar
     settled_at: jax.Array  # int32: the bar whose close settles it
 
 
@@ -123,70 +64,86 @@ def market_calls(table: AdviceTable, params, interval: int, horizon: int) -> Cal
     decided = (jnp.arange(blocks) + 1) * interval
     d = jnp.minimum(decided, n - 1)
     s = jnp.minimum(d + horizon, session_end[d])
-    inside = (decided < n) & (d >= params.start_bar) & (s < params.end_bar) & (s > d) & (bars[d, CAN_ENTER] > 0)
+    counts = (decided < n) & (d >= params.start_bar) & (s < params.end_bar) & (s > d) & (bars[d, CAN_ENTER] > 0)
     flat = key_of(jnp.arange(blocks), 0)
     named = jnp.argmax(table.probs[flat], -1)
     side = (named == BUY).astype(jnp.float32) - (named == SELL).astype(jnp.float32)
-    made = inside & (table.status[flat] == STATUS_OK) & (side != 0)
+    made = counts & (table.status[flat] == STATUS_OK) & (side != 0)
     value = params.point_value * params.contracts
     cost = 2.0 * (params.commission_per_side * params.contracts + params.slippage * value)
     pnl = jnp.where(made, side * (bars[s, CLOSE] - bars[d, CLOSE]) * value - cost, 0.0)
-    return Calls(pnl, made, session[d], s.astype(jnp.int32))
+    return Calls(pnl, made, counts, answered(table.status[flat]), session[d], s.astype(jnp.int32))
 
 
-def tally_of(calls: Calls, upto: jax.Array) -> Tally:
-    """The tally of the calls settled by bar `upto` (their settling bar's close is known there)."""
-    made = calls.made & (calls.settled_at <= upto)
+def record_scale(params, interval: int, horizon: int) -> jax.Array:
+    """The range the record's session P&L is clipped to: a call is a contract held `horizon` bars and one starts every
+    `interval`, so up to horizon / interval are open at once; each gets the account's range (scale_of)."""
+    return scale_of(params) * (horizon / interval)
+
+
+def session_evidence(calls: Calls, upto: jax.Array, scale: jax.Array) -> tuple[Evidence, jax.Array, jax.Array]:
+    """(the evidence of the complete sessions up to the first that is not, in time order; the calls they hold; the
+    blocks [b0, b1) whose flat keys that first incomplete session still lacks): a session is complete by bar `upto`
+    when every block in it whose call would count is answered and settled."""
     n = calls.pnl.shape[0]
     # sessions rise block by block: numbered from 0 in block order, they are fewer than the blocks
-    cluster = jnp.cumsum(jnp.concatenate([jnp.zeros(1, jnp.int32), (jnp.diff(calls.session) != 0).astype(jnp.int32)]))
-    sums = jax.ops.segment_sum(jnp.where(made, calls.pnl, 0.0), cluster, num_segments=n)
-    counts = jax.ops.segment_sum(made.astype(jnp.float32), cluster, num_segments=n)
-    return Tally(made.sum().astype(jnp.float32), (counts > 0).sum().astype(jnp.float32), sums.sum(), (sums**2).sum())
+    order = jnp.cumsum(jnp.concatenate([jnp.zeros(1, jnp.int32), (jnp.diff(calls.session) != 0).astype(jnp.int32)]))
+    pnl = jax.ops.segment_sum(jnp.where(calls.made, calls.pnl, 0.0), order, num_segments=n)
+    made = jax.ops.segment_sum(calls.made.astype(jnp.int32), order, num_segments=n)
+    open_ = calls.counts & (~calls.asked | (calls.settled_at > upto))
+    complete = jax.ops.segment_sum(open_.astype(jnp.int32), order, num_segments=n) == 0
+    prefix = jnp.cumprod(complete.astype(jnp.int32)) > 0
+    counted = prefix & (made > 0)
+    first = jnp.argmin(prefix)  # the first incomplete session (0 where every one is complete: nothing wanted then)
+    lacking = calls.counts & ~calls.asked & (order == first) & ~prefix.all()
+    blocks = jnp.arange(n)
+    wanted = jnp.stack([jnp.where(lacking, blocks, n).min(), jnp.where(lacking, blocks + 1, 0).max()])
+    return Evidence.zero().add(pnl, scale, counted), jnp.where(counted, made, 0).sum(), wanted.astype(jnp.int32)
 
 
 @struct.dataclass
 class AdviceRecord:
     """What the advice's calls have earned and whether that binds. Part of the trained agent: a checkpoint keeps it,
-    and a walk from it starts from its tally (`carried`)."""
+    and a walk from it starts from its evidence (`carried`)."""
 
-    carried: Tally  # the trained agent's tally a walk starts from (zero in training)
-    tally: Tally  # carried + the calls on this market settled so far
+    carried: Evidence  # the trained agent's evidence a walk starts from (none in training)
+    evidence: Evidence  # carried + this market's complete sessions so far
+    calls: jax.Array  # [] calls in this market's sessions counted
     bound: jax.Array  # [] bool
+    # [2] int32: the blocks [b0, b1) whose flat keys the first incomplete session lacks; training asks for them
+    # where no env does (agents.advice.table.select_keys), so that the count moves on in time order
+    wanted: jax.Array
 
     @classmethod
     def create(cls) -> AdviceRecord:
-        return cls(Tally.zero(), Tally.zero(), jnp.zeros((), bool))
+        return cls(Evidence.zero(), Evidence.zero(), jnp.zeros(()), jnp.zeros((), bool), jnp.zeros(2, jnp.int32))
 
     def for_walk(self) -> AdviceRecord:
-        """This record (a training state's, or a checkpoint's) as a walk's start: its tally carried, still bound."""
-        tally = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), self.tally)
-        return AdviceRecord(tally, tally, jnp.asarray(self.bound, bool))
+        """This record (a training state's, or a checkpoint's) as a walk's start: its evidence carried, still bound."""
+        evidence = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), self.evidence)
+        return AdviceRecord(evidence, evidence, jnp.zeros(()), jnp.asarray(self.bound, bool), jnp.zeros(2, jnp.int32))
 
     @classmethod
     def restored(cls, saved: dict) -> AdviceRecord | None:
-        """A checkpoint's record (restored as dicts); None for one saved before the record counted keys."""
-        if "tally" not in saved:
+        """A checkpoint's record (restored as dicts); None for one of an earlier test (a tally of calls)."""
+        if "evidence" not in saved:
             return None
-        return cls(Tally(**saved["carried"]), Tally(**saved["tally"]), saved["bound"])
+        return cls(Evidence(**saved["carried"]), Evidence(**saved["evidence"]), saved["calls"], saved["bound"],
+                   saved["wanted"])
 
     def look(self, table: AdviceTable, params, interval: int, horizon: int, now: jax.Array) -> AdviceRecord:
-        """The record after counting the calls of `table` settled by the bar the account stands at: `now` in a walk
-        (params.sequential), every call of the split in training."""
+        """The record after counting the sessions of `table`'s calls complete by the bar the account stands at: `now`
+        in a walk (params.sequential), every session of the split in training."""
         upto = jnp.where(params.sequential, now, params.end_bar - 1)
-        tally = self.carried + tally_of(market_calls(table, params, interval, horizon), upto)
-        return self.replace(tally=tally, bound=settles(tally, self.bound))
+        found, calls, wanted = session_evidence(market_calls(table, params, interval, horizon), upto,
+                                                record_scale(params, interval, horizon))
+        evidence = self.carried + found
+        return self.replace(evidence=evidence, calls=calls.astype(jnp.float32), bound=passes(evidence, self.bound),
+                            wanted=wanted)
 
 
 def record_metrics(record: AdviceRecord) -> dict[str, float]:
-    """The record's figures for metrics.jsonl and reports (host values)."""
-    t = jax.device_get(record.tally)
-    clusters = float(t.clusters)
-    return {
-        "record_t": float(t.t_statistic()),
-        "record_t_bar": t_bar(clusters),
-        "record_clusters": clusters,
-        "record_calls": float(t.calls),
-        "record_log_e": float(t.log_evidence()),
-        "record_bound": float(jax.device_get(record.bound)),
-    }
+    """The record's figures for metrics.jsonl and reports (host values): record_log_e and the bar it must reach,
+    record_sessions (complete sessions with calls), record_clipped, record_pnl, record_calls, record_bound."""
+    return {**evidence_metrics(record.evidence, "record"), "record_calls": float(jax.device_get(record.calls)),
+            "record_bound": float(jax.device_get(record.bound))}

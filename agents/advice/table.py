@@ -172,10 +172,14 @@ def key_demand(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.A
 
 
 def select_keys(table: AdviceTable, cfg: QueryConfig, cap: int, bar: jax.Array, side: jax.Array, first: jax.Array,
-                count: int, all_sides: bool = False):
+                count: int, all_sides: bool = False, wanted: jax.Array | None = None):
     """The at most `cap` keys most in demand (`key_demand`) that have no answer from the advisor's current version
-    and are not in flight: missing keys before stale ones. Returns (keys [cap], valid [cap]) in priority order."""
+    and are not in flight: missing keys before stale ones. `wanted` [2]: the blocks [b0, b1) whose flat keys the
+    advice's record lacks, each wanted as if one env read it. Returns (keys [cap], valid [cap]) in priority order."""
     demand = key_demand(table, cfg, bar, side, first, count, all_sides)
+    if wanted is not None:
+        block = key_block(jnp.arange(table.num_keys))
+        demand += ((key_side(jnp.arange(table.num_keys)) == 0) & (block >= wanted[0]) & (block < wanted[1]))
     has = answered(table.status)
     stale = has & (table.version < table.current)
     wanted = (demand > 0) & (~has | stale) & (table.status != STATUS_ASKED)
@@ -186,18 +190,20 @@ def select_keys(table: AdviceTable, cfg: QueryConfig, cap: int, bar: jax.Array, 
     return keys.astype(jnp.int32), score > 0.0
 
 
-def query_program(cfg: QueryConfig, cap: int, processes: int, count: int, all_sides: bool = False):
+def query_program(cfg: QueryConfig, cap: int, processes: int, count: int, all_sides: bool = False,
+                  record_asks: bool = False):
     """The device side of a query step, one donated jitted program: `(carry, rows, budgets, version, first) ->
     (carry, keys, valid)` writes the collected answers `rows` (AdviceTable.write's arguments) into the carry's advice
     table and the advisor's `version`, then picks and marks as asked at most budgets[p] keys for each process p
-    (select_keys over `count` blocks from `first`; traced counts: one compiled program for every B). Process p asks
-    picks p, p + P, ... of the at most cap · P."""
+    (select_keys over `count` blocks from `first`, and with `record_asks` the keys the advice's record lacks; traced
+    counts: one compiled program for every B). Process p asks picks p, p + P, ... of the at most cap · P."""
 
     def step(carry, rows, budgets, version, first):
         hy = carry.hybrid
         table = hy.advice.write(*rows).replace(current=version)
         state = carry.env_state
-        keys, valid = select_keys(table, cfg, cap * processes, state.t, state.side, first, count, all_sides)
+        wanted = hy.record.wanted if record_asks and hy.record is not None else None
+        keys, valid = select_keys(table, cfg, cap * processes, state.t, state.side, first, count, all_sides, wanted)
         rank = jnp.arange(keys.shape[0])
         valid &= rank // processes < budgets[rank % processes]
         table = table.mark_asked(keys, valid)

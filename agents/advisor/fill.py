@@ -15,12 +15,12 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.advice.table import answered, key_of
+from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.advisor.sidecar import start_advisor
 from agents.advisor.store import open_market_store, store_root
-from agents.advisor.adapters import starting_adapter
-from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
 from agents.config import ConfigError, load_config
+from agents.runs.adapters import starting_adapter
 
 SAVE_EVERY_S = 60.0
 SPLITS = ("train", "val", "test")

@@ -98,7 +98,7 @@ class AdvisorLink:
         many) relative to each env's now whose keys a query step asks for (agents.advice.table.update_ahead in
         training), moved on by the measured lag of an async advisor. `walk`: an evaluation walk's link, which asks for
         every key its account will read before it reads it (WALK_AHEAD)."""
-        from agents.advisor.adapters import starting_adapter
+        from agents.runs.adapters import starting_adapter
 
         self.cfg = cfg
         self.h: HybridConfig = cfg.hybrid
@@ -142,7 +142,9 @@ class AdvisorLink:
         self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.log_llm) else None
         self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
         self.reset_counters()
-        self._step = query_program(self.h.query, self.cap, self.processes, self.count, all_sides=walk)
+        # training asks the keys its record lacks too (a walk asks every key its account reads before it reads it)
+        self._step = query_program(self.h.query, self.cap, self.processes, self.count, all_sides=walk,
+                                   record_asks=not walk)
 
     def close(self) -> None:
         self.save_store()

@@ -17,11 +17,11 @@ from tqdm import tqdm
 from agents.advice.record import record_metrics
 from agents.advice.table import update_ahead
 from agents.advice.usage import advice_metrics
-from agents.advisor.adapters import adapter_dir
 from agents.advisor.link import AdvisorLink
 from agents.advisor.outcomes import outcome_rows
 from agents.advisor.workers import AdvisorPool
 from agents.devices.parallel import gather_processes, is_writer
+from agents.runs.adapters import adapter_dir
 from bridge import STATUS_NAMES, SidecarClient
 
 FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: a CPU advisor's round can take many minutes

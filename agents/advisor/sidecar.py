@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.advisor.adapters import starting_adapter
 from agents.advisor.numeric_mock import NumericMock, reads_fields
 from agents.advisor.workers import AdvisorPool
 from agents.config import ConfigError
 from agents.devices.gpus import visible_gpus
+from agents.runs.adapters import starting_adapter
 from bridge import BridgeConfig, PromptRenderer
 
 

@@ -11,13 +11,17 @@ moves it), the data and the query interval k. Change any of them and the answers
 
 Why SQLite: one store has several holders at once (a run's training and its walks in one process; scripts/advise.py
 or another run beside it). A save is one transaction that adds the holder's new rows to the file's: holders merge,
-none overwrites another's answers. SQLite's locking orders writers across processes, its journal makes each save
-atomic (a process killed mid-save loses that save's rows, never the store) and `synchronous=FULL` makes it durable;
-the folder is fsynced when the file is created. Within a process every holder of one identity shares one
-`AdviceStore` (`open_store`), so training's answers and its walks' are one set. A folder whose database is unreadable
-or fails its integrity check, whose identity differs, or whose rows hold values no answer can have, is set aside
-(renamed *.damaged-<time>) with one line on stderr, never trusted. Stores of the first format (npz files and a
-manifest) have another identity and are not read.
+none overwrites another's answers. SQLite's locking orders writers across processes, its rollback journal makes
+each save atomic (a process killed mid-save loses that save's rows, never the store) and `synchronous=EXTRA` makes it
+durable (the folder is synced once the journal's deletion commits it); the first save creates the tables and the
+identity in its one transaction, so a database without tables (a first save not committed yet, or killed) is an empty
+store. Within a process every holder of one identity shares one `AdviceStore` (`open_store`), so training's answers
+and its walks' are one set. A folder whose database fails its integrity check or is no database of this format, whose
+identity differs, or whose rows hold values no answer can have, is set aside (renamed *.damaged-<time>) with one line
+on stderr, never trusted; a file that cannot be read now (locked, read-only, gone) is not judged. A save that fails
+(its folder set aside under it) tries once more, then keeps its answers for the next save. A local model folder is
+named by its resolved path, however it is spelled. Stores of the first format (npz files and a manifest) have another
+identity and are not read.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from bridge.protocol import NUM_ACTIONS
 DATABASE_FILE = "answers.sqlite"
 STORE_FORMAT = 2  # 2: SQLite, merged by key; the identity holds the model's files, device class and prompt format
 LOCK_TIMEOUT_S = 120.0  # how long a save waits for another holder's
+DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_ERROR")  # errors of the file's bytes or schema, not of the moment
 MODEL_DIGESTS_FILE = "model-digests.json"  # <root>/: the digests of model files read so far
 DEFAULT_ROOT = Path("runs") / "advice_store"  # hybrid.store: auto, for a model advisor
 
@@ -84,6 +89,15 @@ def data_digest(market) -> str:
 PROMPT_SAMPLE = 256  # keys whose prompts are rendered into the prompt format's digest
 
 
+def model_name(llm: str) -> str:
+    """The advisor's model as a store's identity names it: a local folder by its resolved absolute path (`m`, `./m`
+    and `/abs/m` are one model), a hub id or a built-in choice by its name."""
+    if llm in ("none", "mock", "smollm2"):  # agents.config's choices, never a folder
+        return llm
+    path = Path(os.path.expanduser(llm))  # os.path: an unknown ~user stays a name
+    return str(path.resolve()) if path.is_dir() else llm
+
+
 def model_digest(llm: str, root: Path) -> str:
     """sha256 over the files the advisor's model loads: the embedded model's GGUF, or a model folder's files; a
     hub id that is no local folder, its name (this machine has no files of it to read). Cached under `root` by
@@ -92,8 +106,8 @@ def model_digest(llm: str, root: Path) -> str:
 
     if llm == EMBEDDED_MODEL:
         files = [find_smollm2_gguf()]
-    elif Path(llm).is_dir():
-        files = sorted(p for p in Path(llm).rglob("*") if p.is_file())
+    elif Path(model_name(llm)).is_dir():
+        files = sorted(p for p in Path(model_name(llm)).rglob("*") if p.is_file())
     else:
         return f"name:{llm}"
     cache_path = Path(root) / MODEL_DIGESTS_FILE
@@ -137,7 +151,7 @@ def identity(cfg, market, template: str, adapter: str | None, prompt_format: str
     from agents.devices.gpus import visible_gpus
 
     h = cfg.hybrid
-    advisor = {"llm": cfg.llm}
+    advisor = {"llm": model_name(cfg.llm)}  # a local folder's one name, however cfg.llm spells its path
     if cfg.llm == "mock":
         advisor["mock_answers"] = h.mock_answers
     else:
@@ -240,21 +254,35 @@ class AdviceStore:
         self.on_disk = np.zeros(num_keys, bool)  # keys whose answer the file holds
 
     def _set_aside(self, why: str) -> None:
-        aside = self.dir.with_name(f"{self.dir.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(self.dir, aside)
         self.on_disk[:] = False
+        aside = self.dir.with_name(f"{self.dir.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            os.replace(self.dir, aside)
+        except FileNotFoundError:  # another holder set it aside first
+            return
+        except OSError as error:  # a read-only folder: not trusted all the same
+            print(f"WARNING: advice store {self.dir}: {why}; cannot set it aside ({error}), starting empty",
+                  file=sys.stderr)
+            return
         print(f"WARNING: advice store {self.dir}: {why}; set aside as {aside.name}, starting empty", file=sys.stderr)
 
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
-        db.execute("PRAGMA synchronous=FULL")
+    def _connect(self, create: bool = False) -> sqlite3.Connection:
+        """A connection to the file, which only a save creates (a reader never leaves an empty file behind)."""
+        uri = f"{self.path.absolute().as_uri()}?mode={'rwc' if create else 'rw'}"  # rw: read-only if write-protected
+        db = sqlite3.connect(uri, uri=True, timeout=LOCK_TIMEOUT_S, isolation_level=None)
+        # rollback + EXTRA (syncs the journal's deletion, the commit): WAL's -shm would need a writable folder, one host
+        db.execute("PRAGMA synchronous=EXTRA")
         return db
 
     def _rows(self, db: sqlite3.Connection) -> tuple[np.ndarray, ...]:
         """Every row of the file, checked: (keys, probs, confidence, status). LookupError: another identity;
         ValueError: a row no answer can be."""
+        db.execute("BEGIN")  # one snapshot: the check and the rows of one committed state
         if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
             raise ValueError("the database fails its integrity check")
+        if not db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:  # a first save not committed (or killed)
+            return (np.zeros(0, np.int64), np.zeros((0, NUM_ACTIONS), np.float32), np.zeros(0, np.float32),
+                    np.zeros(0, np.int32))
         meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
         if json.loads(meta.get("identity", "null")) != self.ident or int(meta.get("keys", -1)) != self.num_keys:
             raise LookupError("it names another advisor, template or data")
@@ -280,7 +308,12 @@ class AdviceStore:
     def refresh(self) -> int:
         """Adds the file's answers this process does not hold yet (other processes' saves); how many."""
         if not self.path.exists():
-            if self.dir.exists() and any(self.dir.iterdir()):
+            self.on_disk[:] = False  # gone (set aside, removed): the next save writes every answer held
+            try:
+                other = any(self.dir.iterdir())
+            except OSError:  # no folder (yet, or set aside since)
+                other = False
+            if other:
                 self._set_aside(f"no {DATABASE_FILE} in it (a store of another format, or damaged)")
             return 0
         try:
@@ -290,6 +323,11 @@ class AdviceStore:
             self._set_aside(str(error))
             return 0
         except (sqlite3.Error, ValueError, TypeError) as error:
+            if isinstance(error, sqlite3.Error) and not (error.sqlite_errorname or "").startswith(DAMAGED):
+                if self.path.exists():  # locked or read-only now: not the file's fault (gone: set aside by another)
+                    print(f"WARNING: advice store {self.dir}: cannot read it now ({error}); going on with the answers "
+                          "held", file=sys.stderr)
+                return 0
             self._set_aside(f"unreadable ({type(error).__name__}: {error})")
             return 0
         self.on_disk[keys] = True
@@ -302,7 +340,20 @@ class AdviceStore:
         self.answers.put(keys, probs, confidence, status, 0)
 
     def save(self) -> int:
-        """Adds the answers held and not yet in the file to it, in one durable transaction; how many."""
+        """Adds the answers held and not yet in the file to it, in one durable transaction; how many (0 where it
+        fails twice: one line on stderr, and the answers stay held for the next save)."""
+        for _ in range(2):  # the folder set aside under the first try (another holder found it damaged): a new file
+            try:
+                return self._save()
+            except (sqlite3.Error, OSError) as error:
+                failed = error
+        print(f"WARNING: advice store {self.dir}: cannot save ({type(failed).__name__}: {failed}); the answers stay "
+              "held for the next save", file=sys.stderr)
+        return 0
+
+    def _save(self) -> int:
+        if not self.path.exists():
+            self.on_disk[:] = False  # gone (set aside, removed): every answer held goes into the new file
         keys = np.flatnonzero(self.answers.filled(0) & ~self.on_disk)
         if not len(keys):
             return 0
@@ -310,8 +361,9 @@ class AdviceStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         rows = [(int(k), self.answers.probs[k].astype(np.float32).tobytes(), float(self.answers.confidence[k]),
                  int(self.answers.status[k])) for k in keys]
-        with closing(self._connect()) as db:
+        with closing(self._connect(create=True)) as db:
             db.execute("BEGIN IMMEDIATE")  # the write lock first: another holder's save waits, then adds to it
+            # the tables and the identity commit together: another holder sees all of them or none (an empty store)
             db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
             db.execute("CREATE TABLE IF NOT EXISTS answers (key INTEGER PRIMARY KEY, probs BLOB NOT NULL, "
                        "confidence REAL NOT NULL, status INTEGER NOT NULL)")

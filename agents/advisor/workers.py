@@ -1,7 +1,8 @@
 """Several advisor workers behind one client (docs/advisor.md, "Advisor workers"). Each worker is its own sidecar
 process (`bridge.SidecarClient`) with its own torch device and shared-memory pair. A submission's prompts are split
 across the workers that are up, in proportion to their measured rates; its answers come back merged in submission
-order. A dead worker's rows come back as backend errors and it is restarted while the others keep answering.
+order. A dead worker's rows come back as backend errors and it is restarted while the others keep answering; a
+restarted worker is given prompts only once it has the pool's last `load`ed adapter again (it starts from its flags').
 
 `AdvisorPool` offers what `AdvisorLink` uses of one `SidecarClient` (submit, collect, pending, alive, command, ...),
 so one worker behaves exactly as one client did.
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from bridge import STATUS_OK, BridgeConfig, SidecarClient
-from bridge.client import Answers
+from bridge.client import Answers, SidecarError
 from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
 
 RATE_EMA = 0.3  # weight of a worker's newest rate sample: a few query steps follow a change of load
@@ -56,6 +57,8 @@ class AdvisorPool:
         self.rates = np.full(len(workers), np.nan)  # EMA of answers/s per worker; nan until measured
         self.answered = np.zeros(len(workers), np.int64)  # ok answers per worker since reset_counters()
         self.last_restart = np.full(len(workers), -np.inf)
+        self._load: tuple[dict, float] | None = None  # the last `load` command's arguments and timeout
+        self._reload = np.zeros(len(workers), bool)  # restarted since that load: answers with its start adapter
         self._pending: deque[tuple[int, list[_Part]]] = deque()
         self._next_seq = 1
 
@@ -86,24 +89,38 @@ class AdvisorPool:
 
     # ---- health ------------------------------------------------------------------------------------------
 
+    def _up(self) -> np.ndarray:
+        """Per worker: it can answer, with the pool's adapter (a restarted one only once the load is replayed)."""
+        return np.array([w.alive for w in self.workers]) & ~self._reload
+
     @property
     def alive(self) -> bool:
         """At least one worker can answer."""
-        return any(w.alive for w in self.workers)
+        return bool(self._up().any())
 
     @property
     def alive_count(self) -> int:
-        return sum(w.alive for w in self.workers)
+        return int(self._up().sum())
 
     def restart_dead(self) -> None:
         """Restarts (without waiting) each dead worker, at most once per start timeout: a worker still loading
-        is not up yet either."""
+        is not up yet either. A restarted worker that is ready again first gets the pool's last `load` (waiting
+        for its reply): it started with its start flags' adapter, and its answers count as the loaded one's."""
+        for i in np.flatnonzero(self._reload):
+            if self.workers[i].alive:
+                args, timeout_s = self._load
+                try:
+                    self.workers[i].command("load", timeout_s=timeout_s, **args)
+                    self._reload[i] = False
+                except SidecarError:  # down again, or the load failed: it stays out of the split and is retried
+                    pass
         now = time.monotonic()
         for i, worker in enumerate(self.workers):
             if not worker.alive and now - self.last_restart[i] > self.config.start_timeout_s:
                 worker.restart(wait=False)
                 self.last_restart[i] = now
                 self.rates[i] = np.nan  # a new process: measured afresh
+                self._reload[i] = self._load is not None
 
     @property
     def sidecar_pid(self) -> int | None:
@@ -129,7 +146,7 @@ class AdvisorPool:
     def weights(self) -> np.ndarray:
         """Each worker's share of the next submission: its measured rate; a worker not yet measured gets the mean
         of the measured ones (all equal when none is); a worker that is down gets nothing."""
-        up = np.array([w.alive for w in self.workers])
+        up = self._up()
         measured = up & np.isfinite(self.rates) & (self.rates > 0)
         fill = self.rates[measured].mean() if measured.any() else 1.0
         return np.where(up, np.where(measured, self.rates, fill), 0.0)
@@ -185,8 +202,12 @@ class AdvisorPool:
     # ---- commands, outcomes, counters --------------------------------------------------------------------
 
     def command(self, op: str, timeout_s: float = 60.0, **args: Any) -> dict:
-        """Sends the command to every worker (e.g. `load` an adapter: all answer with it); worker 0's reply."""
+        """Sends the command to every worker (e.g. `load` an adapter: all answer with it); worker 0's reply. A `load`
+        is remembered: restart_dead() replays it on a worker restarted later."""
         replies = [w.command(op, timeout_s=timeout_s, **args) for w in self.workers]
+        if op == "load":
+            self._load = (args, timeout_s)
+            self._reload[:] = False  # every worker has it now
         return replies[0]
 
     def send_outcomes(self, rows: dict[str, np.ndarray], wait_s: float = 0.0) -> int:

@@ -30,13 +30,14 @@ from agents.advice.acting import HybridActing, HybridCarry, make_acting
 from agents.advice.record import record_metrics
 from agents.advice.table import view
 from agents.advice.usage import STAT_PREFIX, walk_advice_metrics
-from agents.advisor.adapters import starting_adapter
 from agents.advisor.link import AdvisorLink
 from agents.config import VetoConfig
 from agents.rl.networks import ActorCritic
+from agents.runs.adapters import starting_adapter
 from jaxenv.env import EnvState
 from jaxenv.evaluate import continue_after_breach, trace_step
 from jaxenv.metrics import walk_metrics
+
 
 def chunk_lengths(steps: int, k: int) -> list[int]:
     """Steps per chunk when `steps` env steps run k at a time, e.g. 64 steps, k=5: 12×5 + 4."""

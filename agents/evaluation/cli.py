@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from agents.config import ConfigError
+    from agents.devices.parallel import print_banner
     from agents.evaluation.report import (
+        gate_lines,
         markdown_table,
         plot_equity,
         plot_training,
@@ -58,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
         write_trades,
     )
     from agents.evaluation.saved_run import EvalOptions, evaluate, load_run
-    from agents.devices.parallel import print_banner
     from agents.runs.saved_runs import CheckpointMismatch
     from jaxenv import DataValidationError
     from jaxenv.load_report import dropped_text
@@ -84,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     json_path = Path(args.json) if args.json else out / "evaluation.json"
     write_json(summary, json_path)
     (out / "table.md").write_text(markdown_table(summary))
-    Console(width=None if sys.stdout.isatty() else 200).print(rich_table(summary))  # piped: no wrapping
+    console = Console(width=None if sys.stdout.isatty() else 200)  # piped: no wrapping
+    console.print(rich_table(summary))
+    for line in gate_lines(summary):
+        console.print(line)
 
     timestamps = first.market.timestamps
     agent = result.first_traces["agent"]

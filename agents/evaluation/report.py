@@ -18,6 +18,7 @@ from rich.table import Table  # noqa: E402
 
 from agents.advice.risk_veto import RULES  # noqa: E402
 from agents.advice.usage import ADVICE_METRICS  # noqa: E402
+from agents.evaluation.saved_run import GATED, OVERFITTING_METRICS  # noqa: E402
 from jaxenv.env import NO_EXIT  # noqa: E402
 from jaxenv.metrics import METRICS, Trace, trades_table, underwater  # noqa: E402
 
@@ -34,12 +35,13 @@ LABELS = {
     "override_rate": "overridden by advice", "mean_trust": "mean trust g", "veto_rate": "vetoed decisions",
     "wait_rate": "waited for advice", "bracket_kept_rate": "advised bracket kept",
     "bound_rate": "bound to advice",
+    "psr": "PSR (P(Sharpe > 0))", "dsr": "deflated Sharpe ratio", "trials": "trials on this data",
     **{f"vetoes_{rule}": f"vetoes: {rule.replace('_', ' ')}" for rule in RULES},
 }
 MONEY = {"net_pnl", "max_drawdown", "expectancy", "trade_pnl_std", "commissions"}
 PERCENT = {"win_rate", "commission_share", "advice_coverage", "advice_coverage_current", "agreement", "override_rate", "veto_rate", "wait_rate",
            "bracket_kept_rate", "bound_rate"}
-WHOLE = {"trades", "breaches", "days_to_first_breach", "days", "bars", *(f"vetoes_{rule}" for rule in RULES)}
+WHOLE = {"trades", "breaches", "days_to_first_breach", "days", "bars", "trials", *(f"vetoes_{rule}" for rule in RULES)}
 
 
 def _number(name: str, value: float) -> str:
@@ -66,14 +68,23 @@ def format_metric(name: str, summary: dict[str, Any]) -> str:
 
 
 def columns(summary: dict[str, Any]) -> dict[str, dict]:
-    """policy name -> its summary, in table order: the agent, its ablations, the baselines."""
-    return {"agent": summary["agent"], **summary["ablations"], **summary["baselines"]}
+    """policy name -> its summary, in table order: the agent, the agent as its gate allows it to trade, its
+    ablations, the baselines."""
+    gated = {GATED: summary["gated"]} if "gated" in summary else {}
+    return {"agent": summary["agent"], **gated, **summary["ablations"], **summary["baselines"]}
 
 
 def rows(summary: dict[str, Any]) -> list[str]:
-    """The metrics shown: every one of METRICS, then how advice was used when any column walked with advice."""
-    hybrid = [m for m in ADVICE_METRICS if any(m in column for column in columns(summary).values())]
-    return [*METRICS, *hybrid]
+    """The metrics shown: every one of METRICS, then how advice was used when any column walked with advice, then the
+    agent's overfitting figures."""
+    extra = [m for m in (*ADVICE_METRICS, *OVERFITTING_METRICS) if any(m in c for c in columns(summary).values())]
+    return [*METRICS, *extra]
+
+
+def gate_lines(summary: dict[str, Any]) -> list[str]:
+    """The gate's verdict of each run's walk, one line each."""
+    return [f"gate ({i + 1}): {g['mode']} at the walk's end: {g['reason']}"
+            for i, g in enumerate(summary.get("gate", []))]
 
 
 def rich_table(summary: dict[str, Any]) -> Table:
@@ -98,7 +109,28 @@ def markdown_table(summary: dict[str, Any]) -> str:
     lines = [f"Instrument: {instrument['description']}", ""] if instrument else []
     lines += ["| metric | " + " | ".join(cols) + " |", "|---" + "|---:" * len(cols) + "|"]
     lines += [f"| {LABELS[m]} | " + " | ".join(format_metric(m, s) for s in cols.values()) + " |" for m in rows(summary)]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *gate_lines(summary)]) + "\n"
+
+
+def verdict_lines(record, trials: int, scale: float, checkpoint: str) -> list[str]:
+    """What a run shows out of sample, in two lines: its P&L against flat on its test split with an interval over the
+    sessions and the deflated Sharpe ratio over the trials on its data; and the gate's verdict for trade.py."""
+    from scipy import stats
+
+    from agents.evidence.gate import Gate
+    from agents.evidence.overfitting import deflated_sharpe_ratio
+
+    pnl = np.asarray(record.pnl, np.float64)
+    n = len(pnl)
+    half = float(stats.t.ppf(0.975, n - 1) * pnl.std(ddof=1) * np.sqrt(n)) if n > 1 else float("nan")
+    dsr = deflated_sharpe_ratio(pnl, trials)["dsr"] if n > 2 else float("nan")
+    gate = Gate.start(record, scale)
+    trade = ("trade.py will send its orders to the broker" if gate.live else
+             "trade.py will paper-trade this agent until its record passes")
+    return [f"out of sample ({record.source}, {n} sessions, {checkpoint} checkpoint): P&L {pnl.sum():,.0f} against "
+            f"flat's 0 [{pnl.sum() - half:,.0f}, {pnl.sum() + half:,.0f}] (95% interval over sessions); deflated "
+            f"Sharpe ratio {dsr:.2f} over {trials} trial{'s' if trials > 1 else ''} on this data",
+            f"gate: {gate.reason()}: {trade}"]
 
 
 def write_json(summary: dict[str, Any], path: Path) -> None:

@@ -34,21 +34,30 @@ from scipy import stats
 
 from agents.advice.acting import make_acting
 from agents.advice.usage import ADVICE_METRICS, walk_advice_metrics
-from agents.advisor.adapters import checkpoint_adapter
 from agents.config import ConfigError, TrainConfig
 from agents.evaluation.advised_walk import AdvisedWalker, run_ablations
 from agents.evaluation.policies import flat_policy, make_act, random_valid_policy
+from agents.evidence.eprocess import scale_of
+from agents.evidence.gate import Gate, OutOfSample, gated_trace
+from agents.evidence.overfitting import deflated_sharpe_ratio
 from agents.rl.ppo import PPO, make_train
 from agents.runs.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
+from agents.runs.trials import count_trials
 from jaxenv import Market, TradingEnv, load_market, walk_split
 from jaxenv.config import DataConfig
 from jaxenv.contracts import describe
 from jaxenv.evaluate import buy_and_hold
-from jaxenv.metrics import METRICS, Trace, walk_metrics
+from jaxenv.metrics import METRICS, Trace, daily_pnl, step_days, walk_metrics
 
 Bars = tuple[int, int]  # [start, end) bar indices of one walk
 WalkFn = Callable[[Bars, jax.Array], Trace]
-GROUPS = ("agent", "ablations", "baselines")
+GROUPS = ("agent", "gated", "ablations", "baselines")
+GATED = "agent (gated)"  # the agent as trade.py's gate would have traded it (agents.evidence.gate)
+EVIDENCE_DIR = "evidence"  # RUN/evidence/<checkpoint label>.json: a checkpoint's out-of-sample P&L per session
+# an agent walk's overfitting figures (agents.evidence.overfitting), per session
+OVERFITTING_METRICS = {"psr": "P(true Sharpe per session > 0): the probabilistic Sharpe ratio",
+                       "dsr": "the deflated Sharpe ratio: the PSR against the best of the trials on this data",
+                       "trials": "training runs on this data in the run's folder of runs (its trials.jsonl)"}
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,43 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | DataConf
                      walker=walker)
 
 
+def out_of_sample(run_dir: str | Path, checkpoint: str = "best") -> OutOfSample:
+    """The checkpoint's P&L per session on its run's test split, which it was neither trained on nor chosen on: where
+    its gate's evidence starts (agents.evidence.gate). Walked once, then read from RUN/evidence/<label>.json."""
+    run = load_run(run_dir, checkpoint)
+    path = Path(run_dir) / EVIDENCE_DIR / f"{run.saved.label}.json"
+    try:
+        if path.exists():
+            return OutOfSample.load(path)
+        trace = agent_walk(run)(walk_bounds(run.market, "test"), jax.random.PRNGKey(0))
+    finally:
+        run.close()
+    daily = daily_pnl(trace, run.market.timestamps, run.market.sessions.day)
+    record = OutOfSample([str(d) for d in daily.index], daily.astype(float).tolist(),
+                         f"test split of {run.cfg.data.source}")
+    record.save(path)
+    return record
+
+
+def gated_walk(run: LoadedRun, trace: Trace, record: OutOfSample | None) -> tuple[Trace, Gate]:
+    """The agent's walk as trade.py's gate would have traded it: the gate's evidence starts from the checkpoint's
+    out-of-sample sessions that closed before the walk's first, and counts the walk's sessions as they complete."""
+    days = np.asarray(step_days(trace, run.market.timestamps, run.market.sessions.day)).astype(str)
+    gate = Gate.start(record.before(days[0]) if record is not None and len(days) else None,
+                      scale_of(run.cfg.env.prop_firm))
+    gated, _ = gated_trace(trace, days, gate)
+    return gated, gate
+
+
+def overfitting_metrics(run: LoadedRun, trace: Trace) -> dict[str, float | None]:
+    """The walk's PSR (its session P&L) and DSR over the trials on its run's data."""
+    daily = daily_pnl(trace, run.market.timestamps, run.market.sessions.day).to_numpy(np.float64)
+    trials = count_trials(run.saved.run_dir, run.cfg)
+    dsr = deflated_sharpe_ratio(daily, trials)
+    finite = lambda x: float(x) if x is not None and np.isfinite(x) else None  # noqa: E731
+    return {"psr": finite(dsr["psr"]), "dsr": finite(dsr["dsr"]), "trials": float(trials)}
+
+
 def walk_bounds(market: Market, split: str) -> Bars:
     if split == "all":
         return market.split_range((0, market.num_bars))
@@ -131,7 +177,7 @@ def advised_walk(run: LoadedRun, **changes) -> WalkFn:
     """A walk with the run's advisor as it was at the checkpoint: the LoRA adapter it had learned by then (saved
     beside the checkpoint), unless `changes` names another `adapter`."""
     saved = run.saved
-    changes.setdefault("adapter", checkpoint_adapter(run.cfg, saved.run_dir, saved.step))
+    changes.setdefault("adapter", saved.adapter)
     return lambda bars, key: run.walker.walk(saved.params, saved.obs_norm, bars, key, greedy=not run.sampled,
                                              record=saved.advice_record, **changes)
 
@@ -176,7 +222,7 @@ def summarize_walks(walks: list[dict]) -> dict[str, Any]:
     """Every metric's mean over the walks (over those where it is defined), `n` walks and, for n > 1, `ci95`."""
     out: dict[str, Any] = {}
     ci95: dict[str, list[float]] = {}
-    for name in [*METRICS, *(m for m in ADVICE_METRICS if m in walks[0])]:
+    for name in [*METRICS, *(m for m in (*ADVICE_METRICS, *OVERFITTING_METRICS) if m in walks[0])]:
         values = [w[name] for w in walks if w[name] is not None]
         out[name], interval = mean_and_interval(values) if values else (None, None)
         if interval is not None:
@@ -194,6 +240,7 @@ class Evaluation:
     walks: dict[str, dict[str, list[dict]]]  # group -> policy -> metrics of each walk
     first_traces: dict[str, Trace] = field(default_factory=dict)  # policy -> its first walk (plots, trades.csv)
     bars: list[Bars] = field(default_factory=list)  # the walks of seed 0
+    gates: list[dict] = field(default_factory=list)  # each gated walk's gate at its end: mode, why, evidence
 
     def summary(self) -> dict[str, Any]:
         """{"agent": {...}, "ablations": {name: {...}}, "baselines": {name: {...}}} plus what was evaluated."""
@@ -214,6 +261,8 @@ class Evaluation:
         return {
             "setup": setup,
             "agent": summarize_walks(self.walks["agent"]["agent"]),
+            "gated": summarize_walks(self.walks["gated"][GATED]),
+            "gate": self.gates,
             "ablations": {k: summarize_walks(v) for k, v in self.walks["ablations"].items()},
             "baselines": {k: summarize_walks(v) for k, v in self.walks["baselines"].items()},
         }
@@ -247,6 +296,8 @@ def evaluate(runs: list[LoadedRun], options: EvalOptions) -> Evaluation:
                 for seed in range(options.seeds) for group, named in policies for name, policy in named.items()
                 if seed == 0 or policy.stochastic or new_bars_per_seed]
         task = progress.add_task("walking", total=len(jobs) * len(result.bars))
+        owners = {id(named["agent"].walk): run for (_, named), run in zip(policies, runs)}  # agent walk -> its run
+        records = {id(run): out_of_sample(run.saved.run_dir, str(run.saved.step)) for run in runs}
         for group, name, walk, seed in jobs:
             progress.update(task, description=f"{name} (seed {seed})")
             key = jax.random.PRNGKey(seed)
@@ -257,5 +308,12 @@ def evaluate(runs: list[LoadedRun], options: EvalOptions) -> Evaluation:
                     metrics.update(walk_advice_metrics(trace))
                 result.walks[group].setdefault(name, []).append(metrics)
                 result.first_traces.setdefault(name, trace)
+                if group == "agent":  # the agent's evidence: its overfitting figures, and the walk its gate allows
+                    run = owners[id(walk)]
+                    metrics.update(overfitting_metrics(run, trace))
+                    gated, gate = gated_walk(run, trace, records[id(run)])
+                    result.walks["gated"].setdefault(GATED, []).append(walk_metrics(gated, timestamps, rules, days))
+                    result.gates.append({"mode": gate.mode, "reason": gate.reason(), "log_e": gate.log_e,
+                                         "sessions": gate.sessions, "changes": gate.history})
                 progress.advance(task)
     return result

@@ -36,8 +36,10 @@ class RunLock:
         self._before = before  # what the folder held when the lock was taken
 
     @classmethod
-    def acquire(cls, run_dir: str | Path, create: bool = True) -> "RunLock":
-        """Locks the run folder (creating it if `create`); raises RunLocked if a live process holds it."""
+    def acquire(cls, run_dir: str | Path, create: bool = True,
+                reason: str = "a second writer would mix its checkpoints and metrics") -> "RunLock":
+        """Locks the run folder (creating it if `create`); raises RunLocked if a live process holds it, its message
+        ending with `reason` (why a second writer may not)."""
         run_dir = Path(run_dir)
         path = run_dir / LOCK_FILE
         if not create and not run_dir.is_dir():
@@ -50,8 +52,8 @@ class RunLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise RunLocked(f"{run_dir} is in use by {_holder(path)}; wait for it to end or stop it "
-                                "(a second writer would mix its checkpoints and metrics)") from None
+                raise RunLocked(f"{run_dir} is in use by {_holder(path)}; wait for it to end or stop it ({reason})"
+                                ) from None
             try:
                 if os.fstat(fd).st_ino == os.stat(path).st_ino:
                     break

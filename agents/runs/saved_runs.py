@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 
 from agents.config import RUN_CONFIG_FILE, ConfigError, TrainConfig, load_config
 from agents.rl.normalization import RunningMeanStd
+from agents.runs.adapters import checkpoint_adapter
 from agents.runs.checkpoints import CheckpointMismatch, verify_step
 from agents.runs.integrity import MANIFEST_FILE, CheckpointDamaged, check_finite
 from agents.runs.storage import reason
@@ -43,6 +44,12 @@ class SavedPolicy:
     @property
     def label(self) -> str:
         return f"{self.kind}-{self.step}"
+
+    @property
+    def adapter(self) -> str | None:
+        """The advisor's LoRA adapter as it answered at this checkpoint: the one it had learned by then (saved beside
+        the checkpoint), else the one the run started from. Evaluation and trading both advise with it."""
+        return checkpoint_adapter(self.cfg, self.run_dir, self.step)
 
     @property
     def obs_dim(self) -> int:
@@ -97,9 +104,9 @@ def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | 
     obs_norm = RunningMeanStd(**{k: jnp.asarray(v) for k, v in state["obs_norm"].items()})
     hybrid = state.get("hybrid")
     record = hybrid.get("record") if isinstance(hybrid, dict) else None
-    if isinstance(record, dict) and "tally" not in record:
-        print(f"note: {run_dir} checkpoint {kind}/{step} holds an advice record of every env's calls, from before the "
-              "record counted one call per key: its walks start from an empty record", file=sys.stderr)
+    if isinstance(record, dict) and "evidence" not in record:
+        print(f"note: {run_dir} checkpoint {kind}/{step} holds an advice record of an earlier test (before the betting "
+              "e-process over sessions): its walks start from an empty record", file=sys.stderr)
         record = None
     return SavedPolicy(run_dir, cfg, kind, step, state["params"], obs_norm, record)
 

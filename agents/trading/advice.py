@@ -15,8 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from agents.advice.table import answered, key_block
-from agents.advisor.adapters import starting_adapter
+from agents.advice.table import STATUS_NONE, answered, key_block
 from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.advisor.sidecar import start_advisor
@@ -24,17 +23,20 @@ from agents.trading.bars import BarBook
 from bridge.protocol import NUM_ACTIONS
 
 ROWS = 16  # answers written into the table per bar, padded: one compiled write
+READY_DTYPES = (np.int64, np.float32, np.float32, np.int32, np.int32)  # a ready row: key, probs, confidence, status,
+# version
 
 
 class LiveAdvisor:
     """Asks the advisor about keys of a growing feed and hands their answers to the acting step."""
 
-    def __init__(self, cfg, book: BarBook, log_stem: Path | None = None, store=None):
-        """`store`: an agents.advisor.store.AdviceStore whose keys are this feed's (a replay of the file it was
+    def __init__(self, cfg, book: BarBook, adapter: str | None, log_stem: Path | None = None, store=None):
+        """`adapter`: the LoRA adapter the advisor answers with (the checkpoint's: SavedPolicy.adapter); `store`: an
+        agents.advisor.store.AdviceStore of that advisor whose keys are this feed's (a replay of the file it was
         filled on); its answers are read and the new ones added."""
         self.cfg, self.book, self.store = cfg, book, store
         self.renderer, _ = prompt_template(cfg)
-        self.client = start_advisor(cfg, self.renderer, book.text_table, ROWS, starting_adapter(cfg), log_stem)
+        self.client = start_advisor(cfg, self.renderer, book.text_table, ROWS, adapter, log_stem)
         self.queue: list[int] = []  # keys to ask once the advisor can take a submission (MAX_IN_FLIGHT)
         self.asked: dict[int, float] = {}  # key -> perf_counter() when asked (pending)
         self.latency: dict[int, float] = {}  # key -> seconds its answer took (0 from the store)
@@ -61,9 +63,22 @@ class LiveAdvisor:
             contract=b.contract, close=b.column("close"), indicators={k: v[:n] for k, v in b.indicators.items()},
             sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
 
-    def ask(self, keys: list[int]) -> None:
+    def state(self) -> dict:
+        """What a restart needs: the answers taken and not yet written into the table (the store's, read as a block
+        closed), each key's latency, the keys read and the counters."""
+        ready = [np.concatenate(p).tolist() for p in zip(*self.ready)] if self.ready else None
+        return {"ready": ready, "latency": {str(k): v for k, v in self.latency.items()}, "read": sorted(self.read),
+                "on_time": self.on_time, "prompts": self.prompts}
+
+    def restore(self, state: dict) -> None:
+        ready = state["ready"]
+        self.ready = [tuple(np.asarray(v, dtype) for v, dtype in zip(ready, READY_DTYPES))] if ready else []
+        self.latency = {int(k): float(v) for k, v in state["latency"].items()}
+        self.read, self.on_time, self.prompts = set(state["read"]), state["on_time"], state["prompts"]
+
+    def ask(self, keys: list[int]) -> list[int]:
         """Asks about the keys not answered or asked yet (the store's answers are taken at once); each is timed from
-        now, when it is due to be asked."""
+        now, when it is due to be asked. Returns the keys asked of the advisor (in flight until answered)."""
         keys = [k for k in dict.fromkeys(keys) if k >= 0 and k not in self.latency and k not in self.asked]
         if self.store is not None and keys:
             have = self.store.answers
@@ -78,6 +93,7 @@ class LiveAdvisor:
         self.asked.update({k: now for k in keys})
         self.queue += keys
         self._submit()
+        return keys
 
     def _submit(self) -> None:
         """Submits queued keys while the advisor can take them, the newest blocks first; keys of blocks too old to be
@@ -112,17 +128,15 @@ class LiveAdvisor:
         answers = self.client.collect(timeout_s=self.cfg.hybrid.strict_timeout_s if wait else 0.0)
         keys = self.submitted.pop(0)
         now = time.perf_counter()
-        if not len(answers):  # no answers (a dead worker, a timeout): asked again when next needed
-            for k in keys.tolist():
-                self.asked.pop(k, None)
+        if not len(answers):  # no answers (a dead worker, a timeout): not in flight any more, asked again when needed
+            self._unasked(keys)
             return
         status = answers.status.astype(np.int32)
         got = np.asarray(answered(status))
         ids = answers.env_ids.astype(np.int64)
         for k in ids[got].tolist():
             self.latency[k] = now - self.asked.pop(k, now)
-        for k in ids[~got].tolist():
-            self.asked.pop(k, None)
+        self._unasked(ids[~got])
         versions = np.zeros(len(ids), np.int32) if answers.version is None else answers.version
         self.ready.append((ids[got], answers.probs[got], answers.confidence[got], status[got], versions[got]))
         if self.store is not None:
@@ -130,11 +144,18 @@ class LiveAdvisor:
             self.store.keep(ids[got][own], answers.probs[got][own], answers.confidence[got][own],
                             status[got][own])
 
-    def answers(self, need: list[int], read: int | None, wait: bool) -> list[tuple]:
+    def _unasked(self, keys: np.ndarray) -> None:
+        """Keys whose answer will not come: back to missing in the table (no longer in flight), asked when needed."""
+        for k in keys.tolist():
+            self.asked.pop(k, None)
+        n = len(keys)
+        self.ready.append((keys.astype(np.int64), np.full((n, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32),
+                           np.zeros(n, np.float32), np.full(n, STATUS_NONE, np.int32), np.full(n, -1, np.int32)))
+
+    def answers(self, read: int | None, wait: bool) -> list[tuple]:
         """The rows (AdviceTable.write's arguments, in chunks padded to ROWS) of every answer collected since the
-        last call. `need`: keys to have, asked now where they were not; `read`: the key the next decision reads;
-        `wait`: collect every pending answer, waiting for it (else: those back already)."""
-        self.ask(need)
+        last call. `read`: the key the next decision reads; `wait`: collect every pending answer, waiting for it
+        (else: those back already)."""
         self._collect(wait)
         if read is not None and read not in self.read:
             self.read.add(read)

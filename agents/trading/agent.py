@@ -153,27 +153,35 @@ class Agent:
             self._advance = jax.jit(partial(advised_advance, env))
             self._look = jax.jit(self.acting.look)
             self._write = jax.jit(lambda table, *rows: table.write(*rows))
+            self._mark_asked = jax.jit(lambda table, keys: table.mark_asked(keys, keys >= 0))
         else:
             act = make_act(self.ppo, deterministic=True)
             self._decide = jax.jit(partial(policy_step, env, policy_fn=act))
             self._advance = jax.jit(partial(advance_step, env))
 
-    def _grow(self) -> None:
-        """The env's arrays (and the advice table) at the book's new capacity: shapes change, so the jitted steps
-        compile again (a doubling: log2(bars) times in a feed)."""
+    def _fit_to_book(self) -> None:
+        """The env's arrays, and the advice table of the account and its pending decision, at the book's capacity:
+        shapes change, so the jitted steps compile again (a doubling: log2(bars) times in a feed)."""
         self.params = self._env_params(self.book.capacity)
-        if self.hybrid and self.carry is not None:
-            old = self.carry.hybrid.advice
-            keys = num_blocks(self.book.capacity, self.k) * SIDES
-            grown = AdviceTable.create(keys)
-            grown = jax.tree.map(lambda g, o: g.at[: o.shape[0]].set(o) if g.ndim else o, grown, old)
-            self.carry = self.carry.replace(hybrid=self.carry.hybrid.replace(advice=grown))
-            if self.choice is not None:
-                self.choice = self.choice.replace(hybrid=self.choice.hybrid.replace(advice=grown))
+        if not self.hybrid:
+            return
+        keys = num_blocks(self.book.capacity, self.k) * SIDES
+
+        def grown(hybrid):
+            old = hybrid.advice
+            if old.num_keys >= keys:
+                return hybrid
+            table = jax.tree.map(lambda g, o: g.at[: o.shape[0]].set(o) if g.ndim else o, AdviceTable.create(keys), old)
+            return hybrid.replace(advice=table)
+
+        if self.carry is not None:
+            self.carry = self.carry.replace(hybrid=grown(self.carry.hybrid))
+        if self.choice is not None:
+            self.choice = self.choice.replace(hybrid=grown(self.choice.hybrid))
 
     def _put(self, i: int) -> None:
         if self.params.bars.shape[0] != self.book.capacity:
-            self._grow()
+            self._fit_to_book()
         bars, bar_f, context_f = self.book.env_rows(i, i + 1)
         self.params = _put_bar(self.params, i, bars[0], bar_f[0], context_f[0],
                                np.float32(self.book.next_session_id()))
@@ -246,13 +254,23 @@ class Agent:
         block = t // self.k
         if self.advisor is not None:
             read = key_of(block - 1, side) if block >= 1 else None
-            need = [key_of(block - 1, 0), read] if block >= 1 else []
-            for rows in self.advisor.answers(need, read, wait=self.advice_mode == "wait"):
-                table = self._write(carry.hybrid.advice, *rows)
-                carry = carry.replace(hybrid=carry.hybrid.replace(advice=table))
+            asked = self.advisor.ask([key_of(block - 1, 0), read] if block >= 1 else [])
+            table = self._marked(carry.hybrid.advice, asked)
+            for rows in self.advisor.answers(read, wait=self.advice_mode == "wait"):
+                table = self._write(table, *rows)
+            carry = carry.replace(hybrid=carry.hybrid.replace(advice=table))
         if (t - self.start_bar) % self.k == 0:
             carry = carry.replace(hybrid=self._look(carry.hybrid, carry.env_state, self.params))
         self.carry = carry
+
+    def _marked(self, table: AdviceTable, asked: list[int]) -> AdviceTable:
+        """The table with the keys just asked of the advisor in flight until answered, as training's query step marks
+        them: the wait rule reads it."""
+        if not asked:
+            return table
+        keys = np.full(SIDES, -1, np.int32)
+        keys[: len(asked)] = asked
+        return self._mark_asked(table, keys)
 
     def _decision(self, t: int, t0: float) -> Decision:
         if self.hybrid:
@@ -267,7 +285,9 @@ class Agent:
         if self.hybrid and self.advisor is not None and (t + 1) % self.k == 0:  # block t // k closes: ask its keys
             side = int(state.side)
             after = {BUY: 1, SELL: -1}.get(action, side)
-            self.advisor.ask([key_of(t // self.k, s) for s in dict.fromkeys((0, side, after))])
+            asked = self.advisor.ask([key_of(t // self.k, s) for s in dict.fromkeys((0, side, after))])
+            table = self._marked(self.choice.hybrid.advice, asked)
+            self.choice = self.choice.replace(hybrid=self.choice.hybrid.replace(advice=table))
         return self._describe(t, t0, action, state)
 
     # ----------------------------------------------------------------------------------------------- output
@@ -308,9 +328,8 @@ class Agent:
         return {"carry": jax.device_get(self.carry), "choice": jax.device_get(self.choice)}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """The account as `state` left it, on a book that holds the same bars (agents.trading.journal). Keys asked
-        but not answered are asked again."""
-        self.params = self._env_params(self.book.capacity)
+        """The account as `state` left it, on a book that holds the same bars (agents.trading.journal), its arrays
+        at the book's capacity. Keys asked but not answered are asked again."""
         carry, choice = state["carry"], state["choice"]
         if self.hybrid:
             def unasked(hybrid):
@@ -321,3 +340,4 @@ class Agent:
             choice = choice.replace(hybrid=unasked(choice.hybrid)) if choice is not None else None
         self.carry = jax.tree.map(jnp.asarray, carry)
         self.choice = jax.tree.map(jnp.asarray, choice) if choice is not None else None
+        self._fit_to_book()

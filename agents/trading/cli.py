@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 TRADE_DIR = "trade"  # RUN/trade/<file name>: the default --out
+GATE_MODES = ("evidence", "off")  # --gate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,6 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--news", metavar="FILE", help="a news file (data.news's format): each bar's prompt shows the items "
                     "published before its close, with the run's data.news_items and data.news_max_age")
     ap.add_argument("--follow", action="store_true", help="after the file's rows, wait for rows appended to it")
+    ap.add_argument("--gate", choices=GATE_MODES, default="evidence",
+                    help="evidence (default): orders reach the broker only while the agent's own out-of-sample record "
+                    "passes its test (its run's test split, then every session it trades), else paper; off: every "
+                    "order reaches the broker")
     ap.add_argument("--out", metavar="DIR", help="outputs and state (default RUN/trade/<file name>); an existing "
                     "state there is resumed")
     ap.add_argument("--advice", choices=["wait", "realtime"],
@@ -56,11 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from agents.config import ConfigError
+    from agents.runs.lock import RunLocked
     from jaxenv.data import DataValidationError
 
     try:
         session = Session.open(args)
-    except (ConfigError, DataValidationError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, DataValidationError, FileNotFoundError, ValueError, RunLocked) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
@@ -71,30 +77,50 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (DataValidationError, FileNotFoundError, ValueError) as e:  # a file that is not the run's instrument
         print(f"error: {e}", file=sys.stderr)
-        if not session.decisions:  # nothing was traded: nothing is left behind
-            session.journal.discard()
+        session.discard = not session.decisions  # nothing was traded: nothing is left behind
         return 2
     finally:
         session.close()
 
 
 class Session:
-    """One trading run: the agent, its broker, the feed and the journal."""
+    """One trading run: the agent, its broker, the feed and the journal, in an --out folder it holds locked."""
 
-    def __init__(self, args, agent, broker, journal, feed, advisor):
+    def __init__(self, args, agent, broker, journal, feed, lock):
         self.args, self.agent, self.broker, self.journal, self.feed = args, agent, broker, journal, feed
-        self.advisor = advisor
+        self.lock = lock  # agents.runs.lock.RunLock on the --out folder: one trader writes it
+        self.advisor = None
+        self.discard = False  # close() removes what this run wrote (it stopped before its first decision)
         self.rows_done = 0
         self.refused = 0
         self.decisions = 0
         self.latencies: list[float] = []
         self.entry_order = None  # the last decision's entry order, filled (or not) on the next bar
+        self.paper = None  # agents.trading.broker.PaperBroker: the paper book, where orders go while the gate is shut
+        self.gate = None  # agents.evidence.gate.Gate (--gate evidence), made at the first decision
+        self.record = None  # the checkpoint's out-of-sample record, where the gate's evidence starts
+        self.live = args.gate == "off"  # orders reach the broker
         self.status_every = args.status_every if args.status_every is not None else (1 if args.follow else 0)
         self.total = None  # a replay's rows (the progress bar's total)
         self.bar = None
 
     @classmethod
     def open(cls, args) -> Session:
+        """The session of `args`: its --out folder locked first (a second trader there exits with one line naming
+        the holder), then the run, the feed and the journal, resumed where a state is saved. Whatever fails here
+        leaves the folder as it was."""
+        from agents.runs.lock import RunLock
+
+        out = Path(args.out) if args.out else Path(args.run_dir) / TRADE_DIR / Path(args.data).stem
+        lock = RunLock.acquire(out, reason="a second trader would repeat its decisions and orders")
+        try:
+            return cls._open(args, out, lock)
+        except BaseException:
+            lock.release(discard=True)
+            raise
+
+    @classmethod
+    def _open(cls, args, out: Path, lock) -> Session:
         from agents.runs.saved_runs import load_run_config, restore_policy
         from agents.trading.agent import OPEN_END, Agent
         from agents.trading.broker import PaperBroker
@@ -115,33 +141,48 @@ class Session:
         end = OPEN_END if args.follow else len([r for r in rows if not isinstance(r[1], str)])
         mode = args.advice or ("realtime" if args.follow else "wait")
         agent = Agent(restore_policy(run_dir, args.checkpoint, cfg), advice=mode, end=end)
-        out = Path(args.out) if args.out else run_dir / TRADE_DIR / Path(args.data).stem
         journal = Journal(out)
-        session = cls(args, agent, PaperBroker(), journal, feed, None)
+        session = cls(args, agent, PaperBroker(), journal, feed, lock)
+        session.paper = PaperBroker()
         session.total = None if args.follow else len(rows)
-        if journal.has_state:
-            session._resume()
-        else:
+        state = session._resume() if journal.has_state else None
+        if state is None:
             journal.open()
+            if args.gate == "evidence":
+                session.record = session._out_of_sample()
         if agent.hybrid:
-            session.advisor = session._start_advisor()
+            session.advisor = session._start_advisor(state and state["advisor"])
             agent.advisor = session.advisor
         return session
 
-    def _start_advisor(self):
+    def _out_of_sample(self):
+        """The checkpoint's out-of-sample record (agents.evaluation.saved_run.out_of_sample), or None with a note where
+        its run's data cannot be walked."""
+        from agents.evaluation.saved_run import out_of_sample
+        from jaxenv.data import DataValidationError
+
+        try:
+            return out_of_sample(self.args.run_dir, self.args.checkpoint)
+        except (DataValidationError, FileNotFoundError) as e:
+            print(f"note: the run's test split cannot be walked ({str(e).splitlines()[0][:160]}): the gate starts "
+                  "with no out-of-sample record", file=sys.stderr)
+            return None
+
+    def _start_advisor(self, saved: dict | None):
+        """The advisor of the checkpoint (its adapter: SavedPolicy.adapter, as evaluation's), restored to a resumed
+        run's state."""
         from agents.trading.advice import LiveAdvisor
 
         store = None if self.args.follow else self._store()
-        advisor = LiveAdvisor(self.agent.cfg, self.agent.book, self.journal.out / "advisor", store)
-        saved = getattr(self, "_advisor_state", None)
+        advisor = LiveAdvisor(self.agent.cfg, self.agent.book, self.agent.saved.adapter, self.journal.out / "advisor",
+                              store)
         if saved:
-            advisor.latency, advisor.read, advisor.on_time, advisor.prompts = saved
+            advisor.restore(saved)
         return advisor
 
     def _store(self):
         """A replay of a whole file reads (and fills) the advice store of that file's keys, as evaluate.py --data does;
         a file that does not load as a whole has none."""
-        from agents.advisor.adapters import starting_adapter
         from agents.advisor.link import prompt_template
         from agents.advisor.prompt_fields import PromptFieldBuilder
         from agents.advisor.store import open_market_store, store_root
@@ -161,9 +202,9 @@ class Session:
         renderer, template = prompt_template(cfg)
         fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade,
                                     cfg.hybrid.query.interval)
-        return open_market_store(cfg, market, root, renderer, template, fields, starting_adapter(cfg))
+        return open_market_store(cfg, market, root, renderer, template, fields, self.agent.saved.adapter)
 
-    def _resume(self) -> None:
+    def _resume(self) -> dict:
         state = self.journal.load(self.agent.book)
         if state["run"] != str(self.args.run_dir) or state["data"] != str(self.args.data):
             raise ValueError(f"{self.journal.out}: its state is of --run-dir {state['run']} --data {state['data']}; "
@@ -173,17 +214,22 @@ class Session:
         self.broker = state["broker"]
         self.rows_done, self.refused, self.decisions = state["rows_done"], state["refused"], state["decisions"]
         self.latencies, self.entry_order = state["latencies"], state["entry_order"]
-        self._advisor_state = state.get("advisor")
+        self.paper, self.live = state["paper"], state["live"]
+        if state["gate"] is not None:
+            from agents.evidence.gate import Gate
+
+            self.gate = Gate.restored(state["gate"])
         print(f"resumed at row {self.rows_done} of {self.args.data} ({self.decisions} decisions so far)",
               file=sys.stderr)
+        return state
 
     def _save(self) -> None:
-        advisor = self.advisor
         self.journal.save(self.agent.book, {
             "run": str(self.args.run_dir), "data": str(self.args.data), "rows_done": self.rows_done,
             "refused": self.refused, "decisions": self.decisions, "latencies": self.latencies,
             "entry_order": self.entry_order, "agent": self.agent.state(), "broker": self.broker,
-            "advisor": (advisor.latency, advisor.read, advisor.on_time, advisor.prompts) if advisor else None,
+            "paper": self.paper, "live": self.live, "gate": self.gate.state() if self.gate else None,
+            "advisor": self.advisor.state() if self.advisor else None,
         })
 
     # ------------------------------------------------------------------------------------------------ the loop
@@ -226,29 +272,49 @@ class Session:
         self._say(f"{self.args.data}: line {line}: {why}; skipped, the position is unchanged")
 
     def _record(self, decision) -> None:
-        agent, journal, broker = self.agent, self.journal, self.broker
+        """The fills of the bar the last decision's order met, then the gate, then this decision's order (to the broker
+        while live, to the paper book while not), the reconciliation and the decision's line."""
+        agent, journal = self.agent, self.journal
+        book = self.broker if self.live else self.paper  # the book that holds the account's position
         row = agent.last_row
         if row is not None:  # the bar the last decision's order met
-            broker.settle(decision.bar, decision.time, row, self.entry_order)
-            for fill in broker.fills():
-                journal.row("fills.csv", fill.row())
-            journal.row("trace.csv", row)
+            book.settle(decision.bar, decision.time, row, self.entry_order)
+            for fill in book.fills():
+                journal.row("fills.csv", {**fill.row(), "mode": self.mode})
+            journal.row("trace.csv", {**row, "live": int(self.live)})
+            if self.gate is not None:
+                self.gate.settle(str(agent.book.days[decision.bar]), row["pnl"])
+        if self.args.gate == "evidence":
+            if self.gate is None:  # the first decision: the evidence before its session
+                from agents.evidence.eprocess import scale_of
+                from agents.evidence.gate import Gate
+
+                day = str(agent.book.days[decision.bar])
+                self.gate = Gate.start(self.record.before(day) if self.record else None,
+                                       scale_of(agent.cfg.env.prop_firm))
+            self.live = self.gate.decide(flat=decision.position == 0)
+        book, other = (self.broker, self.paper) if self.live else (self.paper, self.broker)
         if decision.order is not None:
-            broker.place(decision.order)
-            journal.row("orders.csv", {"time": decision.time, **dataclasses.asdict(decision.order)})
+            book.place(decision.order)
+            journal.row("orders.csv", {"time": decision.time, **dataclasses.asdict(decision.order), "mode": self.mode})
         self.entry_order = decision.order if decision.order is not None and decision.order.kind == "market" else None
-        held = broker.position()
-        if held != decision.position * agent.cfg.env.contracts_per_trade:
-            raise ValueError(f"the broker holds {held:g} contracts, the agent {decision.position:+d} position: "
-                             "reconcile the account, then resume")
-        line = dataclasses.asdict(decision)
+        held = book.position()
+        if held != decision.position * agent.cfg.env.contracts_per_trade or other.position():
+            raise ValueError(f"the {self.mode} book holds {held:g} contracts, the agent {decision.position:+d} "
+                             "position: reconcile the account, then resume")
+        line = {**dataclasses.asdict(decision), "mode": self.mode,
+                "gate": self.gate.reason() if self.gate is not None else "off"}
         journal.decision(line)
         self.decisions += 1
         self.latencies.append(decision.latency_ms)
         if self.status_every and self.decisions % self.status_every == 0:
-            self._say(status_line(decision))
-        self.bar.set_postfix_str(f"pos {decision.position:+d} equity {decision.equity:,.0f}", refresh=False)
+            self._say(status_line(decision, self.mode))
+        self.bar.set_postfix_str(f"{self.mode} pos {decision.position:+d} equity {decision.equity:,.0f}", refresh=False)
         self._save()
+
+    @property
+    def mode(self) -> str:
+        return "live" if self.live else "paper"
 
     # ---------------------------------------------------------------------------------------------- summary
     def summary(self) -> dict:
@@ -260,10 +326,19 @@ class Session:
                "rows": self.rows_done, "refused_rows": self.refused, "decisions": self.decisions, "pnl": 0.0,
                "trades": 0, "bars": 0}
         if path.exists() and path.stat().st_size and book.n:
+            from agents.evidence.gate import live_part
+
             self.journal.files["trace.csv"].flush()
             trace = {k: v.to_numpy() for k, v in pd.read_csv(path).items()}
-            metrics = walk_metrics(trace, book.timestamps, self.agent.cfg.env.prop_firm, book.days)
-            out.update(metrics, pnl=metrics["net_pnl"])  # bars: the bars the account moved over, as evaluate.py's
+            rules = self.agent.cfg.env.prop_firm
+            # what reached the broker (evaluation's gated walk); the agent's every decision (its ungated walk)
+            metrics = walk_metrics(live_part(trace, trace["live"]), book.timestamps, rules, book.days)
+            ungated = walk_metrics(trace, book.timestamps, rules, book.days)
+            out.update(metrics, pnl=metrics["net_pnl"], pnl_ungated=ungated["net_pnl"],
+                       trades_ungated=ungated["trades"])  # bars: the bars the account moved over, as evaluate.py's
+        if self.gate is not None:
+            out["gate"] = {"mode": self.mode, "reason": self.gate.reason(), "log_e": self.gate.log_e,
+                           "sessions": self.gate.sessions, "changes": self.gate.history}
         lat = np.array(self.latencies or [np.nan])
         out["latency_p50_ms"] = float(np.nanpercentile(lat, 50)) if self.latencies else None
         out["latency_p99_ms"] = float(np.nanpercentile(lat, 99)) if self.latencies else None
@@ -272,23 +347,27 @@ class Session:
         return out
 
     def close(self) -> None:
+        """The summary written (unless the run is discarded), the advisor stopped, the folder unlocked."""
         from agents.trading.journal import SUMMARY_FILE
 
-        if self.journal.files:
-            summary = self.summary()
-            path = self.journal.out / SUMMARY_FILE
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(summary, indent=1, default=float))
-            tmp.replace(path)
+        try:
+            if self.journal.files and not self.discard:
+                summary = self.summary()
+                path = self.journal.out / SUMMARY_FILE
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text(json.dumps(summary, indent=1, default=float))
+                tmp.replace(path)
             self.journal.close()
-        if self.advisor is not None:
-            self.advisor.close()
+            if self.advisor is not None:
+                self.advisor.close()
+        finally:
+            self.lock.release(discard=self.discard)
 
 
-def status_line(d) -> str:
-    """One line a decision: time, action, position, equity, drawdown left, the advice in force."""
+def status_line(d, mode: str) -> str:
+    """One line a decision: time, action, paper or live, position, equity, drawdown left, the advice in force."""
     advice = f"advice {d.advice['action']} {d.advice['confidence']:.2f}" if d.advice else "no advice"
     bound = " (bound)" if d.bound else ""
     veto = f" veto {','.join(d.veto)}" if d.veto else ""
-    return (f"{d.time}  {d.action:<13} pos {d.position:+d}  equity {d.equity:,.0f}  drawdown left "
+    return (f"{d.time}  {d.action:<13} {mode:<5} pos {d.position:+d}  equity {d.equity:,.0f}  drawdown left "
             f"{d.drawdown_left:,.0f}  {advice}{bound}{veto}  {d.latency_ms:.0f} ms")

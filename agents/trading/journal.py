@@ -14,12 +14,10 @@ written for a bar whose state was never saved are written again, once.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
 import pickle
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -72,16 +70,6 @@ class Journal:
             f.close()
         self.files = {}
 
-    def discard(self) -> None:
-        """Removes what a run that stopped before its first decision wrote (empty outputs and state), so that an error
-        leaves no folder that looks like a trading run; the folder itself goes where nothing else is in it."""
-        self.close()
-        for name in (*OUTPUTS, SUMMARY_FILE):
-            (self.out / name).unlink(missing_ok=True)
-        shutil.rmtree(self.state_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            self.out.rmdir()
-
     # ---------------------------------------------------------------------------------------------- outputs
     def decision(self, line: dict) -> None:
         self.files["decisions.jsonl"].write((json.dumps(line) + "\n").encode())
@@ -96,19 +84,26 @@ class Journal:
 
     # ------------------------------------------------------------------------------------------------ state
     def save(self, book: BarBook, state: dict) -> None:
-        """After a bar: the book's new bars appended, the outputs flushed, then the state replaced atomically."""
-        if book.schedule is not None and self.logged < book.n:
-            with open(self.state_dir / BARS_FILE, "ab") as f:
-                f.write(_records(book, self.logged, book.n).tobytes())
-                f.flush()
-                os.fsync(f.fileno())
-            self.logged = book.n
+        """After a bar: the book's new bars appended, the outputs flushed, then the state replaced atomically. A stop
+        between the two leaves bars.bin longer than the state's count: `load` cuts it back."""
+        self._append_bars(book)
         for f in self.files.values():
             f.flush()
             os.fsync(f.fileno())
-        state = {**state, "format": FORMAT, "logged": self.logged, "texts": list(book.text_table),
-                 "schedule": book.schedule, "interval": book.interval,
-                 "sizes": {name: f.tell() for name, f in self.files.items()}}
+        self._replace_state({**state, "format": FORMAT, "logged": self.logged, "texts": list(book.text_table),
+                             "schedule": book.schedule, "interval": book.interval,
+                             "sizes": {name: f.tell() for name, f in self.files.items()}})
+
+    def _append_bars(self, book: BarBook) -> None:
+        if book.schedule is None or self.logged >= book.n:
+            return
+        with open(self.state_dir / BARS_FILE, "ab") as f:
+            f.write(_records(book, self.logged, book.n).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        self.logged = book.n
+
+    def _replace_state(self, state: dict) -> None:
         tmp = self.state_dir / f"{STATE_FILE}.tmp"
         with open(tmp, "wb") as f:
             pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -118,15 +113,21 @@ class Journal:
         fsync_dir(self.state_dir)
 
     def load(self, book: BarBook) -> dict:
-        """The saved state, with `book` holding the bars it had (bars.bin's first `logged` records)."""
+        """The saved state, with `book` holding the bars it had (bars.bin's first `logged` records). Records after
+        those (appended for a bar whose state was never saved) are cut off, so the next bar is appended in their
+        place."""
         with open(self.state_dir / STATE_FILE, "rb") as f:
             state = pickle.load(f)
         if state.get("format") != FORMAT:
             raise ValueError(f"{self.state_dir}: a trading state of another format; start in a new --out folder")
         n = state["logged"]
-        records = np.fromfile(self.state_dir / BARS_FILE, BAR_RECORD, count=n)
+        path = self.state_dir / BARS_FILE
+        records = np.fromfile(path, BAR_RECORD, count=n)
         if len(records) < n:
-            raise ValueError(f"{self.state_dir / BARS_FILE}: {len(records)} bars, the state names {n}")
+            raise ValueError(f"{path}: {len(records)} bars, the state names {n}")
+        with open(path, "r+b") as f:
+            f.truncate(n * BAR_RECORD.itemsize)
+            os.fsync(f.fileno())
         _restore(book, records, state)
         self.logged = n
         return state

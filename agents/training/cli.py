@@ -151,6 +151,20 @@ def main(argv: list[str] | None = None) -> int:
         if split in summary:
             scores = "  ".join(f"{who} {r['score']:.2f}" for who, r in summary[split].items())
             print(f"{split} {summary['score']}: {scores}")
+    if "test" in summary:  # the trading env: what the agent shows out of sample, and what trade.py will do with it
+        for line in out_of_sample_lines(cfg, result.run_dir):
+            print(line)
     print(f"run folder: {result.run_dir}")
     return 0
+
+
+def out_of_sample_lines(cfg, run_dir: Path) -> list[str]:
+    """The best checkpoint against flat on the test split, its deflated Sharpe ratio and the gate's verdict."""
+    from agents.evaluation.report import verdict_lines
+    from agents.evaluation.saved_run import out_of_sample
+    from agents.evidence.eprocess import scale_of
+    from agents.runs.trials import count_trials
+
+    return verdict_lines(out_of_sample(run_dir, "best"), count_trials(run_dir, cfg), scale_of(cfg.env.prop_firm),
+                         "best")
 

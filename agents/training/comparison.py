@@ -10,12 +10,12 @@ import jax
 from tqdm import tqdm
 
 from agents.advice.acting import make_acting
-from agents.advisor.adapters import checkpoint_adapter
 from agents.config import TrainConfig
 from agents.rl.ppo import make_train
-from agents.training.transfer import frozen_steps
+from agents.runs.adapters import checkpoint_adapter
 from agents.runs.checkpoints import RunCheckpoints
 from agents.training.env_setup import EnvSetup, make_env_setup
+from agents.training.transfer import frozen_steps
 from agents.training.validation import AgentEvaluator
 
 

@@ -24,16 +24,25 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.advice.acting import make_acting
-from agents.advisor.adapters import checkpoint_adapter, prune_adapters
 from agents.advisor.query_loop import QueryLoop
 from agents.config import RUN_CONFIG_FILE, TrainConfig, load_config, save_config
-from agents.devices.parallel import barrier, broadcast_from_writer, from_host, is_writer, make_mesh, print_banner, to_host
+from agents.devices.parallel import (
+    barrier,
+    broadcast_from_writer,
+    from_host,
+    is_writer,
+    make_mesh,
+    print_banner,
+    to_host,
+)
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import RunnerState, make_train
 from agents.rl.sharding import state_shardings
+from agents.runs.adapters import checkpoint_adapter, prune_adapters
 from agents.runs.checkpoints import RunCheckpoints
 from agents.runs.lock import RunLock
 from agents.runs.storage import RunWriteError
+from agents.runs.trials import record_trial
 from agents.training.env_setup import EnvSetup, make_env_setup
 from agents.training.metrics import HealthMonitor, MetricsLogger
 from agents.training.transfer import frozen_steps, load_source, start_from
@@ -131,6 +140,7 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
     if not resume and writer:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / RUN_CONFIG_FILE)
+        record_trial(run_dir, cfg)  # a trial on its data, counted by the deflated Sharpe ratio
     acting = make_acting(cfg, setup.env) if cfg.llm != "none" else None
     ppo = make_train(cfg, setup.env, setup.params, acting, mesh, frozen_steps=frozen_steps(cfg))
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
@@ -352,10 +362,9 @@ def _postfix(m: dict, score_name: str, last_val: tuple[int, float] | None = None
         parts.append(f"val {last_val[1]:.3g} @{last_val[0]}")
     if "llm_rate" in m:  # a hybrid run: the share of decisions advised, and the advisor's answers per second
         parts.append(f"advised {m['advice_coverage']:.1%} at {m['llm_rate']:.1f}/s")
-    if "record_t" in m:  # bind_on=record: the advice's evidence, its bar and independent sessions, and whether it binds
-        bar = m["record_t_bar"]
-        parts.append(f"record t {m['record_t']:.2f}/{'-' if math.isnan(bar) else f'{bar:.2f}'} "
-                     f"({m['record_clusters']:.0f} sessions{', bound' if m['record_bound'] else ''})")
+    if "record_log_e" in m:  # bind_on=record: the advice's evidence E, its bar and sessions, and whether it binds
+        parts.append(f"record E {math.exp(m['record_log_e']):.3g}/{math.exp(m['record_log_e_bar']):.0f} "
+                     f"({m['record_sessions']:.0f} sessions{', bound' if m['record_bound'] else ''})")
     return " ".join(parts)
 
 

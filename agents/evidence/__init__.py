@@ -1,0 +1,1 @@
+"""Evidence about an agent or its advice: sequential tests and overfitting statistics."""

@@ -1,0 +1,172 @@
+"""The agent's gate: an agent trades for real only what it has shown out of sample.
+
+Its evidence is the betting e-process (agents.evidence.eprocess) on the agent's own session P&L against flat (flat
+makes 0), fed whole sessions in time order: first the sessions it was neither trained on nor chosen on before the bars
+it trades (its run's test split, `OutOfSample`), then every session it trades as they complete. While the test has
+not passed, the agent trades on paper: its decisions, orders and P&L are what they would be, and nothing reaches the
+broker. Once it passes, orders go to the broker from the next moment the account is flat; once the evidence is lost
+(E below RELEASE), back to paper from the next flat moment. A position is never split between the two.
+
+The same `Gate` runs in `scripts/trade.py` (bar by bar) and in evaluation's gated walk (`gated_trace`, over a walk's
+trace), so the two agree step for step.
+
+    gate = Gate.start(out_of_sample.before(first_day), scale)
+    for each step of a walk, before its decision:
+        gate.settle(day, pnl)        # the last step's P&L, and the trading day it was marked in
+        live = gate.decide(flat)     # whether this decision's orders reach the broker
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from agents.evidence.eprocess import ALPHA, Evidence, passes
+from jaxenv.env import NO_EXIT
+
+GATE_MODES = ("evidence", "off")  # trade.py --gate: the gate decides, or every order goes to the broker
+
+
+@dataclass
+class OutOfSample:
+    """A checkpoint's P&L per trading day on sessions it was neither trained on nor chosen on (its run's test split),
+    in time order: where the gate's evidence starts."""
+
+    days: list[str]  # ISO dates (a session is labelled by the day it closes on)
+    pnl: list[float]
+    source: str  # what was walked ("test split of synthetic:default", ...)
+
+    def before(self, day: str | None) -> OutOfSample:
+        """The sessions that closed before `day` (all, for None): a walk is never given evidence from its own bars or
+        later ones."""
+        keep = [i for i, d in enumerate(self.days) if day is None or d < day]
+        return OutOfSample([self.days[i] for i in keep], [self.pnl[i] for i in keep], self.source)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> OutOfSample:
+        return cls(**json.loads(path.read_text()))
+
+
+@dataclass
+class Gate:
+    """Paper or live, from the evidence so far. Plain values only: it is saved with trade.py's state as JSON."""
+
+    scale: float  # the e-process's range c (agents.evidence.eprocess.scale_of)
+    log_wealth: list[float]
+    sessions: int = 0
+    clipped: int = 0
+    pnl: float = 0.0
+    passing: bool = False  # the test passes now
+    live: bool = False  # orders reach the broker
+    day: str | None = None  # the trading day being summed
+    day_pnl: float = 0.0
+    last_counted: str | None = None  # the last day counted: a day at or before it is not counted again
+    history: list[dict] = field(default_factory=list)  # each change of mode: day, mode, log E
+
+    @classmethod
+    def start(cls, out_of_sample: OutOfSample | None, scale: float) -> Gate:
+        """A gate whose evidence is `out_of_sample`'s sessions (none: it starts on paper with no evidence)."""
+        gate = cls(scale=float(scale), log_wealth=Evidence.zero().log_wealth.tolist())
+        if out_of_sample is not None:
+            for day, pnl in zip(out_of_sample.days, out_of_sample.pnl):
+                gate._count(day, pnl)
+            gate.live = gate.passing  # the account starts flat
+        return gate
+
+    # ------------------------------------------------------------------------------------------------ evidence
+    @property
+    def evidence(self) -> Evidence:
+        return Evidence(np.asarray(self.log_wealth, np.float32), np.float32(self.sessions), np.float32(self.clipped),
+                        np.float32(self.pnl))
+
+    @property
+    def log_e(self) -> float:
+        return float(self.evidence.log_e())
+
+    def _count(self, day: str, pnl: float) -> None:
+        """One whole session into the evidence, unless it was counted already (its day is not after the last)."""
+        if self.last_counted is not None and day <= self.last_counted:
+            return
+        e = self.evidence.add(np.array([pnl]), self.scale)
+        self.log_wealth, self.sessions = np.asarray(e.log_wealth, np.float64).tolist(), int(e.sessions)
+        self.clipped, self.pnl = int(e.clipped), float(e.pnl)
+        self.passing = bool(passes(e, self.passing))
+        self.last_counted = day
+
+    def settle(self, day: str, pnl: float) -> None:
+        """The last step's P&L and the trading day it was marked in; a day that changes completes the one before."""
+        if day != self.day:
+            if self.day is not None:
+                self._count(self.day, self.day_pnl)
+            self.day, self.day_pnl = day, 0.0
+        self.day_pnl += float(pnl)
+
+    def decide(self, flat: bool) -> bool:
+        """Whether the next decision's orders reach the broker: the mode switches to what the evidence says only
+        while the account is flat."""
+        if self.live != self.passing and flat:
+            self.live = self.passing
+            self.history.append({"day": self.day, "mode": self.mode, "log_e": round(self.log_e, 4)})
+        return self.live
+
+    # --------------------------------------------------------------------------------------------------- words
+    @property
+    def mode(self) -> str:
+        return "live" if self.live else "paper"
+
+    def reason(self) -> str:
+        """Why the account is in its mode, in one line."""
+        e, bar = math.exp(self.log_e), 1 / ALPHA
+        held = f"E = {e:.3g} over {self.sessions} out-of-sample sessions"
+        if self.live:
+            return f"an edge shown out of sample ({held}; the bar is {bar:.0f})"
+        if self.passing:
+            return f"an edge shown out of sample ({held}): live from the next flat moment"
+        if self.sessions == 0:
+            return "no out-of-sample record yet: paper until its record passes"
+        return f"no edge shown out of sample ({held} < {bar:.0f}): paper until its record passes"
+
+    def state(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def restored(cls, state: dict) -> Gate:
+        return cls(**state)
+
+
+def gated_trace(trace: dict, days: np.ndarray, gate: Gate) -> tuple[dict, np.ndarray]:
+    """A walk's trace as the gate would have traded it: (the live part of the trace, each step's live flag). `days`:
+    the trading day each step's P&L is marked in (jaxenv.metrics.step_days). `gate` is advanced over the walk."""
+    pnl, position = np.asarray(trace["pnl"], np.float64), np.asarray(trace["position"])
+    live = np.zeros(len(pnl), bool)
+    flat = True  # a walk's account starts flat
+    for i in range(len(pnl)):
+        if i:
+            gate.settle(str(days[i - 1]), pnl[i - 1])
+        live[i] = gate.decide(flat)
+        flat = position[i] == 0
+    if len(pnl):
+        gate.settle(str(days[-1]), pnl[-1])
+    return live_part(trace, live), live
+
+
+def live_part(trace: dict, live: np.ndarray) -> dict:
+    """The trace with its paper steps' P&L, costs, trades and breaches taken out: what reached the broker."""
+    live = np.asarray(live, bool)
+    out = {k: np.asarray(v) for k, v in trace.items() if isinstance(v, np.ndarray) and len(v) == len(live)}
+    for name, paper in (("pnl", 0.0), ("commission", 0.0), ("entry_side", 0), ("exit_reason", NO_EXIT),
+                        ("trade_pnl", 0.0), ("breach", False), ("position", 0), ("equity", np.nan),
+                        ("threshold", np.nan)):
+        out[name] = np.where(live, out[name], paper).astype(out[name].dtype)
+    return out

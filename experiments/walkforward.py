@@ -1,0 +1,461 @@
+r"""Walk-forward evaluation (docs/evaluation.md#walk-forward): does an agent's edge hold on sessions after the ones it
+learned from, fold after fold?
+
+For each fold (jaxenv.folds: a training window of whole sessions, its validation window cut from its end, a purge gap,
+a test window), each arm of the config and each seed, a run trains on the fold's training window, its checkpoint is
+chosen on the fold's validation window (the best), and it walks the fold's test window and, for the in-sample figure,
+its own training window. The test windows back to back are one out-of-sample path per arm and seed: its P&L per
+session, its equity curve, the evaluation's figures, each arm against flat (0), rl_only and its advice alone with
+intervals over seeds and sessions, the probabilistic and deflated Sharpe ratios and the probability of backtest
+overfitting over the arms and seeds (agents.evidence.overfitting).
+
+    python scripts/walkforward.py --config configs/signal.yaml --arms rl_only --seeds 0-4 --folds 4 \
+        --test-sessions 12 --out results/walk-forward/signal
+    python scripts/walkforward.py --config configs/signal.yaml --data bars.csv --set data.contract=ES --out wf/es
+
+Writes to --out: walkforward.json, table.md, equity.png, in_vs_out.png, trials.jsonl (every trial any walk-forward
+in this folder ran: the deflated Sharpe ratio counts them) and runs/fold<K>/<arm>-s<seed>/. The same command resumes
+a stopped walk-forward: a finished run's scores are read back, an unfinished run resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.config import RUN_CONFIG_FILE, ConfigError, load_config
+from experiments.fusion import ARMS, BASELINE, flat_config, parse_seeds, seeds_and_days_interval
+from jaxenv.folds import Fold, FoldPlan, plan_folds, session_starts
+
+FLAT = "flat"  # never trades: 0 on every session, no run
+SCORE_FILE = "walkforward_eval.json"  # a run's scores: its presence means the run is finished
+SCORE_VERSION = 1
+TRIALS_FILE = "trials.jsonl"
+REPORTING_KEYS = ("log.progress", "transfer.init_from")  # a run's config may differ from the plan's in these only
+
+
+@dataclass
+class Plan:
+    config: str
+    arms: list[str]  # fusion.ARMS (rl_only first); flat is walked, not trained
+    seeds: list[int]
+    folds: list[Fold]
+    out: Path
+    overrides: list[str]  # applied after the arm's
+    warm_start: bool = False  # each fold continues from the previous fold's agent (its best checkpoint)
+
+    def run_dir(self, fold: Fold, arm: str, seed: int) -> Path:
+        return self.out / "runs" / f"fold{fold.index}" / f"{arm}-s{seed}"
+
+    def run_config(self, fold: Fold, arm: str, seed: int):
+        overrides = [*ARMS[arm], f"seed={seed}", "log.progress=false", *self.overrides, f"data.splits={fold.spec()}"]
+        if self.warm_start and fold.index:
+            overrides.append(f"transfer.init_from={self.run_dir(self.folds[fold.index - 1], arm, seed)}")
+        return load_config(self.config, overrides)
+
+    def trial(self, arm: str, seed: int) -> dict:
+        """A trial, as the ledger counts it: the arm's config (every key but the fold's and the seed) and the seed."""
+        cfg = flat_config(self.run_config(self.folds[0], arm, seed))
+        kept = {k: v for k, v in cfg.items() if k not in ("seed", "data.splits", *REPORTING_KEYS)}
+        digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return {"config": digest, "arm": arm, "seed": seed, "source": cfg["data.source"]}
+
+
+# ----------------------------------------------------------------------------------------------------------- runs
+def check_saved_runs(plan: Plan) -> None:
+    """A run folder this walk-forward would resume or read was started with the config it asks for; a ValueError names
+    the folder and the first key that differs."""
+    for fold in plan.folds:
+        for arm in plan.arms:
+            for seed in plan.seeds:
+                path = plan.run_dir(fold, arm, seed) / RUN_CONFIG_FILE
+                if not path.exists():
+                    continue
+                saved, wanted = flat_config(load_config(path)), flat_config(plan.run_config(fold, arm, seed))
+                differ = [k for k in wanted if k not in REPORTING_KEYS and saved.get(k) != wanted[k]
+                          and not (k.startswith("hybrid.") and wanted["llm"] == "none")]
+                if differ:
+                    k = differ[0]
+                    raise ValueError(f"{path.parent}: trained with {k}={saved.get(k)!r}, this walk-forward asks for "
+                                     f"{k}={wanted[k]!r}; give the settings it was trained with, or another --out")
+
+
+def session_pnl(trace: dict, market) -> dict[str, float]:
+    """A walk's P&L per trading day (a session, by the day it closes on)."""
+    from jaxenv.metrics import daily_pnl
+
+    return {str(day): float(pnl) for day, pnl in daily_pnl(trace, market.timestamps, market.sessions.day).items()}
+
+
+def score_run(run_dir: Path) -> dict[str, Any]:
+    """The run's best checkpoint (chosen on its fold's validation window), greedy, walked on its test window (out of
+    sample) and its training window (in sample); a hybrid run's advice alone on the test window too."""
+    import jax
+
+    from agents.advice.usage import walk_advice_metrics
+    from agents.evaluation.saved_run import ablation_walks, agent_walk, load_run
+    from jaxenv.metrics import walk_metrics
+
+    run = load_run(run_dir, "best")
+
+    def walked(walk, split: str) -> dict:
+        trace = walk(run.market.split_range(split), jax.random.PRNGKey(0))
+        out = walk_metrics(trace, run.market.timestamps, run.cfg.env.prop_firm, run.market.sessions.day)
+        if "advice_valid" in trace:
+            out.update(walk_advice_metrics(trace))
+        return {"metrics": out, "sessions": session_pnl(trace, run.market)}
+
+    try:
+        agent = agent_walk(run)
+        scores = {"version": SCORE_VERSION, "checkpoint": run.saved.label,
+                  "test": walked(agent, "test"), "train": walked(agent, "train")}
+        if run.walker is not None:
+            scores["advice_alone"] = walked(ablation_walks(run)["llm_only"].walk, "test")
+    finally:
+        run.close()
+    return scores
+
+
+def finished_run(plan: Plan, fold: Fold, arm: str, seed: int) -> tuple[dict[str, Any], bool]:
+    """(the run's scores, whether this call made them): read back when saved, else trained (or resumed) and scored,
+    with the time each took."""
+    from agents.training.loop import train
+
+    run_dir = plan.run_dir(fold, arm, seed)
+    path = run_dir / SCORE_FILE
+    if path.exists():
+        scores = json.loads(path.read_text())
+        if scores.get("version") == SCORE_VERSION:
+            return scores, False
+    t0 = time.perf_counter()
+    if not (run_dir / "checkpoints").exists() or _unfinished(run_dir):
+        resume = (run_dir / RUN_CONFIG_FILE).exists()
+        result = train(None if resume else plan.run_config(fold, arm, seed), run_dir, resume=resume)
+        if result.interrupted:
+            raise KeyboardInterrupt(f"{run_dir}: training was interrupted; the same command resumes it")
+    t1 = time.perf_counter()
+    scores = score_run(run_dir)
+    scores.update(train_s=t1 - t0, score_s=time.perf_counter() - t1)
+    tmp = path.with_name(path.name + ".tmp")  # a scoring cut short leaves no half file under the name
+    tmp.write_text(json.dumps(scores, indent=1))
+    tmp.replace(path)
+    return scores, True
+
+
+def _unfinished(run_dir: Path) -> bool:
+    """A run folder whose training has not reached its last update."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
+    if not lines:
+        return True
+    cfg = load_config(run_dir / RUN_CONFIG_FILE)
+    return json.loads(lines[-1])["update"] < cfg.num_updates
+
+
+# ---------------------------------------------------------------------------------------------------------- report
+def stitched(results: dict, plan: Plan, arm: str, seed: int, walk: str = "test") -> tuple[list[str], np.ndarray]:
+    """(days, P&L per session) of the test windows back to back: one out-of-sample path."""
+    days, pnl = [], []
+    for fold in plan.folds:
+        sessions = results[fold.index][BASELINE if arm == FLAT else arm][seed][walk]["sessions"]
+        days += list(sessions)
+        pnl += [0.0 if arm == FLAT else v for v in sessions.values()]
+    return days, np.asarray(pnl, np.float64)
+
+
+def path_figures(pnl: np.ndarray, folds: list[dict]) -> dict[str, float | None]:
+    """The evaluation's figures of a stitched path (its sessions' P&L; `folds`: each fold's walk metrics)."""
+    from agents.evidence.overfitting import probabilistic_sharpe_ratio
+    from jaxenv.metrics import DAYS_PER_YEAR, max_drawdown
+
+    sd = float(pnl.std(ddof=1)) if len(pnl) > 1 else 0.0
+    return {"net_pnl": float(pnl.sum()), "pnl_per_session": float(pnl.mean()),
+            "sharpe_session": float(pnl.mean() / sd) if sd > 0 else None,
+            "sharpe_daily": float(pnl.mean() / sd * np.sqrt(DAYS_PER_YEAR)) if sd > 0 else None,
+            "max_drawdown": max_drawdown(pnl), "sessions": len(pnl),
+            "breaches": float(sum(f["breaches"] for f in folds)), "trades": float(sum(f["trades"] for f in folds)),
+            "psr": _finite(probabilistic_sharpe_ratio(pnl)) if sd > 0 else None}
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def interval(matrix: np.ndarray) -> dict[str, Any]:
+    """Mean over seeds of the summed P&L of a seeds × sessions matrix, with its 95% interval over seeds and sessions."""
+    return {"mean": float(matrix.sum(1).mean()), "ci95": seeds_and_days_interval([matrix]),
+            "per_session": float(matrix.mean())}
+
+
+def summarize(plan: Plan, results: dict, trials: int) -> dict[str, Any]:
+    """Per arm: the stitched out-of-sample path per seed and pooled, against flat, rl_only and the advice alone;
+    in-sample against out-of-sample per fold; DSR over `trials`; PBO over the arms and seeds."""
+    from agents.evidence.overfitting import deflated_sharpe_ratio, pbo_cscv
+
+    arms = [*plan.arms, FLAT]
+    paths = {(arm, seed): stitched(results, plan, arm, seed) for arm in arms for seed in plan.seeds}
+    days = paths[BASELINE, plan.seeds[0]][0]
+    matrix = {arm: np.stack([paths[arm, s][1] for s in plan.seeds]) for arm in arms}
+    trial_sharpe = [p.mean() / p.std(ddof=1) for (arm, _), (_, p) in paths.items() if arm != FLAT and p.std() > 0]
+    variance = float(np.var(trial_sharpe, ddof=1)) if len(trial_sharpe) > 1 else None
+    out: dict[str, Any] = {"sessions": len(days), "first_day": days[0], "last_day": days[-1], "arms": {}}
+    for arm in arms:
+        fold_metrics = {s: [results[f.index][BASELINE if arm == FLAT else arm][s]["test"]["metrics"] for f in plan.folds]
+                        for s in plan.seeds}
+        if arm == FLAT:
+            fold_metrics = {s: [{"breaches": 0.0, "trades": 0.0}] * len(plan.folds) for s in plan.seeds}
+        per_seed = {s: path_figures(paths[arm, s][1], fold_metrics[s]) for s in plan.seeds}
+        pooled = matrix[arm].mean(0)
+        # flat makes 0 on every session: the out-of-sample P&L is the arm against flat
+        a: dict[str, Any] = {"per_seed": per_seed, "oos": interval(matrix[arm]),
+                             "pooled": path_figures(pooled, fold_metrics[plan.seeds[0]])}
+        if arm != FLAT:
+            a["dsr"] = {s: deflated_sharpe_ratio(paths[arm, s][1], trials, variance) for s in plan.seeds}
+            a["dsr_pooled"] = deflated_sharpe_ratio(pooled, trials, variance)
+        if arm not in (BASELINE, FLAT):
+            a["vs_rl_only"] = interval(matrix[arm] - matrix[BASELINE])
+        if arm != FLAT and "advice_alone" in results[plan.folds[0].index][arm][plan.seeds[0]]:
+            alone = np.stack([stitched(results, plan, arm, s, "advice_alone")[1] for s in plan.seeds])
+            a["advice_alone"] = interval(alone)
+            a["vs_advice_alone"] = interval(matrix[arm] - alone)
+        if arm != FLAT:  # the memorising, as a number: P&L per session in sample and out of sample, per fold
+            a["in_vs_out"] = []
+            for fold in plan.folds:
+                runs = [results[fold.index][arm][s] for s in plan.seeds]
+                ins = [np.mean(list(r["train"]["sessions"].values())) for r in runs]
+                outs = [np.mean(list(r["test"]["sessions"].values())) for r in runs]
+                a["in_vs_out"].append({"fold": fold.index, "in_sample_per_session": float(np.mean(ins)),
+                                       "out_of_sample_per_session": float(np.mean(outs)),
+                                       "gap": float(np.mean(np.subtract(ins, outs)))})
+        out["arms"][arm] = a
+    columns = [(arm, s) for arm in arms for s in plan.seeds]
+    performance = np.stack([paths[c][1] for c in columns], axis=1)
+    blocks = min(16, len(days) - len(days) % 2)
+    out["pbo"] = {**pbo_cscv(performance, blocks=blocks), "columns": [f"{a}-s{s}" for a, s in columns]}
+    out["pbo"].pop("logits", None)
+    return out
+
+
+def table(summary: dict[str, Any], command: str) -> str:
+    def cell(f: dict | None) -> str:
+        if not f or f.get("mean") is None:
+            return "–"
+        lo, hi = f["ci95"]
+        return f"{f['mean']:,.0f} [{lo:,.0f}, {hi:,.0f}]"
+
+    def num(x, fmt="{:.2f}") -> str:
+        return "–" if x is None else fmt.format(x)
+
+    s = summary["summary"]
+    lines = [f"`{command}`", "",
+             f"{len(summary['folds'])} folds, {s['sessions']} out-of-sample sessions ({s['first_day']} to "
+             f"{s['last_day']}), seeds {summary['seeds']}; P&L summed over the stitched test windows, mean over seeds "
+             "[95% interval over seeds and sessions]; best checkpoint of each fold, chosen on its validation window.",
+             "", "| arm | out-of-sample P&L (vs flat) | per session | vs rl_only | advice alone | vs advice alone | "
+             "Sharpe (annualised, pooled) | max drawdown (pooled) | breaches | trades | PSR (pooled) | DSR (pooled) |",
+             "|" + "---|" * 12]
+    for arm, a in s["arms"].items():
+        pooled = a["pooled"]
+        dsr = a.get("dsr_pooled", {}).get("dsr")
+        per_seed = a["per_seed"].values()
+        lines.append(f"| {arm} | {cell(a['oos'])} | {a['oos']['per_session']:,.0f} | {cell(a.get('vs_rl_only'))} | "
+                     f"{cell(a.get('advice_alone'))} | {cell(a.get('vs_advice_alone'))} | "
+                     f"{num(pooled['sharpe_daily'])} | {pooled['max_drawdown']:,.0f} | "
+                     f"{np.mean([p['breaches'] for p in per_seed]):.1f} | {np.mean([p['trades'] for p in per_seed]):,.0f} | "
+                     f"{num(pooled['psr'])} | {num(dsr)} |")
+    lines += ["", "In sample (the fold's training window) against out of sample (its test window), P&L per session, "
+              "mean over seeds:", "", "| arm | " + " | ".join(f"fold {f['index']}" for f in summary["folds"]) + " |",
+              "|" + "---|" * (len(summary["folds"]) + 1)]
+    for arm, a in s["arms"].items():
+        if "in_vs_out" in a:
+            lines.append(f"| {arm} | " + " | ".join(f"{r['in_sample_per_session']:,.0f} → "
+                                                    f"{r['out_of_sample_per_session']:,.0f}" for r in a["in_vs_out"]) + " |")
+    pbo = s["pbo"]
+    lines += ["", f"Probability of backtest overfitting (CSCV over {pbo['trials']} trials: every arm and seed, flat "
+              f"included; {pbo['blocks']} blocks of sessions, {pbo['combinations']} combinations"
+              f"{', sampled' if pbo['sampled'] else ''}): **{pbo['pbo']:.2f}**; the chosen trial lost out of sample in "
+              f"{pbo['prob_oos_loss']:.0%} of combinations.",
+              f"Trials counted for the deflated Sharpe ratio: {summary['trials']} (every arm × seed × config any "
+              f"walk-forward in this folder ran: {TRIALS_FILE}).",
+              f"Time: {summary['cost']['runs_s'] / 60:,.1f} min of training and walks, {summary['cost']['wall_s'] / 60:,.1f}"
+              f" min in all this invocation ({summary['cost']['bookkeeping_share']:.1%} bookkeeping)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(plan: Plan, summary: dict, results: dict, path: Path, in_vs_out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    edges = np.cumsum([len(results[f.index][BASELINE][plan.seeds[0]]["test"]["sessions"]) for f in plan.folds])
+    for i, arm in enumerate([*plan.arms, FLAT]):
+        color = f"C{i}"
+        paths = np.stack([np.cumsum(stitched(results, plan, arm, s)[1]) for s in plan.seeds])
+        for p in paths:
+            ax.plot(p, color=color, lw=0.6, alpha=0.35)
+        ax.plot(paths.mean(0), color=color, lw=2, label=f"{arm} (mean of {len(plan.seeds)} seeds)")
+    for e in edges[:-1]:
+        ax.axvline(e - 0.5, color="grey", lw=0.5, ls="--")
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set_xlabel("out-of-sample session (test windows back to back; dashed: a new fold)")
+    ax.set_ylabel("cumulative P&L, $")
+    ax.legend()
+    ax.set_title("walk-forward: the stitched out-of-sample path")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+    arms = [a for a in plan.arms]
+    fig, axes = plt.subplots(1, len(arms), figsize=(4.5 * len(arms), 4), squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        rows = summary["summary"]["arms"][arm]["in_vs_out"]
+        x = np.arange(len(rows))
+        ax.bar(x - 0.2, [r["in_sample_per_session"] for r in rows], width=0.4, label="in sample (training window)")
+        ax.bar(x + 0.2, [r["out_of_sample_per_session"] for r in rows], width=0.4, label="out of sample (test window)")
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_xticks(x, [f"fold {r['fold']}" for r in rows])
+        ax.set_title(arm)
+        ax.set_ylabel("P&L per session, $ (mean over seeds)")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(in_vs_out, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------------- run
+def count_trials(plan: Plan) -> int:
+    """Adds this walk-forward's trials to the folder's ledger (once each) and returns how many distinct trials it holds
+    on this data."""
+    path = plan.out / TRIALS_FILE
+    seen = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    known = {json.dumps(t, sort_keys=True) for t in seen}
+    new = [t for t in (plan.trial(arm, seed) for arm in plan.arms for seed in plan.seeds)
+           if json.dumps(t, sort_keys=True) not in known]
+    if new:
+        plan.out.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.writelines(json.dumps(t, sort_keys=True) + "\n" for t in new)
+    source = plan.trial(plan.arms[0], plan.seeds[0])["source"]
+    return len({json.dumps(t, sort_keys=True) for t in seen + new if t["source"] == source})
+
+
+def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
+    """Every fold × arm × seed (fold-major: a warm start needs the fold before), then the JSON, table and plots."""
+    from tqdm import tqdm
+
+    check_saved_runs(plan)
+    trials = count_trials(plan)
+    t0 = time.perf_counter()
+    runs_s = 0.0
+    results: dict[int, dict[str, dict[int, dict]]] = {f.index: {a: {} for a in plan.arms} for f in plan.folds}
+    jobs = [(f, a, s) for f in plan.folds for a in plan.arms for s in plan.seeds]
+    with tqdm(total=len(jobs), desc="walk-forward", unit="run", disable=not progress, file=sys.stderr) as bar:
+        for fold, arm, seed in jobs:
+            bar.set_postfix_str(f"fold {fold.index} {arm} seed {seed}")
+            scores, made = finished_run(plan, fold, arm, seed)
+            if made:  # this invocation's work: what the bookkeeping is measured against
+                runs_s += scores["train_s"] + scores["score_s"]
+            results[fold.index][arm][seed] = scores
+            bar.update()
+    wall = time.perf_counter() - t0
+    summary = {"command": command, "config": plan.config, "arms": plan.arms, "seeds": plan.seeds,
+               "overrides": plan.overrides, "warm_start": plan.warm_start, "trials": trials,
+               "folds": [{"index": f.index, **dataclasses.asdict(f), "splits": f.spec()} for f in plan.folds],
+               "cost": {"wall_s": wall, "runs_s": runs_s,
+                        "bookkeeping_share": max(wall - runs_s, 0.0) / wall if runs_s else 0.0}}
+    summary["summary"] = summarize(plan, results, trials)
+    summary["runs"] = {f"fold{f}": {arm: {str(s): {k: v for k, v in r.items() if k != "train"}
+                                          for s, r in by_seed.items()} for arm, by_seed in by_arm.items()}
+                       for f, by_arm in results.items()}
+    plan.out.mkdir(parents=True, exist_ok=True)
+    path = plan.out / "walkforward.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=1, default=float))
+    tmp.replace(path)
+    (plan.out / "table.md").write_text(table(summary, command))
+    plot(plan, summary, results, plan.out / "equity.png", plan.out / "in_vs_out.png")
+    return summary
+
+
+def plan_from_args(args) -> Plan:
+    """Checks the command line and the data against the fold plan; a ValueError or ConfigError names the flag, key or
+    file that is wrong, in one line."""
+    from jaxenv.market import load_market
+
+    if not Path(args.config).is_file():
+        raise ValueError(f"--config {args.config}: file not found")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise ValueError(f"--arms: unknown arm {', '.join(unknown)}; choose from {', '.join(ARMS)} (flat is always "
+                         "walked)")
+    arms = list(dict.fromkeys([BASELINE, *arms]))
+    overrides = [*args.overrides, *([f"data.source={args.data}"] if args.data else []),
+                 *([f"total_steps={args.total_steps}"] if args.total_steps else [])]
+    cfg = load_config(args.config, [*ARMS[BASELINE], *overrides])
+    market = load_market(cfg.data)  # a file that does not fit the run's instrument stops here, in one line
+    sessions = len(session_starts(market.sessions.session_id)) - 1
+    folds = plan_folds(sessions, FoldPlan(args.folds, args.test_sessions, args.val_sessions, args.purge,
+                                          args.train_sessions, args.step))
+    plan = Plan(args.config, arms, parse_seeds(args.seeds), folds, Path(args.out), overrides, args.warm_start)
+    for arm in arms:  # every run's config is checked before the first trains
+        plan.run_config(folds[-1], arm, plan.seeds[0])
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from jaxenv.data import DataValidationError
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/signal.yaml", help="the runs' config (default: %(default)s)")
+    ap.add_argument("--data", help="the market: a CSV/Parquet file or synthetic:PRESET (default: the config's)")
+    ap.add_argument("--arms", default="rl_only", help=f"comma-separated arms from {', '.join(ARMS)}; rl_only is "
+                    "always trained and flat always walked (default: %(default)s)")
+    ap.add_argument("--seeds", default="0-4", help="training seeds: a range 0-4 or a list 0,1,2 (default: %(default)s)")
+    ap.add_argument("--folds", type=int, default=4, help="test windows, back to back at the data's end (default 4)")
+    ap.add_argument("--test-sessions", type=int, default=12, help="sessions in a test window (default 12)")
+    ap.add_argument("--val-sessions", type=int, default=12, help="the validation window that chooses each fold's "
+                    "checkpoint, cut from the end of its training window (default 12)")
+    ap.add_argument("--purge", type=int, default=1, help="sessions left out between a training window and its test "
+                    "window (default 1)")
+    ap.add_argument("--train-sessions", type=int, default=0, help="a sliding training window of this many sessions "
+                    "(validation included); 0: anchored, every session before the purge (default)")
+    ap.add_argument("--step", type=int, default=0, help="sessions between test windows' starts; 0: back to back")
+    ap.add_argument("--warm-start", action="store_true", help="each fold starts from the previous fold's agent (its "
+                    "best checkpoint) instead of a fresh one")
+    ap.add_argument("--total-steps", type=int, help="env steps per run instead of the config's total_steps")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config key of every run (after the arm's), as in train.py; repeatable")
+    ap.add_argument("--out", default="results/walk-forward", help="the output folder (default: %(default)s)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    try:
+        plan = plan_from_args(args)
+    except (ValueError, ConfigError, DataValidationError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    command = "python scripts/walkforward.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
+                                                                                    else argv))
+    try:
+        run(plan, command, progress=not args.no_progress)
+    except ValueError as e:  # run folders trained with other settings
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print(f"stopped: {e or 'interrupted; the same command resumes'}", file=sys.stderr)
+        return 130
+    print((plan.out / "table.md").read_text())
+    print(f"wrote {plan.out}/: walkforward.json, table.md, equity.png, in_vs_out.png; runs in {plan.out / 'runs'}")
+    return 0

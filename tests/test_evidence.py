@@ -1,0 +1,146 @@
+"""The one sequential test (agents.evidence.eprocess) and the agent's gate (agents.evidence.gate): valid on skewed
+nulls looked at after every session, counting sessions once and in time order, switching between paper and live only
+while flat; and the battery (experiments/evidence_battery.py) in its short form. The long form is `slow`:
+    .venv/bin/python -m pytest -m slow tests/test_evidence.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from agents.evidence.eprocess import ALPHA, BET_FRACTIONS, Evidence, passes, prefix_log_e
+from agents.evidence.gate import Gate, OutOfSample, gated_trace
+
+
+@pytest.mark.nojit
+def test_the_evidence_is_the_mixture_of_betting_wealths_on_clipped_sessions():
+    pnl = np.array([50.0, -20.0, 300.0, -300.0, 10.0])
+    e = Evidence.zero().add(pnl, 100.0)
+    x = np.clip(pnl / 100.0, -1, 1)
+    wealth = [np.prod(1 + lam * x) for lam in BET_FRACTIONS]
+    assert float(e.log_e()) == pytest.approx(math.log(np.mean(wealth)), rel=1e-5)
+    assert int(e.sessions) == 5 and int(e.clipped) == 2 and float(e.pnl) == pytest.approx(40.0)
+    # every prefix, as counted one session at a time; two runs of sessions add
+    assert np.allclose(prefix_log_e(pnl, 100.0), [0.0] + [float(Evidence.zero().add(pnl[:i], 100.0).log_e())
+                                                         for i in range(1, 6)], atol=1e-5)
+    first, rest = Evidence.zero().add(pnl[:2], 100.0), Evidence.zero().add(pnl[2:], 100.0)
+    assert float((first + rest).log_e()) == pytest.approx(float(e.log_e()), rel=1e-5)
+    # counted: only the sessions marked
+    assert float(Evidence.zero().add(pnl, 100.0, pnl > 0).pnl) == pytest.approx(360.0)
+
+
+@pytest.mark.nojit
+@pytest.mark.parametrize("draw", [
+    lambda rng, n: np.where(rng.random(n) < 0.95, 1.0, -19.0),  # mean 0, one loss of nineteen wins
+    lambda rng, n: np.where(rng.random(n) < 0.95, -1.0, 19.0),
+])
+def test_a_skewed_null_looked_at_after_every_session_passes_rarely(draw):
+    """Mean-zero sessions, +1 with probability 0.95 and −19 otherwise (and its mirror), within the range: the review's
+    simulation bound the old normal-mixture rule on 51% of such paths."""
+    rng = np.random.default_rng(0)
+    passed = [(prefix_log_e(draw(rng, 300), 19.0) >= math.log(1 / ALPHA)).any() for _ in range(400)]
+    assert np.mean(passed) <= ALPHA
+
+
+@pytest.mark.nojit
+def test_the_gate_trades_on_paper_until_its_record_passes_and_switches_only_while_flat():
+    # 10 sessions at the top of the range: E = 14.7, short of 20
+    gate = Gate.start(OutOfSample([f"2024-01-{d:02d}" for d in range(1, 11)], [100.0] * 10, "test"), 100.0)
+    assert not gate.passing and not gate.live and gate.sessions == 10
+    assert gate.reason().startswith("no edge shown out of sample")
+    assert not gate.decide(flat=True)
+    gate.settle("2024-02-01", 150.0)  # a session in progress counts only once it completes
+    assert not gate.decide(flat=True) and gate.sessions == 10
+    gate.settle("2024-02-02", 5.0)  # 2024-02-01 completes: E = 21.9
+    assert gate.passing and gate.sessions == 11
+    assert not gate.decide(flat=False)  # in a position: it stays on paper until flat
+    assert gate.decide(flat=True) and gate.mode == "live"
+    assert gate.history == [{"day": "2024-02-02", "mode": "live", "log_e": round(gate.log_e, 4)}]
+    for day in range(3, 13):  # losing sessions: the evidence is lost below E = 1
+        gate.settle(f"2024-02-{day:02d}", -100.0)
+    assert not gate.passing and gate.decide(flat=False)  # still live while the position is open ...
+    assert not gate.decide(flat=True)  # ... and paper from the next flat moment
+    # a day counted already is not counted again: a file that holds the record's own sessions adds nothing
+    gate.settle("2024-01-05", 100.0)  # completes 2024-02-12
+    before = gate.sessions
+    gate.settle("2024-01-06", 0.0)  # completes 2024-01-05: before the last day counted
+    assert gate.sessions == before
+    assert Gate.restored(gate.state()) == gate
+
+
+@pytest.mark.nojit
+def test_the_record_before_a_walk_holds_only_sessions_that_closed_before_it():
+    record = OutOfSample(["2024-01-02", "2024-01-03", "2024-01-04"], [1.0, 2.0, 3.0], "test")
+    assert record.before("2024-01-04").pnl == [1.0, 2.0] and record.before("2024-01-01").days == []
+    assert record.before(None).pnl == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.nojit
+def test_a_gated_walk_takes_out_the_paper_steps_and_keeps_trades_whole():
+    # steps: flat, enter (live only once flat), hold, exit, flat; the gate passes after the first day
+    days = np.array(["d1", "d1", "d2", "d2", "d2", "d2"])
+    trace = {"pnl": np.array([0.0, 500.0, 10.0, 20.0, -5.0, 0.0]), "position": np.array([0, 1, 1, 0, 1, 0]),
+             "commission": np.full(6, 1.0), "entry_side": np.array([0, 1, 0, 0, 1, 0]),
+             "exit_reason": np.array([0, 0, 0, 1, 0, 1]), "trade_pnl": np.array([0.0, 0, 0, 530, 0, -5]),
+             "breach": np.zeros(6, bool), "equity": np.zeros(6), "threshold": np.zeros(6)}
+    gate = Gate.start(OutOfSample([f"2000-01-{d:02d}" for d in range(1, 11)], [100.0] * 10, "test"), 100.0)
+    gated, live = gated_trace(trace, days, gate)
+    # d1 completes (+500: E passes) before step 2's decision, but the account is long until step 3 exits
+    assert live.tolist() == [False, False, False, False, True, True]
+    assert gated["pnl"].tolist() == [0, 0, 0, 0, -5.0, 0] and gated["trade_pnl"].tolist() == [0, 0, 0, 0, 0, -5]
+
+
+@pytest.mark.nojit
+def test_the_evidence_needs_eleven_sessions_at_the_top_of_its_range():
+    assert not bool(passes(Evidence.zero().add(np.full(10, 1.0), 1.0), False))
+    assert bool(passes(Evidence.zero().add(np.full(11, 1.0), 1.0), False))
+
+
+def check_battery(out: dict, placebo_bar: float) -> None:
+    for name, rates in out["streams"].items():
+        assert rates["passed"] <= ALPHA, (name, rates)
+    for name, rates in out["record"]["no_edge"].items():
+        assert rates["bound"] <= placebo_bar, (name, rates)
+    assert out["record"]["always BUY, drift 10 × costs"]["bound"] == 1.0  # not a null: its paper earns
+    assert out["record"]["informed"]["bound_within_tenth"] >= 0.9
+    assert out["policies"]["opened"] <= ALPHA
+
+
+def test_the_battery_short_form():
+    from experiments.evidence_battery import random_policies, record, streams
+
+    check_battery({"streams": streams(paths=200, sessions=300), "record": record(placebos=20, informed_seeds=[0, 1]),
+                   "policies": random_policies(walks=3, days=30)}, placebo_bar=0.1)
+
+
+@pytest.mark.slow
+def test_the_battery_long_form():
+    from experiments.evidence_battery import random_policies, record, streams
+
+    check_battery({"streams": streams(paths=2000, sessions=500), "record": record(placebos=200,
+                                                                                   informed_seeds=list(range(20))),
+                   "policies": random_policies(walks=50)}, placebo_bar=ALPHA)
+
+
+def test_the_main_commands_end_says_what_the_agent_shows_out_of_sample(tmp_path, capsys):
+    """train.py's last lines: the best checkpoint against flat on the test split (an interval over its sessions, the
+    deflated Sharpe ratio over the trials in the folder of runs) and what trade.py's gate will do with it."""
+    from agents.training.cli import main
+
+    tiny = ["num_envs=16", "ppo.num_steps=16", "total_steps=512", "network.actor_hidden=[16]",
+            "network.critic_hidden=[16]", "checkpoint.eval_every_updates=1", "data.synthetic_days=30",
+            "log.tensorboard=false"]
+    runs = tmp_path / "runs"
+    assert main(["--config", "configs/quick.yaml", "--run-dir", str(runs / "a"), "--no-progress",
+                 *(a for o in tiny for a in ("--set", o))]) == 0
+    out = capsys.readouterr().out.splitlines()
+    [verdict] = [line for line in out if line.startswith("out of sample (test split of synthetic:signal, ")]
+    assert "best checkpoint): P&L" in verdict and "against flat's 0 [" in verdict
+    assert verdict.endswith("over 1 trial on this data")  # the folder of runs holds this run alone
+    [gate] = [line for line in out if line.startswith("gate: ")]
+    assert gate.endswith(("trade.py will paper-trade this agent until its record passes",
+                          "trade.py will send its orders to the broker"))
+    assert len((runs / "trials.jsonl").read_text().splitlines()) == 1

@@ -1,0 +1,99 @@
+"""Walk-forward evaluation (jaxenv.folds, experiments/walkforward.py): the fold arithmetic over whole sessions, bad
+input in one line with nothing written, and a killed walk-forward resumed where it was."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxenv.folds import FoldPlan, plan_folds
+
+TINY = ["num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=1",
+        "network.actor_hidden=[16]", "network.critic_hidden=[16]", "log.tensorboard=false",
+        "data.synthetic_days=30", "env.max_steps_in_episode=400", "checkpoint.every_updates=1",
+        "checkpoint.eval_every_updates=1"]
+
+
+def sessions_of(span: tuple[int, int]) -> set[int]:
+    return set(range(*span))
+
+
+@pytest.mark.parametrize("train_sessions", [0, 40])
+@pytest.mark.parametrize("purge", [0, 2])
+def test_folds_purge_and_never_train_or_choose_on_a_test_session(train_sessions, purge):
+    folds = plan_folds(120, FoldPlan(folds=4, test_sessions=12, val_sessions=10, purge=purge,
+                                     train_sessions=train_sessions))
+    assert len(folds) == 4 and folds[-1].test[1] == 120
+    tests = [sessions_of(f.test) for f in folds]
+    assert sum(map(len, tests)) == len(set().union(*tests))  # every session in at most one test window
+    for fold in folds:
+        assert fold.train[1] == fold.val[0] and fold.val[1] - fold.val[0] == 10  # validation cut from its end
+        assert fold.test[0] - fold.val[1] == purge  # the purge between them
+        seen = sessions_of(fold.train) | sessions_of(fold.val)
+        assert not seen & set().union(*tests[fold.index:])  # never a session of its own or a later test window
+        assert fold.train[0] == (0 if not train_sessions else fold.val[1] - train_sessions)
+    assert [f.test[0] for f in folds] == [72, 84, 96, 108]  # back to back at the data's end
+
+
+@pytest.mark.parametrize("plan, problem", [
+    (FoldPlan(folds=4, test_sessions=12, val_sessions=12, purge=1), "hold 4 folds of 12 test sessions"),
+    (FoldPlan(folds=1, test_sessions=12, val_sessions=12, purge=40), "after a purge of 40"),  # it eats the window
+    (FoldPlan(folds=2, test_sessions=12, val_sessions=5, step=6), "test windows would overlap"),
+    (FoldPlan(folds=2, test_sessions=5, val_sessions=5, train_sessions=6), "--train-sessions 6 leaves fewer"),
+    (FoldPlan(folds=2, test_sessions=5, val_sessions=5, train_sessions=50), "fold 0 has only"),
+])
+def test_folds_that_do_not_fit_are_refused_naming_the_setting(plan, problem):
+    with pytest.raises(ValueError, match=problem):
+        plan_folds(60, plan)
+
+
+def walkforward(out, *extra: str) -> int:
+    from experiments.walkforward import main
+
+    return main(["--config", "configs/quick.yaml", "--seeds", "0", "--folds", "2", "--test-sessions", "3",
+                 "--val-sessions", "3", "--total-steps", "256", "--out", str(out), "--no-progress",
+                 *(f"--set={o}" for o in TINY), *extra])
+
+
+def test_bad_input_gets_one_line_and_exit_2_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "wf"
+    assert walkforward(out, "--folds", "9") == 2
+    assert capsys.readouterr().err.startswith("error: 30 sessions hold 9 folds of 3 test sessions")
+    bars = tmp_path / "bars.csv"
+    bars.write_text("timestamp,open,high,low,close,volume\n2024-01-02 09:30:00,1,1,1,1,1\n")
+    assert walkforward(out, "--data", str(bars)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bars}")
+    assert walkforward(out, "--arms", "rl_only,nonsense") == 2
+    assert "unknown arm nonsense" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_killed_walk_forward_resumes_where_it_was(tmp_path, monkeypatch):
+    import experiments.walkforward as wf
+
+    out = tmp_path / "wf"
+    calls = []
+    scored = wf.finished_run
+
+    def killed_after_the_first(plan, fold, arm, seed):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append((fold.index, arm, seed))
+        return scored(plan, fold, arm, seed)
+
+    monkeypatch.setattr(wf, "finished_run", killed_after_the_first)
+    assert walkforward(out) == 130
+    first = out / "runs" / "fold0" / "rl_only-s0"
+    kept = (first / wf.SCORE_FILE).read_text()
+    monkeypatch.setattr(wf, "finished_run", scored)
+    assert walkforward(out) == 0
+    assert (first / wf.SCORE_FILE).read_text() == kept  # read back, not trained or scored again
+    summary = json.loads((out / "walkforward.json").read_text())
+    arms = summary["summary"]["arms"]
+    assert set(arms) == {"rl_only", "flat"} and summary["summary"]["sessions"] == 6
+    assert arms["flat"]["oos"]["mean"] == 0 and len(arms["rl_only"]["in_vs_out"]) == 2
+    assert summary["trials"] == 1 and 0 <= summary["summary"]["pbo"]["pbo"] <= 1
+    assert {p.name for p in out.iterdir()} >= {"walkforward.json", "table.md", "equity.png", "in_vs_out.png",
+                                               "trials.jsonl", "runs"}
