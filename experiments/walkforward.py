@@ -189,6 +189,20 @@ def _finite(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
 
 
+def gate_verdict(days: list[str], pnl: np.ndarray, scale: float) -> dict[str, Any]:
+    """The agent's gate (agents.evidence.gate) fed one stitched out-of-sample path, a session at a time in time order:
+    whether it opened (and after how many sessions), and its state at the path's end (what trade.py would start from
+    were this path the agent's record)."""
+    from agents.evidence.eprocess import ALPHA, prefix_log_e
+    from agents.evidence.gate import Gate, OutOfSample
+
+    log_e = np.asarray(prefix_log_e(pnl, scale))[1:]
+    opened = np.flatnonzero(log_e >= np.log(1 / ALPHA))
+    gate = Gate.start(OutOfSample(list(days), [float(x) for x in pnl], "walk-forward"), scale)
+    return {"opened": bool(len(opened)), "opened_after_sessions": int(opened[0]) + 1 if len(opened) else None,
+            "live_at_end": gate.passing, "log_e_end": gate.log_e, "sessions": gate.sessions, "clipped": gate.clipped}
+
+
 def interval(matrix: np.ndarray) -> dict[str, Any]:
     """Mean over seeds of the summed P&L of a seeds × sessions matrix, with its 95% interval over seeds and sessions."""
     return {"mean": float(matrix.sum(1).mean()), "ci95": seeds_and_days_interval([matrix]),
@@ -201,6 +215,7 @@ def summarize(plan: Plan, results: dict, trials: int) -> dict[str, Any]:
     from agents.evidence.overfitting import deflated_sharpe_ratio, pbo_cscv
 
     arms = [*plan.arms, FLAT]
+    scale = float(plan.run_config(plan.folds[0], BASELINE, plan.seeds[0]).env.prop_firm.trailing_drawdown)
     paths = {(arm, seed): stitched(results, plan, arm, seed) for arm in arms for seed in plan.seeds}
     days = paths[BASELINE, plan.seeds[0]][0]
     matrix = {arm: np.stack([paths[arm, s][1] for s in plan.seeds]) for arm in arms}
@@ -220,6 +235,8 @@ def summarize(plan: Plan, results: dict, trials: int) -> dict[str, Any]:
         if arm != FLAT:
             a["dsr"] = {s: deflated_sharpe_ratio(paths[arm, s][1], trials, variance) for s in plan.seeds}
             a["dsr_pooled"] = deflated_sharpe_ratio(pooled, trials, variance)
+            a["gate"] = {s: gate_verdict(*paths[arm, s], scale) for s in plan.seeds}
+            a["gate_opened"] = float(np.mean([g["opened"] for g in a["gate"].values()]))
         if arm not in (BASELINE, FLAT):
             a["vs_rl_only"] = interval(matrix[arm] - matrix[BASELINE])
         if arm != FLAT and "advice_alone" in results[plan.folds[0].index][arm][plan.seeds[0]]:
@@ -254,14 +271,21 @@ def table(summary: dict[str, Any], command: str) -> str:
     def num(x, fmt="{:.2f}") -> str:
         return "–" if x is None else fmt.format(x)
 
+    def gate_cell(gate: dict | None) -> str:
+        if not gate:
+            return "–"
+        after = [g["opened_after_sessions"] for g in gate.values() if g["opened"]]
+        return f"{len(after)}/{len(gate)}" + (f" (after {min(after)}-{max(after)} sessions)" if after else "")
+
     s = summary["summary"]
     lines = [f"`{command}`", "",
              f"{len(summary['folds'])} folds, {s['sessions']} out-of-sample sessions ({s['first_day']} to "
              f"{s['last_day']}), seeds {summary['seeds']}; P&L summed over the stitched test windows, mean over seeds "
              "[95% interval over seeds and sessions]; best checkpoint of each fold, chosen on its validation window.",
              "", "| arm | out-of-sample P&L (vs flat) | per session | vs rl_only | advice alone | vs advice alone | "
-             "Sharpe (annualised, pooled) | max drawdown (pooled) | breaches | trades | PSR (pooled) | DSR (pooled) |",
-             "|" + "---|" * 12]
+             "Sharpe (annualised, pooled) | max drawdown (pooled) | breaches | trades | PSR (pooled) | DSR (pooled) | "
+             "gate opened (seeds) |",
+             "|" + "---|" * 13]
     for arm, a in s["arms"].items():
         pooled = a["pooled"]
         dsr = a.get("dsr_pooled", {}).get("dsr")
@@ -270,7 +294,7 @@ def table(summary: dict[str, Any], command: str) -> str:
                      f"{cell(a.get('advice_alone'))} | {cell(a.get('vs_advice_alone'))} | "
                      f"{num(pooled['sharpe_daily'])} | {pooled['max_drawdown']:,.0f} | "
                      f"{np.mean([p['breaches'] for p in per_seed]):.1f} | {np.mean([p['trades'] for p in per_seed]):,.0f} | "
-                     f"{num(pooled['psr'])} | {num(dsr)} |")
+                     f"{num(pooled['psr'])} | {num(dsr)} | {gate_cell(a.get('gate'))} |")
     lines += ["", "In sample (the fold's training window) against out of sample (its test window), P&L per session, "
               "mean over seeds:", "", "| arm | " + " | ".join(f"fold {f['index']}" for f in summary["folds"]) + " |",
               "|" + "---|" * (len(summary["folds"]) + 1)]
@@ -283,11 +307,28 @@ def table(summary: dict[str, Any], command: str) -> str:
               f"included; {pbo['blocks']} blocks of sessions, {pbo['combinations']} combinations"
               f"{', sampled' if pbo['sampled'] else ''}): **{pbo['pbo']:.2f}**; the chosen trial lost out of sample in "
               f"{pbo['prob_oos_loss']:.0%} of combinations.",
+              "The gate (agents.evidence.gate: the betting e-process on session P&L clipped to ± the trailing drawdown, "
+              "bar 1/α = 20) fed each seed's stitched out-of-sample path a session at a time: the seeds on which it "
+              "opened, i.e. on which trade.py would have sent this agent's orders to a broker.",
               f"Trials counted for the deflated Sharpe ratio: {summary['trials']} (every arm × seed × config any "
               f"walk-forward in this folder ran: {TRIALS_FILE}).",
-              f"Time: {summary['cost']['runs_s'] / 60:,.1f} min of training and walks, {summary['cost']['wall_s'] / 60:,.1f}"
-              f" min in all this invocation ({summary['cost']['bookkeeping_share']:.1%} bookkeeping)."]
+              time_line(summary["cost"])]
     return "\n".join(lines) + "\n"
+
+
+def time_line(cost: dict) -> str:
+    """Where the time went: every run's training and walks, and what this invocation added to its own runs."""
+    line = (f"Time: every run's training {cost['all_runs_train_s'] / 60:,.1f} min and scoring walks "
+            f"{cost['all_runs_score_s'] / 60:,.1f} min.")
+    if cost["runs_s"]:
+        line += (f" This invocation: {cost['wall_s'] / 60:,.1f} min, of which its runs {cost['runs_s'] / 60:,.1f} min; the"
+                 f" bookkeeping (plan, ledger, resumes read back, report, plots) added {cost['bookkeeping_s']:,.0f} s"
+                 f" ({cost['bookkeeping_share']:.1%} of its runs).")
+    else:
+        every = cost["all_runs_train_s"] + cost["all_runs_score_s"]
+        line += (f" This invocation read every run back: {cost['wall_s']:,.0f} s for the plan, the ledger, the report and"
+                 f" the plots ({cost['wall_s'] / every:.2%} of the runs' time)." if every else "")
+    return line
 
 
 def plot(plan: Plan, summary: dict, results: dict, path: Path, in_vs_out: Path) -> None:
@@ -353,37 +394,42 @@ def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
     """Every fold × arm × seed (fold-major: a warm start needs the fold before), then the JSON, table and plots."""
     from tqdm import tqdm
 
+    t0 = time.perf_counter()
     check_saved_runs(plan)
     trials = count_trials(plan)
-    t0 = time.perf_counter()
-    runs_s = 0.0
+    train_s = score_s = 0.0  # this invocation's runs: what its bookkeeping is measured against
     results: dict[int, dict[str, dict[int, dict]]] = {f.index: {a: {} for a in plan.arms} for f in plan.folds}
     jobs = [(f, a, s) for f in plan.folds for a in plan.arms for s in plan.seeds]
     with tqdm(total=len(jobs), desc="walk-forward", unit="run", disable=not progress, file=sys.stderr) as bar:
         for fold, arm, seed in jobs:
             bar.set_postfix_str(f"fold {fold.index} {arm} seed {seed}")
             scores, made = finished_run(plan, fold, arm, seed)
-            if made:  # this invocation's work: what the bookkeeping is measured against
-                runs_s += scores["train_s"] + scores["score_s"]
+            if made:
+                train_s, score_s = train_s + scores["train_s"], score_s + scores["score_s"]
             results[fold.index][arm][seed] = scores
             bar.update()
-    wall = time.perf_counter() - t0
     summary = {"command": command, "config": plan.config, "arms": plan.arms, "seeds": plan.seeds,
                "overrides": plan.overrides, "warm_start": plan.warm_start, "trials": trials,
-               "folds": [{"index": f.index, **dataclasses.asdict(f), "splits": f.spec()} for f in plan.folds],
-               "cost": {"wall_s": wall, "runs_s": runs_s,
-                        "bookkeeping_share": max(wall - runs_s, 0.0) / wall if runs_s else 0.0}}
+               "folds": [{"index": f.index, **dataclasses.asdict(f), "splits": f.spec()} for f in plan.folds]}
     summary["summary"] = summarize(plan, results, trials)
     summary["runs"] = {f"fold{f}": {arm: {str(s): {k: v for k, v in r.items() if k != "train"}
                                           for s, r in by_seed.items()} for arm, by_seed in by_arm.items()}
                        for f, by_arm in results.items()}
     plan.out.mkdir(parents=True, exist_ok=True)
+    plot(plan, summary, results, plan.out / "equity.png", plan.out / "in_vs_out.png")
+    wall = time.perf_counter() - t0  # all but writing the JSON and the table, which take milliseconds
+    every = [r for by_arm in results.values() for by_seed in by_arm.values() for r in by_seed.values()]
+    runs_s = train_s + score_s
+    summary["cost"] = {"wall_s": wall, "runs_s": runs_s, "train_s": train_s, "score_s": score_s,
+                       "bookkeeping_s": max(wall - runs_s, 0.0),
+                       "bookkeeping_share": max(wall - runs_s, 0.0) / runs_s if runs_s else None,
+                       "all_runs_train_s": float(sum(r.get("train_s", 0.0) for r in every)),
+                       "all_runs_score_s": float(sum(r.get("score_s", 0.0) for r in every))}
     path = plan.out / "walkforward.json"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(summary, indent=1, default=float))
     tmp.replace(path)
     (plan.out / "table.md").write_text(table(summary, command))
-    plot(plan, summary, results, plan.out / "equity.png", plan.out / "in_vs_out.png")
     return summary
 
 

@@ -95,5 +95,24 @@ def test_a_killed_walk_forward_resumes_where_it_was(tmp_path, monkeypatch):
     assert set(arms) == {"rl_only", "flat"} and summary["summary"]["sessions"] == 6
     assert arms["flat"]["oos"]["mean"] == 0 and len(arms["rl_only"]["in_vs_out"]) == 2
     assert summary["trials"] == 1 and 0 <= summary["summary"]["pbo"]["pbo"] <= 1
+    gate = arms["rl_only"]["gate"]["0"]
+    assert gate["sessions"] == 6 and isinstance(gate["opened"], bool) and "gate" not in arms["flat"]
     assert {p.name for p in out.iterdir()} >= {"walkforward.json", "table.md", "equity.png", "in_vs_out.png",
                                                "trials.jsonl", "runs"}
+
+
+def test_the_gate_on_a_stitched_path_opens_on_an_edge_and_not_on_none():
+    import numpy as np
+    import pandas as pd
+
+    from agents.evidence.gate import Gate, OutOfSample
+    from experiments.walkforward import gate_verdict
+
+    days = [d.date().isoformat() for d in pd.bdate_range("2024-01-02", periods=40)]
+    edge = gate_verdict(days, np.full(40, 1000.0), 2500.0)
+    assert edge["opened"] and edge["live_at_end"] and edge["sessions"] == 40
+    first = edge["opened_after_sessions"]  # the first prefix on which the gate itself passes
+    assert not Gate.start(OutOfSample(days[:first - 1], [1000.0] * (first - 1), "t"), 2500.0).passing
+    assert Gate.start(OutOfSample(days[:first], [1000.0] * first, "t"), 2500.0).passing
+    churn = gate_verdict(days, np.tile([3000.0, -3000.0], 20), 2500.0)  # clipped to ±1: no edge, however large
+    assert not churn["opened"] and churn["opened_after_sessions"] is None and churn["clipped"] == 40
