@@ -134,8 +134,8 @@ class Gate:
         if self.passing:
             return f"an edge shown out of sample ({held}): live from the next flat moment"
         if self.sessions == 0:
-            return "no out-of-sample record yet: paper until its record passes"
-        return f"no edge shown out of sample ({held} < {bar:.0f}): paper until its record passes"
+            return "no out-of-sample record yet"
+        return f"no edge shown out of sample ({held} < {bar:.0f})"
 
     def state(self) -> dict:
         return dataclasses.asdict(self)
