@@ -212,10 +212,11 @@ def interval(matrix: np.ndarray) -> dict[str, Any]:
 def summarize(plan: Plan, results: dict, trials: int) -> dict[str, Any]:
     """Per arm: the stitched out-of-sample path per seed and pooled, against flat, rl_only and the advice alone;
     in-sample against out-of-sample per fold; DSR over `trials`; PBO over the arms and seeds."""
+    from agents.evidence.eprocess import scale_of
     from agents.evidence.overfitting import deflated_sharpe_ratio, pbo_cscv
 
     arms = [*plan.arms, FLAT]
-    scale = float(plan.run_config(plan.folds[0], BASELINE, plan.seeds[0]).env.prop_firm.trailing_drawdown)
+    scale = float(scale_of(plan.run_config(plan.folds[0], BASELINE, plan.seeds[0]).env.prop_firm))
     paths = {(arm, seed): stitched(results, plan, arm, seed) for arm in arms for seed in plan.seeds}
     days = paths[BASELINE, plan.seeds[0]][0]
     matrix = {arm: np.stack([paths[arm, s][1] for s in plan.seeds]) for arm in arms}
