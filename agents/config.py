@@ -602,6 +602,66 @@ def save_config(cfg: TrainConfig, path: str | Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# command-line flags, generated from the dataclasses: one per key, each the same as `--set KEY=VALUE`
+
+# The short flags users know, each an alias of one config key, declared once for every command line that takes them.
+FLAG_ALIASES = {
+    "envs": "num_envs", "total-steps": "total_steps", "seed": "seed", "data": "data.source", "llm": "llm",
+    "llm-mode": "hybrid.llm_mode", "quantization": "hybrid.quantization", "llm-adapter": "hybrid.llm_adapter",
+    "fusion": "hybrid.fusion", "query-interval": "hybrid.query.interval", "llm-budget": "hybrid.budget",
+    "latency": "hybrid.latency", "advisor-workers": "hybrid.sidecar_workers", "log-llm": "hybrid.log_llm",
+    "date-format": "data.date_format", "init-from": "transfer.init_from", "store": "hybrid.store",
+}
+FLAG_PREFIX = "config:"  # the argparse dest of a key's flag
+
+
+def config_keys(obj: Any = None, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted key, its comment, its default) of every leaf of TrainConfig, in the order of configs/default.yaml."""
+    obj = TrainConfig() if obj is None else obj
+    comments = field_comments(type(obj))
+    out = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and f.name != "contract":  # a contract is named, or given as a mapping
+            out += config_keys(value, f"{prefix}{f.name}.")
+        else:
+            out.append((f"{prefix}{f.name}", comments.get(f.name, ""), getattr(value, "symbol", value)))
+    return out
+
+
+def add_config_flags(ap, aliases: dict[str, str] | None = None) -> None:
+    """A flag for every config key (`--ppo.lr 1e-4`, `--hybrid.query.interval 10`: the same as `--set KEY=VALUE`),
+    its help the key's comment in agents/config.py, one group per section, with `aliases` (default FLAG_ALIASES) as
+    the short names. A key the parser has a flag of already keeps its own."""
+    aliases = FLAG_ALIASES if aliases is None else aliases
+    if ap.usage is None:  # a hundred and more flags: the usage line names the kind, --help lists them
+        ap.usage = "%(prog)s [options] [--KEY VALUE ...] (every config key is a flag: --help lists them)"
+    groups: dict[str, Any] = {}
+    for key, comment, default in config_keys():
+        names = dict.fromkeys([f"--{key}", *(f"--{a}" for a, k in aliases.items() if k == key)])
+        names = [n for n in names if n not in ap._option_string_actions]
+        if not names:
+            continue
+        section = key.rsplit(".", 1)[0] if "." in key else "run"
+        if section not in groups:
+            groups[section] = ap.add_argument_group(f"config: {section}" + ("" if section == "run" else ".*"))
+        shown = "" if default in ("", None) else f" (default: {default})"
+        groups[section].add_argument(*names, dest=FLAG_PREFIX + key, metavar="VALUE",
+                                     help=(comment + shown).replace("%", "%%"))
+
+
+def flag_name(key: str) -> str:
+    """The flag a user knows a config key by: its short alias where it has one, else --KEY."""
+    return "--" + next((alias for alias, k in FLAG_ALIASES.items() if k == key), key)
+
+
+def config_overrides(args) -> list[str]:
+    """The `--set KEY=VALUE` overrides of the config flags given on the command line."""
+    return [f"{dest[len(FLAG_PREFIX):]}={value}" for dest, value in vars(args).items()
+            if dest.startswith(FLAG_PREFIX) and value is not None]
+
+
+# ---------------------------------------------------------------------------------------------------------
 # configs/default.yaml, generated from the dataclasses: `python -m agents.config > configs/default.yaml`
 
 

@@ -32,12 +32,13 @@ import time
 import jax
 
 from agents.advice.acting import make_acting
-from agents.advisor.fill import fill_store, full_rate
+from agents.advisor.fill import fill_store
+from agents.advisor.sidecar import at_full_rate
 from agents.advisor.link import latency_mode
 from agents.advisor.query_loop import QueryLoop
-from agents.training.update import Update
 from agents.config import load_config
 from agents.rl.ppo import make_train
+from agents.training.update import Update
 from benchmarks.common import (
     BenchOptions,
     fmt_range,
@@ -102,13 +103,14 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
     cfg = load_config(None, base_overrides(n_envs, num_steps) + list(advisor) + list(overrides))
     rl_cfg = load_config(None, base_overrides(n_envs, num_steps) + ["llm=none"])
     rl_ppo = make_train(rl_cfg, setup.env, setup.params)
-    rl_update, _ = compile_update(rl_ppo, jax.eval_shape(rl_ppo.init, jax.random.PRNGKey(0)))
+    key = jax.random.PRNGKey(0)
+    rl_update, _ = compile_update(rl_ppo, num_steps, setup.params, jax.eval_shape(rl_ppo.init, key, setup.params))
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     t0 = time.perf_counter()
     loop = QueryLoop(cfg, setup.market, None)
-    update = Update(ppo, cfg.ppo.num_steps, loop)
+    update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     start_s = time.perf_counter() - t0
-    states = {"rl": jax.jit(rl_ppo.init)(jax.random.PRNGKey(0)), "hybrid": jax.jit(ppo.init)(jax.random.PRNGKey(0))}
+    states = {"rl": jax.jit(rl_ppo.init)(key, setup.params), "hybrid": jax.jit(ppo.init)(key, setup.params)}
     times: dict[str, list[float]] = {"rl": [], "hybrid": []}
     metrics, loads = [], []
     try:
@@ -117,7 +119,6 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
             with advisors_stopped(loop.client):
                 t = time.perf_counter()
                 states["rl"], m = rl_update(states["rl"])
-                jax.block_until_ready(m)
                 rl_s = time.perf_counter() - t
             t = time.perf_counter()
             states["hybrid"], m = update(states["hybrid"])
@@ -173,10 +174,10 @@ def run(opts: BenchOptions) -> list[dict]:
         for advisor in advisors:
             for store in STORES:
                 overrides = [f"hybrid.store={root if store == 'filled' else ''}"]
-                cfg = load_config(None, base_overrides(n, num_steps) + ADVISORS[advisor] + overrides + full_rate())
+                cfg = load_config(None, base_overrides(n, num_steps) + ADVISORS[advisor] + overrides)
                 if store == "filled" and cfg.llm not in fills:
                     print(f"  hybrid: filling the {cfg.llm} advisor's store (train split) ...", file=sys.stderr)
-                    fills[cfg.llm] = fill_store(cfg, ["train"], progress=False)
+                    fills[cfg.llm] = fill_store(at_full_rate(cfg), ["train"], progress=False)
                 print(f"  hybrid: {n} envs, {advisor} advisor ({store} store) and RL only, alternating ...",
                       file=sys.stderr, flush=True)
                 figures = time_hybrid(ADVISORS[advisor], n, num_steps, opts.reps, setup, overrides)

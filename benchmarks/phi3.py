@@ -29,15 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import (
-    BenchInputError,
-    BenchOptions,
-    fmt_range,
-    peak_host_memory_mb,
-    rates,
-    table,
-    timed_repeats,
-)
+from benchmarks.common import BenchInputError, BenchOptions, fmt_range, peak_host_memory_mb, rates, table, timed_repeats
 
 QUANTIZE = ("none", "int8", "int4")
 PARTS = ("score", "learning", "hybrid")
@@ -187,9 +179,10 @@ def learning_row(path: Path, quantize: str, opts: BenchOptions, renderer, contex
 
 
 def hybrid_rows(path: Path, quantize: str, opts: BenchOptions, about: dict) -> list[dict]:
+    from agents.advisor.fill import fill_store
+    from agents.advisor.sidecar import at_full_rate
     from agents.config import load_config
     from agents.training.env_setup import make_env_setup
-    from agents.advisor.fill import fill_store, full_rate
     from benchmarks.hybrid import QUICK_ENVS, QUICK_NUM_STEPS, STORES, base_overrides, time_hybrid
 
     num_steps = QUICK_NUM_STEPS if opts.quick else load_config(None, []).ppo.num_steps
@@ -202,7 +195,7 @@ def hybrid_rows(path: Path, quantize: str, opts: BenchOptions, about: dict) -> l
         for store in STORES:
             overrides = [f"hybrid.store={root if store == 'filled' else ''}"]
             if store == "filled" and fill is None:  # the train split's keys, as scripts/advise.py fills them
-                fill = fill_store(load_config(None, base_overrides(n, num_steps) + advisor + overrides + full_rate()),
+                fill = fill_store(at_full_rate(load_config(None, base_overrides(n, num_steps) + advisor + overrides)),
                                   ["train"], progress=False)
             print(f"  phi3: hybrid at {n} envs, quantize={quantize}, {store} store, and RL only, alternating ...",
                   file=sys.stderr, flush=True)

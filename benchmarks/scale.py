@@ -45,6 +45,7 @@ def time_devices(devices: int, n_envs: int, num_steps: int, reps: int) -> dict:
     from agents.devices.parallel import make_mesh
     from agents.rl.ppo import make_train
     from agents.rl.sharding import state_shardings
+    from agents.training.update import Update
     from benchmarks.common import rates, timed_repeats
     from jaxenv import DataConfig, EnvConfig, TradingEnv, load_market
 
@@ -55,13 +56,12 @@ def time_devices(devices: int, n_envs: int, num_steps: int, reps: int) -> dict:
     mesh = make_mesh(cfg)
     ppo = make_train(cfg, env, env_params, None, mesh)
     key = jax.random.PRNGKey(0)
-    shardings = state_shardings(jax.eval_shape(ppo.init, key), mesh, n_envs)
-    holder = {"state": jax.jit(ppo.init, out_shardings=shardings)(key)}
-    update = jax.jit(ppo.update, out_shardings=(shardings, None)).lower(holder["state"]).compile()
+    shardings = state_shardings(jax.eval_shape(ppo.init, key, env_params), mesh, n_envs)
+    holder = {"state": jax.jit(ppo.init, out_shardings=shardings)(key, env_params)}
+    update = Update(ppo, num_steps, env_params).compile(holder["state"], shardings)  # as training runs it
 
     def one_update():
-        holder["state"], metrics = update(holder["state"])
-        jax.block_until_ready(metrics)
+        holder["state"], _ = update(holder["state"])  # its metrics come to the host: the update has finished
 
     timing = timed_repeats(one_update, reps, budget_s=REP_BUDGET_S)
     return {**rates(cfg.steps_per_update, timing), "reps": timing["reps"], "cores_used": timing["cores_used"],

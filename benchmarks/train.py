@@ -22,6 +22,7 @@ import jax
 from agents.config import load_config
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import make_train
+from agents.training.update import Update
 from benchmarks.common import (
     BenchOptions,
     available_memory_gb,
@@ -52,11 +53,11 @@ def build_ppo(n_envs: int, num_steps: int, env, env_params):
     return cfg, make_train(cfg, env, env_params)
 
 
-def compile_update(ppo, state) -> tuple[object, float]:
-    """(compiled update, trace + compile seconds). `state` may be shapes (jax.eval_shape)."""
-    t0 = time.perf_counter()
-    compiled = jax.jit(ppo.update).lower(state).compile()
-    return compiled, time.perf_counter() - t0
+def compile_update(ppo, num_steps: int, env_params, state, shardings=None) -> tuple[Update, float]:
+    """(the update as training runs it, agents.training.update.Update, compiled ahead; its trace + compile seconds).
+    `state` may be shapes (jax.eval_shape)."""
+    update = Update(ppo, num_steps, env_params).compile(state, shardings)
+    return update, update.compile_s
 
 
 def projected_peak_mb(measured: list[dict], steps_per_update: int) -> float | None:
@@ -71,15 +72,15 @@ def projected_peak_mb(measured: list[dict], steps_per_update: int) -> float | No
     return mean_y + slope * (steps_per_update - mean_x)
 
 
-def time_updates(cfg, ppo, reps: int) -> tuple[dict, object]:
+def time_updates(cfg, ppo, env_params, reps: int) -> tuple[dict, object]:
     """Whole PPO updates: compile, then a warm-up and timed updates. Returns the figures and the state after them."""
     reset_peak_memory()
-    update, compile_s = compile_update(ppo, jax.eval_shape(ppo.init, jax.random.PRNGKey(0)))
-    holder = {"state": jax.jit(ppo.init)(jax.random.PRNGKey(0))}
+    key = jax.random.PRNGKey(0)
+    update, compile_s = compile_update(ppo, cfg.ppo.num_steps, env_params, jax.eval_shape(ppo.init, key, env_params))
+    holder = {"state": jax.jit(ppo.init)(key, env_params)}
 
     def one_update():
-        holder["state"], metrics = update(holder["state"])
-        jax.block_until_ready(metrics)
+        holder["state"], _ = update(holder["state"])  # its metrics come to the host: the update has finished
 
     timing = timed_repeats(one_update, reps, budget_s=REP_BUDGET_S)
     figures = {
@@ -102,11 +103,12 @@ def bench_one(n_envs: int, num_steps: int, reps: int, env, env_params, measured:
     if need_mb is not None and need_mb / 1024 > MEMORY_HEADROOM * available_memory_gb():
         return {**row, "skipped": f"needs ~{need_mb / 1024:.1f} GiB (projected from the smaller sizes), "
                                   f"{available_memory_gb():.1f} GiB available"}  # fmt: skip
-    figures, state = time_updates(cfg, ppo, reps)
+    figures, state = time_updates(cfg, ppo, env_params, reps)
     row.update(figures)
     # Where the time goes: the rollout alone (compiled apart); learning (GAE + epochs) is the rest.
-    rollout = jax.jit(ppo.rollout_chunk, static_argnums=1).lower(state, num_steps).compile()
-    rollout_t = timed_repeats(lambda: jax.block_until_ready(rollout(state)), reps, budget_s=REP_BUDGET_S / 4)
+    rollout = jax.jit(ppo.rollout_chunk, static_argnums=1).lower(state, num_steps, env_params).compile()
+    rollout_t = timed_repeats(lambda: jax.block_until_ready(rollout(state, env_params)), reps,
+                              budget_s=REP_BUDGET_S / 4)
     flops = update_flops_per_step(cfg.network, ppo.obs_dim, ppo.num_actions, cfg.ppo.update_epochs)
     return {
         **row,
@@ -129,7 +131,7 @@ def compile_grid(cases: list[tuple[int, int]], env, env_params) -> list[dict]:
     rows = []
     for n, t in cases:
         _, ppo = build_ppo(n, t, env, env_params)
-        _, compile_s = compile_update(ppo, jax.eval_shape(ppo.init, jax.random.PRNGKey(0)))
+        _, compile_s = compile_update(ppo, t, env_params, jax.eval_shape(ppo.init, jax.random.PRNGKey(0), env_params))
         rows.append({"suite": "train", "case": "compile", "envs": n, "num_steps": t, "compile_s": compile_s})
     return rows
 

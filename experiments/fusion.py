@@ -259,7 +259,7 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
             run = at(latest, kind)
             agent = agent_walk(run)
             walks = {"agent": score(run, agent, "test"), "val_agent": score(run, agent, "val")}
-            if run.walker is not None:
+            if run.advised:
                 ablations = ablation_walks(run)
                 walks["llm_only"] = score(run, ablations["llm_only"].walk, "test")
                 walks["val_llm_only"] = score(run, ablations["llm_only"].walk, "val")
@@ -277,7 +277,7 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
                 run = at(fresh, kind)
                 walks = out[kind]["walks"]
                 walks["fresh_agent"] = score(run, agent_walk(run), "all")
-                if run.walker is not None:
+                if run.advised:
                     ablations = ablation_walks(run)
                     walks["fresh_llm_only"] = score(run, ablations["llm_only"].walk, "all")
                     if kind == "latest":

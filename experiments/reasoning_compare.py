@@ -124,7 +124,7 @@ def walks(args: argparse.Namespace, prompts_file: str) -> dict[str, dict]:
         cfg = walk_config(args, arm, prompts_file)
         setup = make_env_setup(cfg)
         ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
-        state = ppo.init(jax.random.PRNGKey(0))
+        state = ppo.init(jax.random.PRNGKey(0), setup.params)
         walker = AdvisedWalker(cfg, ppo, setup.env, setup.market)
         try:
             for split in args.splits:

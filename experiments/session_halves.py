@@ -54,7 +54,7 @@ def score(run_dir: Path, fresh_days: int, with_advice_alone: bool) -> dict[str, 
     bars = walk_bounds(run.market, "all")
     try:
         out = {"agent": halves_of(agent_walk(run)(bars, jax.random.PRNGKey(0)), halves)}
-        if with_advice_alone and run.walker is not None:
+        if with_advice_alone and run.advised:
             out["advice_alone"] = halves_of(ablation_walks(run)["llm_only"].walk(bars, jax.random.PRNGKey(0)), halves)
     finally:
         run.close()

@@ -84,7 +84,7 @@ def walk_variants(run_dir: Path, variants: dict[str, dict | None], days: int, of
 
     cfg = load_run_config(run_dir)
     run = load_run(run_dir, "latest", data=fresh_market(cfg.data, days, offset))
-    if run.walker is None:
+    if not run.advised:
         run.close()
         raise ValueError(f"{run_dir}: a run without an advisor has no veto to vary")
     bounds = walk_bounds(run.market, "all")

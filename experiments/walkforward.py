@@ -118,7 +118,7 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         agent = agent_walk(run)
         scores = {"version": SCORE_VERSION, "checkpoint": run.saved.label,
                   "test": walked(agent, "test"), "train": walked(agent, "train")}
-        if run.walker is not None:
+        if run.advised:
             scores["advice_alone"] = walked(ablation_walks(run)["llm_only"].walk, "test")
     finally:
         run.close()

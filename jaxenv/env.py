@@ -103,6 +103,12 @@ def drawdown_threshold(peak: jax.Array, params: EnvParams) -> jax.Array:
     return jnp.minimum(peak - params.trailing_drawdown, params.starting_balance + params.trail_stop_offset)
 
 
+def bracket_distances(params: EnvParams, atr):
+    """An entry's stop and target distances from its fill, in price units: the ATR rule (the levels are rounded to
+    ticks from the fill, jaxenv.env's transition). Defined once: a trading decision's order carries them."""
+    return params.stop_atr_mult * atr, params.target_atr_mult * atr
+
+
 def drawdown_room(state: EnvState, params: EnvParams) -> jax.Array:
     """The account's room before a breach, as a share of the trailing drawdown (1 for a fresh account)."""
     return (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
@@ -385,8 +391,9 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
         sign = side.astype(jnp.float32)
         entry_fill = o + sign * slip
         entry_price = jnp.where(enter, entry_fill, state.entry_price)
-        stop = jnp.where(enter, to_tick(entry_fill - sign * params.stop_atr_mult * now[ATR]), stop)
-        target = jnp.where(enter, to_tick(entry_fill + sign * params.target_atr_mult * now[ATR]), state.target)
+        stop_distance, target_distance = bracket_distances(params, now[ATR])
+        stop = jnp.where(enter, to_tick(entry_fill - sign * stop_distance), stop)
+        target = jnp.where(enter, to_tick(entry_fill + sign * target_distance), state.target)
         trailing = trailing & ~enter
         entry_time = jnp.where(enter, state.time, state.entry_time)
         balance = state.balance - jnp.where(enter, comm, 0.0)

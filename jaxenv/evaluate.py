@@ -43,7 +43,8 @@ def continue_after_breach(env: TradingEnv, next_state, terminated, key: jax.Arra
 
 def policy_step(env: TradingEnv, params: EnvParams, policy_fn: PolicyFn, policy_state: Any, state, key: jax.Array):
     """One decision of a walk: the action of the account at bar state.t, from bars <= t only. A walk is this and
-    `advance_step`, bar after bar; `agents.trading` runs the same two on bars as they arrive."""
+    `advance_step`, bar after bar (an agent's own walks and trading add its acting step around them:
+    agents.evaluation.advised_walk)."""
     obs = env.get_obs(state, params)
     mask = env.action_mask(state, params)
     if policy_state is None:

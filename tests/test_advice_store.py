@@ -347,9 +347,7 @@ def test_answers_carry_the_version_that_gave_them_and_the_store_keeps_version_0_
     """The sidecar reports with each answer the advisor version that gave it (a learning advisor's adopted LoRA
     rounds): the table holds each key under that version, and the store, whose identity names the advisor as it
     started, keeps version 0's answers only: a learned answer is never stored as the frozen advisor's."""
-    import time
-
-    from agents.advisor.link import AdvisorLink, Submitted
+    from agents.advisor.link import AdvisorLink
     from bridge import BridgeConfig, SidecarClient
     from bridge.client import ECHO_PEER_COMMAND
     from jaxenv import load_market
@@ -360,9 +358,7 @@ def test_answers_carry_the_version_that_gave_them_and_the_store_keeps_version_0_
     for version, keys in asked.items():
         client = SidecarClient(BridgeConfig(capacity=16)).start(command=(*ECHO_PEER_COMMAND, "--version", str(version)))
         link = AdvisorLink(cfg, market, 1, client=client, latency="strict", walk=True)
-        prompts = link.renderer.render(link.fields.build(keys), link.texts)
-        link.client.submit(keys, prompts)
-        link.pending.append(Submitted(0, time.perf_counter(), prompts, keys, version=0))  # asked as version 0
+        link.session.submit(keys, version=0)  # asked as version 0
         rows = link._collect(wait=True)
         assert rows[4].tolist() == [version] * len(keys) and (link.known.version[keys] == version).all()
         ident = link.store.ident

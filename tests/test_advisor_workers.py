@@ -67,10 +67,10 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     loop = QueryLoop(cfg, setup.market, tmp_path)
-    update = Update(ppo, cfg.ppo.num_steps, loop)
+    update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     try:
         assert len(loop.client.workers) == 2
-        state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
+        state = jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)
         state, _ = update(state)  # asks; the answers come into the table at the next update
         state, first = update(state)
         assert first["llm_workers_alive"] == 2

@@ -189,3 +189,25 @@ def test_a_config_written_before_keys_were_removed_loads_as_it_acted_or_names_th
     assert (gated.hybrid.query.bind_on, gated.hybrid.query.min_trust) == ("trust", 0.05)
     with pytest.raises(ConfigError, match=r"hybrid.advice_input: no longer exists .* set it to True"):
         load_config(saved(**{**old, "hybrid__advice_input": True}))
+
+
+def test_every_config_key_is_a_flag_of_train_py_with_its_comment_as_help(capsys):
+    """Flags are generated from the config's dataclasses: each key --KEY (the same as --set KEY=VALUE), its comment
+    the help, and the short names users know declared once (agents.config.FLAG_ALIASES)."""
+    from agents.config import FLAG_ALIASES, config_keys, config_overrides
+    from agents.training.cli import parse_args
+
+    keys = [key for key, _, _ in config_keys()]
+    args = parse_args(["--ppo.lr", "1e-4", "--envs", "64", "--hybrid.query.interval", "10", "--data", "synthetic:signal"])
+    assert sorted(config_overrides(args)) == ["data.source=synthetic:signal", "hybrid.query.interval=10",
+                                              "num_envs=64", "ppo.lr=1e-4"]
+    assert load_config(None, config_overrides(args)) == load_config(None, ["ppo.lr=1e-4", "num_envs=64",
+                                                                            "hybrid.query.interval=10",
+                                                                            "data.source=synthetic:signal"])
+    assert set(FLAG_ALIASES.values()) <= set(keys)
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = capsys.readouterr().out
+    missing = [k for k in keys if f"--{k} " not in shown and k != "devices"]  # --devices: the device flags' own
+    assert not missing, missing
+    assert "--hybrid.query.wait_for_answer VALUE" in shown and "a flat env with no answer in force" in shown

@@ -215,7 +215,7 @@ def test_a_checkpoint_whose_manifest_was_never_written_is_an_unfinished_save(sto
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, None)
     ckpt = RunCheckpoints(run, keep=3)
-    state, host = ckpt.restore(jax.eval_shape(ppo.init, jax.random.PRNGKey(0)))  # a resume goes on from update 3
+    state, host = ckpt.restore(jax.eval_shape(ppo.init, jax.random.PRNGKey(0), setup.params))  # resumed: from update 3
     ckpt.close()
     assert int(state.update) == 3 and host["update"] == 3
     assert "latest/4 never finished saving" in capsys.readouterr().err
@@ -491,9 +491,9 @@ def test_the_trainer_counts_bad_answers_as_parse_errors_and_keeps_training(tmp_p
     before = shm_segments()
     client = SidecarClient(BridgeConfig(capacity=16)).start(command=(*ECHO_PEER_COMMAND, "--bad", "nan_probs"))
     loop = QueryLoop(cfg, setup.market, tmp_path, client=client)
-    update = Update(ppo, cfg.ppo.num_steps, loop)
+    update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     try:
-        state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
+        state = jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)
         for _ in range(2):
             state, metrics = update(state)
         assert metrics["llm_parse_error"] > 0 and metrics["llm_ok"] == 0

@@ -46,9 +46,9 @@ def hybrid_loop(overrides: list[str], run_dir: Path):
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     loop = QueryLoop(cfg, setup.market, run_dir)
-    update = Update(ppo, cfg.ppo.num_steps, loop)
+    update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     try:
-        yield loop, update, jax.jit(ppo.init)(jax.random.PRNGKey(0))
+        yield loop, update, jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)
     finally:
         loop.close()
 
@@ -122,9 +122,9 @@ def test_training_survives_a_killed_sidecar(tmp_path):
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     before = shm_segments()
     loop = QueryLoop(cfg, setup.market, tmp_path)
-    update = Update(ppo, cfg.ppo.num_steps, loop)
+    update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     try:
-        state = jax.jit(ppo.init)(jax.random.PRNGKey(0))
+        state = jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)
         state, first = update(state)
         assert first["llm_prompts"] > 0
         os.kill(loop.client.sidecar_pid, signal.SIGKILL)

@@ -16,6 +16,7 @@ from agents.config import load_config
 from agents.rl.networks import ActorCritic, forward_flops, log_probs_and_entropy, masked_logits, update_flops_per_step
 from agents.rl.normalization import RunningMeanStd
 from agents.rl.ppo import gae_targets, make_train, truncation_values
+from agents.training.update import Update
 
 
 # ------------------------------------------------------------------------------------------ a masked toy env
@@ -78,16 +79,20 @@ class Compiled:
 
     def __init__(self):
         self.env = GuessEnv()
-        self.ppo = make_train(tiny_cfg(), self.env, self.env.default_params)
-        self.update = jax.jit(self.ppo.update)
+        self.params = self.env.default_params
+        self.ppo = make_train(tiny_cfg(), self.env, self.params)
+        self.update = Update(self.ppo, tiny_cfg().ppo.num_steps, self.params)
         self.chunk = jax.jit(self.ppo.rollout_chunk, static_argnums=1)
         self.learn = jax.jit(self.ppo.learn)
+
+    def init(self, key):
+        return self.ppo.init(key, self.params)
 
     def rollout(self, rs, chunks: int):
         """`chunks` chunks of 4 steps, concatenated."""
         parts = []
         for _ in range(chunks):
-            rs, traj = self.chunk(rs, 4)
+            rs, traj = self.chunk(rs, 4, self.params)
             parts.append(traj)
         return rs, jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
@@ -113,7 +118,7 @@ def test_masked_distribution_excludes_invalid_actions():
 
 
 def test_rollout_never_takes_invalid_actions_and_stores_masked_log_probs(guess):
-    rs = guess.ppo.init(jax.random.PRNGKey(0))
+    rs = guess.init(jax.random.PRNGKey(0))
     rs, traj = guess.rollout(rs, 2)
     chosen_valid = np.take_along_axis(np.asarray(traj.mask), np.asarray(traj.action)[..., None], -1)
     assert chosen_valid.all()
@@ -177,7 +182,7 @@ def test_truncation_values_match_full_pass(count):
 
 
 def test_truncated_steps_carry_the_value_of_the_final_observation(guess):
-    rs0 = guess.ppo.init(jax.random.PRNGKey(3))
+    rs0 = guess.init(jax.random.PRNGKey(3))
     _, traj = guess.rollout(rs0, 3)  # 12 steps past a time limit of 8: envs that did not bust truncate at step 8
     need = np.asarray(traj.truncated & ~traj.terminated)
     assert need.any()
@@ -212,9 +217,10 @@ def test_first_minibatch_ratio_is_one():
     """Acting and learning see identical inputs (frozen normaliser, stored log-probs): with one epoch and one
     minibatch the only gradient step happens at ratio 1, so nothing is clipped and approx_kl is ~0."""
     env = GuessEnv()
-    ppo = make_train(tiny_cfg("ppo.update_epochs=1", "ppo.num_minibatches=1"), env, env.default_params)
-    update = jax.jit(ppo.update)
-    rs = ppo.init(jax.random.PRNGKey(0))
+    cfg = tiny_cfg("ppo.update_epochs=1", "ppo.num_minibatches=1")
+    ppo = make_train(cfg, env, env.default_params)
+    update = Update(ppo, cfg.ppo.num_steps, env.default_params)
+    rs = ppo.init(jax.random.PRNGKey(0), env.default_params)
     for _ in range(3):  # later updates too, after the normaliser has moved
         rs, m = update(rs)
         assert float(m["clip_frac"]) == 0.0
@@ -223,7 +229,7 @@ def test_first_minibatch_ratio_is_one():
 
 def test_chunked_rollout_equals_one_scan(guess):
     """The hybrid loop runs T steps as T/k chunks; the result must not depend on k."""
-    rs0 = guess.ppo.init(jax.random.PRNGKey(5))
+    rs0 = guess.init(jax.random.PRNGKey(5))
     rs_full, m_full = guess.update(rs0)
     rs, traj = guess.rollout(rs0, 2)
     rs_chunked, m_chunked = guess.learn(rs, traj)
@@ -233,7 +239,7 @@ def test_chunked_rollout_equals_one_scan(guess):
 
 
 def test_episode_stats_come_from_env_info(guess):
-    rs, m = guess.update(guess.ppo.init(jax.random.PRNGKey(2)))
+    rs, m = guess.update(guess.init(jax.random.PRNGKey(2)))
     assert int(m["episodes"]) > 0
     # reward is 1 per hit, so the env's episode_hits equals the trainer's own episode return
     assert float(m["episode_hits"]) == pytest.approx(float(m["episode_return"]), rel=1e-6)
@@ -242,7 +248,7 @@ def test_episode_stats_come_from_env_info(guess):
 
 
 def test_same_seed_same_result(guess):
-    init, update = guess.ppo.init, guess.update
+    init, update = guess.init, guess.update
     a, _ = update(init(jax.random.PRNGKey(9)))
     b, _ = update(init(jax.random.PRNGKey(9)))
     c, _ = update(init(jax.random.PRNGKey(10)))
@@ -262,8 +268,8 @@ def test_flop_count_from_layer_shapes():
 # ---------------------------------------------------------------------------------------------------- learning
 def _train_updates(cfg, env, params, n, seed=0):
     ppo = make_train(cfg, env, params)
-    update = jax.jit(ppo.update)
-    rs = ppo.init(jax.random.PRNGKey(seed))
+    update = Update(ppo, cfg.ppo.num_steps, params)
+    rs = ppo.init(jax.random.PRNGKey(seed), params)
     history = []
     for _ in range(n):
         rs, m = update(rs)
@@ -289,3 +295,25 @@ def test_learns_cartpole():
     hist = _train_updates(cfg, env, params, cfg.num_updates)
     assert hist[0]["episode_return"] < 40
     assert max(h["episode_return"] for h in hist[-5:]) > 150
+
+
+def test_the_market_is_an_argument_of_the_update_program_not_a_constant_folded_into_it():
+    """A hybrid update's program lowered for a market and for one twice its length is the same program but for the
+    arrays' shapes: the market's arrays are parameters. Compiled in as constants (as before issue 64), the program's
+    text held every bar, doubled with the market, and XLA folded them at every start."""
+    from agents.advice.acting import make_acting
+    from agents.training.env_setup import make_env_setup
+
+    sizes = []
+    for days in (30, 60):
+        cfg = load_config(None, ["llm=mock", "num_envs=8", "ppo.num_steps=10", "ppo.num_minibatches=2",
+                                 f"data.synthetic_days={days}", "log.progress=false"])
+        setup = make_env_setup(cfg)
+        ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+        update = Update(ppo, cfg.ppo.num_steps, setup.params)
+        state = jax.eval_shape(ppo.init, jax.random.PRNGKey(0), setup.params)
+        text = jax.jit(update._program).lower(state, setup.params).as_text()
+        sizes.append((setup.market.num_bars, len(text)))
+    (bars_a, text_a), (bars_b, text_b) = sizes
+    assert bars_b > 1.9 * bars_a
+    assert text_b < 1.02 * text_a, sizes  # a constant of the bars alone would add megabytes of digits

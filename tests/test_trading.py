@@ -315,6 +315,30 @@ def test_a_second_trader_on_a_folder_in_use_exits_with_one_line_naming_the_holde
         holder.release()
 
 
+def test_a_state_of_another_format_is_refused_with_one_line_and_left_as_it_was(runs, replays, tmp_path, capsys):
+    """Trading's restart state is JSON and named arrays with a format number: a pickle of the earlier format, or a
+    state of a format this version does not read, stops the resume with one line naming the folder, and nothing in
+    the folder is touched."""
+    import shutil
+
+    from agents.trading.journal import FORMAT, STATE_DIR, STATE_FILE
+
+    old = tmp_path / "pickled"
+    shutil.copytree(replays["rl"], old)
+    (old / STATE_DIR / STATE_FILE).unlink()
+    (old / STATE_DIR / "state.pkl").write_bytes(b"\x80\x04N.")  # a pickle, as format 1 wrote
+    newer = tmp_path / "newer"
+    shutil.copytree(replays["rl"], newer)
+    path = newer / STATE_DIR / STATE_FILE
+    path.write_text(json.dumps({**json.loads(path.read_text()), "format": FORMAT + 1}))
+    for out, says in ((old, "of an earlier format"), (newer, f"of format {FORMAT + 1}")):
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
+        assert trade(runs["rl"], out) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0] and str(out / STATE_DIR) in err[0], err
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == before
+
+
 def test_a_resume_exactly_at_capacity_keeps_every_key_of_the_grown_table(runs, tmp_path):
     """A state saved when the book is full (n = capacity) resumes on arrays twice the size: the advice table grows with
     them, so keys past the old size are written and read, and decisions equal an uninterrupted agent's."""
@@ -345,12 +369,12 @@ def test_a_resume_exactly_at_capacity_keeps_every_key_of_the_grown_table(runs, t
     assert first.book.n == first.book.capacity == capacity
     journal = Journal(tmp_path / "j")
     journal.open()
-    journal.save(first.book, {"agent": first.state(), "advisor": first.advisor.state()})
+    journal.save(first.book, {"decisions": len(before), "advisor": first.advisor.state()}, first.state())
     journal.close()
     first.advisor.close()
     resumed = agent()
-    state = Journal(tmp_path / "j").load(resumed.book)
-    resumed.restore(state["agent"])
+    state, arrays = Journal(tmp_path / "j").load(resumed.book)
+    resumed.restore(arrays)
     resumed.advisor.restore(state["advisor"])
     assert resumed.carry.hybrid.advice.num_keys == num_blocks(resumed.book.capacity, resumed.k) * SIDES
     after = taken(resumed, bars[capacity:])
@@ -362,6 +386,8 @@ def test_realtime_trading_marks_the_keys_it_asks_as_in_flight(runs):
     """Keys asked of the advisor as a block closes are in flight in the table until answered, as in training (the
     wait rule reads it); keys the advisor failed to answer are missing again."""
     from agents.advice.table import STATUS_ASKED, STATUS_NONE, key_of
+    from bridge import Answers
+    from bridge.protocol import STATUS_BACKEND_ERROR
     from agents.trading import Agent
     from agents.trading.advice import LiveAdvisor
 
@@ -371,18 +397,24 @@ def test_realtime_trading_marks_the_keys_it_asks_as_in_flight(runs):
     agent.advisor = advisor = LiveAdvisor(agent.cfg, agent.book, agent.saved.adapter)
 
     class Silent:
-        """An advisor that takes prompts and never answers."""
+        """An advisor that takes prompts and answers none of them until told (then, as a dead worker's rows: errors)."""
 
-        reads_fields, pending, oldest_done = True, 0, False
+        reads_fields, pending, alive, oldest_done = True, 0, True, False
 
-        def submit(self, ids, prompts):
+        def submit(self, ids, prompts, think=None):
             submitted.append(ids)
+
+        def collect(self, timeout_s=None):
+            ids = submitted.pop(0)
+            n = len(ids)
+            return Answers(0, ids.astype(np.int32), np.full((n, 6), 1 / 6, np.float32), np.full(n, -1, np.int8),
+                           np.zeros(n, np.float32), np.full(n, STATUS_BACKEND_ERROR, np.int8), np.zeros(n, "S1"))
 
         def close(self):
             pass
 
     submitted = []
-    advisor.client = Silent()
+    advisor.session.client = Silent()
     try:
         for r in frame.itertuples():
             agent.on_bar(Bar(pd.Timestamp(r.timestamp), r.open, r.high, r.low, r.close, r.volume,
@@ -395,7 +427,7 @@ def test_realtime_trading_marks_the_keys_it_asks_as_in_flight(runs):
         table = agent.choice.hybrid.advice
         assert int(table.status[read]) == int(table.status[closed]) == STATUS_ASKED
         assert agent.choice.columns["advice_key"] == -1  # nothing in force: the wait rule sees the key in flight
-        advisor._unasked(np.array([closed]))  # its answer will not come (a dead worker)
+        Silent.oldest_done = True  # their answers come back as errors (a dead worker): not in flight any more
         for rows in advisor.answers(None, wait=False):
             table = agent._write(table, *rows)
         assert int(table.status[closed]) == STATUS_NONE

@@ -40,7 +40,7 @@ def test_the_261_feature_policy_starts_acting_exactly_like_the_228_feature_one(s
     env, market = TradingEnv(cfg.env), load_market(cfg.data)
     params = env.make_params(market, "train")
     ppo = make_train(cfg, env, params)
-    state = start_from(jax.jit(ppo.init)(jax.random.PRNGKey(7)), load_source(cfg, env, params), cfg)
+    state = start_from(jax.jit(ppo.init)(jax.random.PRNGKey(7), params), load_source(cfg, env, params), cfg)
     source = restore_policy(source_dir, "latest")
     assert ppo.obs_dim == 261 and source.obs_dim == 228
 

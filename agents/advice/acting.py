@@ -10,6 +10,7 @@ replaced it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -255,3 +256,14 @@ def make_acting(cfg, env) -> HybridActing:
     h = cfg.hybrid
     columns = tuple(env.observation_column(name) for name in CONTEXT_FEATURES)
     return HybridActing(h.fusion, h.query, h.veto, h.llm_weight, columns, gate_lr_scale=h.gate_lr_scale)
+
+
+def acting_of(cfg, env) -> HybridActing:
+    """How a run's agent acts outside training (a walk, a trade): with its advisor (make_acting), or for a run
+    without one (llm: none) the policy alone: no fusion, no veto, no record. One acting step then serves both."""
+    if cfg.llm != "none":
+        return make_acting(cfg, env)
+    h = cfg.hybrid
+    alone = dataclasses.replace(h, fusion="none", veto=dataclasses.replace(h.veto, enabled=False),
+                                query=dataclasses.replace(h.query, bind_on="always"))
+    return make_acting(dataclasses.replace(cfg, hybrid=alone), env)

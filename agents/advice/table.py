@@ -145,6 +145,14 @@ def view(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.Array) 
 WALK_AHEAD = (-1, 3)  # (first block relative to the env's now, how many blocks)
 
 
+def walk_keys(start: int, end: int, interval: int, entries_only: bool = False) -> np.ndarray:
+    """The keys a walk of bars [start, end) reads, for every side (flat only with `entries_only`): block b's key is in
+    force during block b + 1, so the blocks from the one before the walk's first bar to the one before its last."""
+    blocks = np.arange(max(start // interval - 1, 0), max((end - 1) // interval, 0))
+    sides = np.array([0] if entries_only else [-1, 0, 1])
+    return key_of(blocks[:, None], sides[None, :]).reshape(-1)
+
+
 def update_ahead(num_steps: int, interval: int) -> tuple[int, int]:
     """Training (one query step per update of T = num_steps steps): (first block, how many) relative to an env's block
     now that it reads during the next update, when keys asked now have been answered under strict latency: blocks

@@ -6,7 +6,6 @@ stopped."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -14,12 +13,13 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from agents.advice.table import answered, key_of
-from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
+from agents.advice.table import walk_keys
+from agents.advisor.link import prompt_template
 from agents.advisor.prompt_fields import PromptFieldBuilder
-from agents.advisor.sidecar import start_advisor
+from agents.advisor.session import AdvisorSession
+from agents.advisor.sidecar import at_full_rate, start_advisor
 from agents.advisor.store import open_market_store, store_root
-from agents.config import ConfigError, load_config
+from agents.config import ConfigError, add_config_flags, config_overrides, load_config
 from agents.runs.adapters import starting_adapter
 
 SAVE_EVERY_S = 60.0
@@ -31,40 +31,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--config", help="YAML config file, as for train.py (its data, advisor, template, interval)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config key, e.g. --set hybrid.query.interval=10; repeatable")
-    ap.add_argument("--data", help="market data: a CSV/Parquet file or synthetic:PRESET (data.source)")
-    ap.add_argument("--llm", help="the advisor whose answers to store (llm; default smollm2)")
-    ap.add_argument("--llm-adapter", metavar="PATH", help="a peft LoRA adapter directory (hybrid.llm_adapter)")
-    ap.add_argument("--store", help="the store folder (hybrid.store; default runs/advice_store)")
     ap.add_argument("--splits", default="train,val,test",
                     help=f"comma-separated splits whose keys to fill, of {', '.join(SPLITS)} (default: all)")
     ap.add_argument("--batch", type=int, help="prompts per submission (default hybrid.max_budget)")
+    add_config_flags(ap)  # every config key a flag, as train.py's: --data, --llm, --llm-adapter, --store, ...
     return ap.parse_args(argv)
 
 
-def split_keys(market, splits: list[str], interval: int, sides: tuple[int, ...]) -> np.ndarray:
-    """The keys a walk over `splits` reads: block b's key is in force during block b + 1, so the blocks from the one
-    before each split's first bar to the one before its last."""
-    blocks = set()
-    for split in splits:
-        start, end = market.split_range(split)
-        blocks.update(range(max(start // interval - 1, 0), max((end - 1) // interval, 0)))
-    blocks = np.array(sorted(blocks), np.int64)
-    return key_of(blocks[:, None], np.array(sides)[None, :]).reshape(-1)
-
-
-def full_rate() -> list[str]:
-    """The config overrides of a fill: nothing else runs, so the advisor takes every core at normal priority (a
-    training run's default is 1 thread at nice 19)."""
-    return [f"hybrid.sidecar_threads={os.cpu_count() or 1}", "hybrid.sidecar_nice=0"]
+def split_keys(market, splits: list[str], interval: int, entries_only: bool) -> np.ndarray:
+    """The keys walks over `splits` read (agents.advice.table.walk_keys), each once."""
+    keys = [walk_keys(*market.split_range(split), interval, entries_only) for split in splits]
+    return np.unique(np.concatenate(keys))
 
 
 def fill(args: argparse.Namespace) -> int:
-    overrides = [*full_rate(), *args.overrides]
-    for flag, key in (("data", "data.source"), ("llm", "llm"), ("store", "hybrid.store"),
-                      ("llm_adapter", "hybrid.llm_adapter")):
-        if getattr(args, flag) is not None:
-            overrides.append(f"{key}={getattr(args, flag)}")
+    overrides = list(args.overrides)
+    overrides += config_overrides(args)
     cfg = load_config(args.config, overrides)
+    if not any(o.startswith(("hybrid.sidecar_threads=", "hybrid.sidecar_nice=")) for o in overrides):
+        cfg = at_full_rate(cfg)  # nothing else runs beside a fill
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     bad = [s for s in splits if s not in SPLITS]
     if bad or not splits:
@@ -97,8 +82,7 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     store = open_market_store(cfg, market, root, renderer, template, fields, starting_adapter(cfg))
     known = store.answers  # this process's holder: what the store holds, and every answer this fill adds
     fields.without_past(known)
-    sides = (0,) if cfg.hybrid.query.entries_only else (-1, 0, 1)
-    keys = split_keys(market, splits, k, sides)
+    keys = split_keys(market, splits, k, cfg.hybrid.query.entries_only)
     todo = keys[~known.filled()[keys]]
     print(f"advice store {store.dir}: {len(keys) - len(todo)} of {len(keys)} keys of {', '.join(splits)} answered; "
           f"asking {len(todo)}", file=sys.stderr)
@@ -107,32 +91,17 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     if not len(todo):
         return {**out, "filled": 1.0}
     batch = int(batch or cfg.hybrid.max_budget)
-    pool = start_advisor(cfg, renderer, texts, batch)
+    session = AdvisorSession(start_advisor(cfg, renderer, texts, batch), fields, renderer, texts, known, store)
     stopped = []
-    previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batch in flight, save
-    t0, saved_at, done, in_flight = time.perf_counter(), time.perf_counter(), 0, 0
+    previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batches in flight, save
+    t0 = time.perf_counter()
     bar = tqdm(total=len(todo), unit="key", desc="advising", disable=not progress)
     try:
-        for start in range(0, len(todo), batch):
-            if stopped:
-                break
-            chunk = todo[start:start + batch]
-            rows = fields.build(chunk)
-            pool.submit(chunk, rows if pool.reads_fields else renderer.render(rows, texts))
-            in_flight += 1
-            while in_flight >= MAX_IN_FLIGHT:
-                done, in_flight = done + _take(pool, known), in_flight - 1
-                bar.update(done - bar.n)
-                if time.perf_counter() - saved_at > SAVE_EVERY_S:
-                    store.save()
-                    saved_at = time.perf_counter()
-        while in_flight:
-            done, in_flight = done + _take(pool, known), in_flight - 1
-            bar.update(done - bar.n)
+        done = session.fill(todo, batch, on_progress=lambda n: bar.update(n - bar.n), stop=lambda: bool(stopped),
+                            save_every_s=SAVE_EVERY_S)
     finally:
         bar.close()
-        store.save()
-        pool.close()
+        session.close()  # saves the store
         signal.signal(signal.SIGINT, previous)
     seconds = time.perf_counter() - t0
     filled = int(known.filled()[keys].sum())
@@ -143,13 +112,6 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
           f"holds {filled} of the {len(keys)} keys of {', '.join(splits)}{unanswered}", file=sys.stderr)
     return {**out, "answered": done, "seconds": seconds, "keys_per_s": done / max(seconds, 1e-9),
             "filled": float(known.filled()[keys].mean()), "stopped": bool(stopped)}
-
-
-def _take(pool, known) -> int:
-    """Collects the oldest submission into `known`, waiting as long as the advisor takes (nothing else waits on a
-    fill; a dead worker's rows come back as errors); how many of its keys got an answer."""
-    status = known.keep(pool.collect(timeout_s=None), 0)
-    return int(np.asarray(answered(status)).sum())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,9 +11,10 @@ rollout; in an evaluation walk one every k bars.
 An answer about block b is in force during block b + 1 whatever the advisor's speed: the latency contract is the
 key's, not the query step's. A slow advisor leaves keys missing (lower coverage), never stale advice in force.
 
-`AdvisorLink` owns the advisor workers (an `AdvisorPool` of sidecar processes) for training and evaluation walks
-alike, restarts a dead one, sizes budget `auto`, keeps the persistent advice store (agents.advisor.store) and counts
-everything.
+`AdvisorLink` drives an advisor session (agents.advisor.session: the one round trip of keys to the advisor's workers
+and their answers back, into the host's copy of the table and the persistent store) for training and evaluation walks
+alike; around it, the query step's own helpers: restarting a dead worker, sizing budget `auto`, the async lag,
+llm_log, the multi-process gather, the outcomes kept for learning, and the counters.
 
 Several processes (`shared`: training over agents.devices.parallel's multi-process mesh) run the same selection over
 the one global table; process p asks its own workers about every P-th picked key, and the answers each collected are
@@ -24,15 +25,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.advice.table import SIDES, WALK_AHEAD, answered, key_side, num_blocks, query_program
+from agents.advice.table import SIDES, WALK_AHEAD, key_side, num_blocks, query_program
 from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder
+from agents.advisor.session import MAX_IN_FLIGHT, AdvisorSession, table_rows
 from agents.advisor.sidecar import learning_options, start_advisor
 from agents.advisor.store import AdviceStore, Answers, identity, open_store, prompt_format_digest, store_root
 from agents.advisor.workers import AdvisorPool
@@ -40,25 +41,12 @@ from agents.config import ConfigError, HybridConfig
 from agents.devices.parallel import gather_processes, is_writer, to_host
 from bridge import STATUS_NAMES, STATUS_OK, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
-from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR, STATUS_TIMEOUT
+from bridge.protocol import STATUS_BACKEND_ERROR, STATUS_TIMEOUT
 
 AUTO_START = 16  # budget `auto`: B of the first query step (async takes a submission once all of it is answered) ...
 AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
-MAX_IN_FLIGHT = 2  # submissions the advisor may have to answer; while it has this many, a query step asks nobody
 MAX_LAG = 16  # an async advisor is asked at most this many query steps further ahead
 SAVE_EVERY_S = 60.0  # the advice store gets a query step's new answers at most this often (and at the end)
-
-
-@dataclass
-class Submitted:
-    """A submission of prompts not yet collected."""
-
-    step: int  # the query step that asked (query_steps_total at the time)
-    at: float  # perf_counter() when submitted
-    prompts: np.ndarray  # as submitted: rendered prompts, or prompt-field rows for the mock reading them
-    keys: np.ndarray  # the keys asked about
-    version: int  # the advisor's version when asked, for an advisor that does not report its own with each answer
-    late: bool = False  # async: not all answered a query step later
 
 
 def latency_mode(cfg) -> str:
@@ -89,10 +77,12 @@ class AdvisorLink:
     def __init__(self, cfg, market, n_envs: int, run_dir: Path | None = None, client: SidecarClient | None = None,
                  latency: str | None = None, learn: bool = False, adapter: str | None = None,
                  log_stem: Path | None = None, shared: bool = False, ahead: tuple[int, int] = (0, 2),
-                 walk: bool = False):
+                 walk: bool = False, lent=None):
         """`learn`: the sidecar learns from outcomes (training's link; never a validation walk's). `adapter`: the
         LoRA adapter to start from instead of the run's (a resumed run's learned one). `client`: one started
-        sidecar to use instead of starting the run's workers. `log_stem`: worker i logs to {log_stem}_w{i}.log
+        sidecar to use instead of starting the run's workers. `lent`: the workers of another link (training's, lent
+        to its validation walk while training waits), not stopped by this one. `log_stem`: worker i logs to
+        {log_stem}_w{i}.log
         (default RUN_DIR/advisor). `shared`: the carry is global over several processes (training); each
         process asks its own workers about its share of the keys, and B is per process. `ahead`: (first block, how
         many) relative to each env's now whose keys a query step asks for (agents.advice.table.update_ahead in
@@ -125,17 +115,19 @@ class AdvisorLink:
         self.adapter = adapter or starting_adapter(cfg)
         self.prompt_format = (prompt_format_digest(self.fields, self.renderer, self.texts, self.num_keys)
                               if self.store_root else "")
-        self.store = self._open_store(self.adapter)
-        self.known = self._known()  # the host's copy of the table (answers of every advisor version)
+        store = self._open_store(self.adapter)
         self.saved_at = time.perf_counter()
         self.version = 0  # the advisor's version: LoRA rounds finished since it started (QueryLoop sets it)
         self.first, self.count = WALK_AHEAD if walk else ahead
         self.lag = 0  # async: query steps its answers took beyond one (they are asked that much further ahead)
         log_stem = log_stem or (run_dir and run_dir / "advisor")
-        self.client = AdvisorPool([client]) if client else start_advisor(cfg, self.renderer, self.texts, self.cap,
-                                                                           adapter, log_stem, self.learning)
+        workers = lent or (AdvisorPool([client]) if client else start_advisor(cfg, self.renderer, self.texts, self.cap,
+                                                                              adapter, log_stem, self.learning))
+        # the one round trip of keys to the advisor and back; the host's copy holds answers of every advisor version
+        self.session = AdvisorSession(workers, self.fields, self.renderer, self.texts, self._known(store), store,
+                                      self.reasoning, owns_client=lent is None)
         self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, keys) written, ok only
-        self.pending: list[Submitted] = []  # not yet collected, oldest first
+        self.held: list = []  # rows collected while the workers were lent, written at the next query step
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
         self.picks = None  # the latest selection (device arrays), sent by send()
         self.last_step_at: float | None = None
@@ -146,11 +138,30 @@ class AdvisorLink:
         self._step = query_program(self.h.query, self.cap, self.processes, self.count, all_sides=walk,
                                    record_asks=not walk)
 
+    @property
+    def client(self):
+        """The advisor's workers (an AdvisorPool, or the mock reading prompt fields)."""
+        return self.session.client
+
+    @property
+    def store(self) -> AdviceStore | None:
+        return self.session.store
+
+    @property
+    def known(self) -> Answers:
+        """The host's copy of the table: the store's answers and every answer this link collected."""
+        return self.session.known
+
+    @property
+    def pending(self):
+        return self.session.pending
+
     def close(self) -> None:
-        self.save_store()
         if self.llm_log:
             self.llm_log.close()
-        self.client.close()
+        if not is_writer():  # only process 0 saves the store
+            self.session.store = None
+        self.session.close()
 
     def _open_store(self, adapter: str | None) -> AdviceStore | None:
         """This process's holder of the store of the advisor with `adapter` (None without a store)."""
@@ -159,9 +170,9 @@ class AdvisorLink:
         ident = identity(self.cfg, self.market, self.template, adapter, self.prompt_format, self.store_root)
         return open_store(self.store_root, ident, self.num_keys)
 
-    def _known(self) -> Answers:
+    def _known(self, store: AdviceStore | None) -> Answers:
         """A fresh host copy of the table: the store's answers (version 0), the shuffled control's PASS keys."""
-        known = self.store.answers.copy() if self.store is not None else Answers.empty(self.num_keys)
+        known = store.answers.copy() if store is not None else Answers.empty(self.num_keys)
         self.fields.without_past(known)
         return known
 
@@ -177,8 +188,8 @@ class AdvisorLink:
         self.client.command("load", path=path, timeout_s=600.0)
         self.save_store()
         self.adapter = path
-        self.store = self._open_store(path)
-        self.known = self._known()
+        self.session.store = self._open_store(path)
+        self.session.known = self._known(self.session.store)
 
     def reset_counters(self) -> None:
         self.n_query_steps = 0
@@ -226,12 +237,13 @@ class AdvisorLink:
                 self.pending[0].late = True  # the advisor was busy with it for at least a whole chunk
                 break
             taken.append(self._collect(wait=self.latency == "strict", since_s=since))
-        rows = self._rows(taken)
+        rows = self._rows(self.held + taken)
+        self.held = []
         if now - self.saved_at > SAVE_EVERY_S:  # a run killed later keeps what it was told until now
             self.save_store()
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
         self.client.restart_dead()
-        ready = self.client.alive and self.client.pending < MAX_IN_FLIGHT
+        ready = self.session.can_take
         if not ready:
             self.n_busy += 1  # nobody asked: the advisor is busy with earlier prompts, or down
         budgets = np.array([self.budget if ready else 0], np.int32)
@@ -259,14 +271,33 @@ class AdvisorLink:
         take = take[take % self.processes == self.rank]
         if not len(take):
             return
-        keys = keys[take]
-        rows = self.fields.build(keys)
-        prompts = rows if self.client.reads_fields else self.renderer.render(rows, self.texts)
-        think = np.ones(len(keys), bool) if self.reasoning else None
-        self.n_thoughts += int(think.sum()) if think is not None else 0
-        self.client.submit(keys, prompts, think)
-        self.pending.append(Submitted(self.query_steps_total - 1, time.perf_counter(), prompts, keys, self.version))
-        self.n_prompts += len(keys)
+        self.session.submit(keys[take], self.version, self.query_steps_total - 1)
+        self.n_thoughts += len(take) if self.reasoning else 0
+        self.n_prompts += len(take)
+
+    def ask_all(self, keys: np.ndarray, progress: bool = False) -> None:
+        """Asks every one of `keys` not answered yet, in submissions of the link's capacity at the advisor's full rate,
+        waiting for the answers (an evaluation walk's keys, asked ahead of it: a handful a query step would leave the
+        advisor's batches nearly empty); the next sync puts them in the table."""
+        from tqdm import tqdm
+
+        keys = np.asarray(keys)
+        missing = keys[~self.known.filled()[keys]]
+        if not len(missing):
+            return
+        with tqdm(total=len(missing), desc="advisor: the walk's keys", unit="key", leave=False, position=1,
+                  disable=not progress, mininterval=2.0) as bar:
+            self.session.fill(missing, self.cap, on_progress=lambda done: bar.update(done - bar.n),
+                              save_every_s=SAVE_EVERY_S,
+                              on_collect=lambda sent, answers, rows: self._took(sent, answers, rows, 0.0, None))
+        self.n_prompts += len(missing)
+
+    def hold(self) -> None:
+        """Collects every pending answer now (waiting for them), to be written at the next query step: the workers
+        are then free for another link (a validation walk's) while training waits."""
+        self.send()
+        while self.pending:
+            self.held.append(self._collect(wait=True))
 
     def take_written(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """The (seq, answer rows, keys) of ok answers written into the advice table since the last call."""
@@ -281,61 +312,41 @@ class AdvisorLink:
             taken.append(self._collect(wait=True))
         if taken:
             carry = carry.replace(hybrid=carry.hybrid.replace(
-                advice=carry.hybrid.advice.write(*self._rows(taken, len(taken) * self.cap))))
+                advice=carry.hybrid.advice.write(*table_rows(taken, len(taken) * self.cap))))
         return carry
 
     def _collect(self, wait: bool, since_s: float | None = None):
-        """The oldest submission's answers as rows (keys, probs, confidence, status, version), with everything
-        counted, logged, kept in the host's copy and kept for learning. A key whose answer did not come (a timeout, a
-        dead worker, or no answers at all: backend errors) is set back to missing by `_rows`, so it is asked again."""
+        """The oldest submission's answers as rows for the table (agents.advisor.session), with everything counted,
+        logged and kept for learning."""
         t0 = time.perf_counter()
-        answers = self.client.collect(timeout_s=self.h.strict_timeout_s if wait else 0.0)
-        waited = time.perf_counter() - t0
+        sent, answers, rows = self.session.collect(wait, self.h.strict_timeout_s)
+        self._took(sent, answers, rows, time.perf_counter() - t0, since_s)
+        return rows
+
+    def _took(self, sent, answers, rows, waited: float, since_s: float | None) -> None:
+        """The bookkeeping of one collection (`waited` seconds for it): counters, latency, the async lag, budget
+        `auto`, llm_log, the caller's hook, the outcomes kept for learning."""
         self.wait_s += waited
-        sent = self.pending.pop(0)
-        submitted_at, prompts, keys, version, late = sent.at, sent.prompts, sent.keys, sent.version, sent.late
         if not len(answers):
-            n = len(keys)
-            return (keys, np.full((n, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32), np.zeros(n, np.float32),
-                    np.full(n, STATUS_BACKEND_ERROR, np.int32), np.full(n, version, np.int32))
+            return
         for name, count in answers.counts().items():
             self.n_answers[name] = self.n_answers.get(name, 0) + count
-        latency = time.perf_counter() - submitted_at
+        latency = time.perf_counter() - sent.at
         self.latencies.append(latency)
         if self.latency == "async" and since_s:  # answers taking L query steps serve the envs L - 1 steps on
             self.lag = int(np.clip(np.ceil(latency / since_s) - 1, 0, MAX_LAG))
         if self.auto and since_s:
-            self._resize(answers, latency, late or waited > 0.05 * since_s, since_s)
-        self._log_llm(prompts, answers)
+            self._resize(answers, latency, sent.late or waited > 0.05 * since_s, since_s)
+        self._log_llm(sent.prompts, answers)
         if self.on_answers is not None:
             self.on_answers(answers)
-        status = self.known.keep(answers, version)
-        versions = answers.version if answers.version is not None else np.full(len(answers), version, np.int32)
-        if self.store is not None:  # the store holds the answers of the advisor its identity names: version 0
-            own = np.asarray(answered(status)) & (versions == 0)
-            self.store.keep(answers.env_ids[own], answers.probs[own], answers.confidence[own], status[own])
-        ok = np.flatnonzero(status == STATUS_OK)
+        ok = np.flatnonzero(rows[3] == STATUS_OK)
         if self.learning and len(ok):
             self.written.append((answers.seq, ok, answers.env_ids[ok]))
-        return (answers.env_ids.astype(np.int32), answers.probs.astype(np.float32),
-                answers.confidence.astype(np.float32), status, versions.astype(np.int32))
 
-    def _rows(self, taken: list, size: int | None = None) -> tuple[np.ndarray, ...]:
-        """(keys, probabilities, confidence, status, version, valid) of the collected answers, padded to
-        MAX_IN_FLIGHT × cap rows (fixed shapes: one compiled program for every answer count)."""
-        size = size or MAX_IN_FLIGHT * self.cap
-        parts = list(zip(*taken)) if taken else [[np.zeros(0, np.int32)], [np.zeros((0, NUM_ACTIONS), np.float32)],
-                                                  [np.zeros(0, np.float32)], [np.zeros(0, np.int32)],
-                                                  [np.zeros(0, np.int32)]]
-        keys, probs, conf, status, version = (np.concatenate(p) for p in parts)
-        n, pad = len(keys), size - len(keys)
-        status = np.where(np.asarray(answered(status)), status, -1)  # errors and timeouts: missing, asked again
-        return (np.concatenate([keys, np.zeros(pad, np.int32)]).astype(np.int32),
-                np.concatenate([probs, np.full((pad, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32)]).astype(np.float32),
-                np.concatenate([conf, np.zeros(pad, np.float32)]).astype(np.float32),
-                np.concatenate([status, np.zeros(pad, np.int32)]).astype(np.int32),
-                np.concatenate([version, np.zeros(pad, np.int32)]).astype(np.int32),
-                np.arange(size) < n)
+    def _rows(self, taken: list) -> tuple[np.ndarray, ...]:
+        """The collected answers as the table's rows, padded to MAX_IN_FLIGHT × cap (one compiled query step)."""
+        return table_rows(taken, MAX_IN_FLIGHT * self.cap)
 
     def _log_llm(self, prompts, answers) -> None:
         if not self.llm_log or self.logged >= self.h.log_llm:

@@ -3,6 +3,8 @@ llm_sidecar serve`) for each, and the LoRA learner's options when the advisor le
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 
 from agents.advisor.numeric_mock import NumericMock, reads_fields
@@ -11,6 +13,13 @@ from agents.config import ConfigError
 from agents.devices.gpus import visible_gpus
 from agents.runs.adapters import starting_adapter
 from bridge import BridgeConfig, PromptRenderer
+
+
+def at_full_rate(cfg):
+    """The run's config with its advisor at every core and normal priority: for work nothing else runs beside (a fill,
+    an evaluation's walks); a training run's default is 1 thread at nice 19, the cores the trainer leaves."""
+    return dataclasses.replace(cfg, hybrid=dataclasses.replace(cfg.hybrid, sidecar_threads=os.cpu_count() or 1,
+                                                                sidecar_nice=0))
 
 
 def learning_options(cfg) -> dict | None:

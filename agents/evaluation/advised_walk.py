@@ -1,10 +1,13 @@
-"""Walking a split with the LLM advisor: the hybrid agent and its ablations, scored like `jaxenv.walk_split`.
+"""Walking a split with a run's agent as it acts: its policy alone (a run without an advisor), or its policy with its
+advisor, and its ablations; scored like `jaxenv.walk_split`. One decision step and one advance (`advised_decision`,
+`advised_advance`) serve every walk, training's validation and `agents.trading` alike.
 
-One account walks the split bar by bar (after a drawdown breach a fresh account continues from the next bar).
-Every k bars a query step asks the advisor for the keys (bar block, position side) the account will read, exactly
-as in training: keys asked at one query step are answered into the advice table at the next, waiting for them
-(strict), so a walk with the mock advisor is reproducible. The walk starts from every answer the link has (the
-advice store's, earlier walks'), so keys answered once are not asked again. Acting is greedy by default: the most probable action of the distribution the agent acts from.
+One account walks the split bar by bar (after a drawdown breach a fresh account continues from the next bar). With
+advice, every key (bar block, position side) the walk reads is asked ahead of it in full batches, and every k bars a
+query step asks for what got no answer, exactly as in training: keys asked at one query step are answered into the
+advice table at the next, waiting for them (strict), so a walk with the mock advisor is reproducible. The walk starts
+from every answer the link has (the advice store's, earlier walks'), so keys answered once are not asked again. Acting
+is greedy by default: the most probable action of the distribution the agent acts from.
 
     walker = AdvisedWalker(cfg, ppo, env, market)
     trace = walker.walk(params, obs_norm, "val", key)                          # the agent as trained
@@ -26,11 +29,12 @@ import numpy as np
 from flax import struct
 from tqdm import tqdm
 
-from agents.advice.acting import HybridActing, HybridCarry, make_acting
+from agents.advice.acting import HybridActing, HybridCarry, acting_of
 from agents.advice.record import record_metrics
-from agents.advice.table import view
+from agents.advice.table import view, walk_keys
 from agents.advice.usage import STAT_PREFIX, walk_advice_metrics
 from agents.advisor.link import AdvisorLink
+from agents.advisor.sidecar import at_full_rate
 from agents.config import VetoConfig
 from agents.rl.networks import ActorCritic
 from agents.runs.adapters import starting_adapter
@@ -83,15 +87,19 @@ class WalkCarry:
 class AdvisedWalker:
     """Walks splits with a hybrid run's network and the run's advisor (one sidecar, started on first use)."""
 
-    def __init__(self, cfg, ppo, env, market, client=None, log_dir: Path | None = None, progress: bool = False):
-        """`log_dir`: the sidecar's log lines go to log_dir/advisor_eval_w0.log (a run folder during training: they
-        would break the progress bar) instead of stderr. `progress`: an advised walk shows its own progress line
-        (blocks walked, keys asked, ETA) under the training bar: a walk whose keys the advisor must answer first
-        takes minutes on a CPU."""
+    def __init__(self, cfg, ppo, env, market, client=None, log_dir: Path | None = None, progress: bool = False,
+                 lent=None):
+        """`lent`: training's advisor workers, lent while training waits for the walk (QueryLoop.lending); else the
+        walker starts a sidecar of its own, at every core (nothing runs beside a walk). `log_dir`: the sidecar's log
+        lines go to log_dir/advisor_eval_w0.log (a run folder during training: they would break the progress bar)
+        instead of stderr. `progress`: an advised walk shows its own progress line (the keys it asks ahead, blocks
+        walked, ETA) under the training bar: a walk whose keys the advisor must answer first takes minutes on a
+        CPU."""
         self.cfg, self.ppo, self.env, self.market = cfg, ppo, env, market
+        self._lent = lent
         self.log_dir = log_dir
         self.progress = progress
-        self.acting = dataclasses.replace(make_acting(cfg, env), greedy=cfg.checkpoint.eval_deterministic)
+        self.acting = dataclasses.replace(acting_of(cfg, env), greedy=cfg.checkpoint.eval_deterministic)
         self._client = client
         self._link: AdvisorLink | None = None
         self.k = cfg.hybrid.query.interval
@@ -110,8 +118,10 @@ class AdvisedWalker:
     @property
     def link(self) -> AdvisorLink:
         if self._link is None:  # strict: a walk must be reproducible, whatever the run's training latency
-            self._link = AdvisorLink(self.cfg, self.market, 1, client=self._client, latency="strict",
-                                     log_stem=self.log_dir and self.log_dir / "advisor_eval", walk=True)
+            cfg = self.cfg if self._lent is not None else at_full_rate(self.cfg)
+            self._link = AdvisorLink(cfg, self.market, 1, client=self._client, latency="strict",
+                                     log_stem=self.log_dir and self.log_dir / "advisor_eval", walk=True,
+                                     lent=self._lent)
         return self._link
 
     def close(self) -> None:
@@ -151,7 +161,7 @@ class AdvisedWalker:
         current one). `record`: the trained agent's advice record (hybrid.query.bind_on=record), which the walk starts
         from and keeps up; None: a fresh one."""
         acting = self.acting_for(fusion, veto, greedy)
-        uses_advice = acting.fusion != "none"
+        uses_advice = acting.fusion != "none"  # False for a run without an advisor, and its rl_only ablation
         if uses_advice and adapter is not ...:
             self.use_adapter(adapter)
         env_params = self.env.make_params(self.market, split, sequential=True)
@@ -170,9 +180,13 @@ class AdvisedWalker:
             link = self.link
             link.reset_counters()
             link.on_answers = keep_reason
+            # every key the walk reads, asked ahead in full batches (a handful a query step would leave the advisor's
+            # batches nearly empty); the walk's query steps then ask only what got no answer
+            start, end = int(env_params.start_bar), int(env_params.end_bar)
+            link.ask_all(walk_keys(start, end, self.k, self.acting.query.entries_only), progress=self.progress)
             carry = link.query_step(link.sync(carry))  # the keys the first chunk reads, answered before it
             link.send()
-        chunks = chunk_lengths(num_steps, self.k)
+        chunks = chunk_lengths(num_steps, self.k) if uses_advice else [num_steps]  # no query step: one scan
         pieces = []
         name = split if isinstance(split, str) else "bars"
         bar = tqdm(total=len(chunks), desc=f"{name} walk with advice", unit="block", leave=False, position=1,

@@ -32,7 +32,7 @@ import numpy as np
 from rich.progress import Progress
 from scipy import stats
 
-from agents.advice.acting import make_acting
+from agents.advice.acting import HybridActing, acting_of, make_acting
 from agents.advice.usage import ADVICE_METRICS, walk_advice_metrics
 from agents.config import ConfigError, TrainConfig
 from agents.evaluation.advised_walk import AdvisedWalker, run_ablations
@@ -86,11 +86,15 @@ class LoadedRun:
     ppo: PPO
     act: Callable  # agents.evaluation.policies.make_act: act((params, obs_norm), obs, mask, key)
     sampled: bool  # act samples actions (else: the most probable one, as training's evaluation does by default)
-    walker: AdvisedWalker | None = None  # hybrid runs: walks with the run's advisor (close() stops its sidecar)
+    walker: AdvisedWalker  # walks the agent as it acts, with the run's advisor if it has one (close() stops it)
+
+    @property
+    def advised(self) -> bool:
+        """The run has an advisor (llm other than none)."""
+        return self.cfg.llm != "none"
 
     def close(self) -> None:
-        if self.walker is not None:
-            self.walker.close()
+        self.walker.close()
 
 
 def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | DataConfig | None = None,
@@ -99,21 +103,30 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | DataConf
     (on `data` instead of the run's own data when given: a source, or a whole data config). Fails with a message
     saying what differs when the checkpoint does not fit the current code, config or data."""
     cfg = load_run_config(run_dir)
-    if cfg.env_name != "trading":
-        raise ConfigError(f"{run_dir}: evaluation walks the trading env; this run trained on {cfg.env_name!r}")
     if isinstance(data, DataConfig):
         cfg = dataclasses.replace(cfg, data=data)
     elif data is not None:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=data))
+    saved = restore_policy(run_dir, checkpoint, cfg)
     env = TradingEnv(cfg.env)
     market = load_market(cfg.data)
-    acting = make_acting(cfg, env) if cfg.llm != "none" else None  # the trust gate's params are in the checkpoint
-    ppo = make_train(cfg, env, env.make_params(market, (0, market.num_bars)), acting)
-    saved = restore_policy(run_dir, checkpoint, cfg)
-    check_fits(saved, ppo.network, ppo.obs_dim, ppo.num_actions)
-    walker = AdvisedWalker(cfg, ppo, env, market) if acting is not None else None  # its sidecar starts on first walk
+    _, ppo = restore_agent(saved, env, env.make_params(market, (0, market.num_bars)))
+    walker = AdvisedWalker(cfg, ppo, env, market)  # an advisor's sidecar starts on the first walk with advice
     return LoadedRun(cfg, saved, env, market, ppo, make_act(ppo, deterministic=not sample), sampled=sample,
                      walker=walker)
+
+
+def restore_agent(saved: SavedPolicy, env: TradingEnv, env_params) -> tuple[HybridActing, PPO]:
+    """A saved policy as it acts, the one restore evaluate.py, trade.py and the Agent API share: how it acts
+    (agents.advice.acting.acting_of: with its advisor, or the policy alone) and its network (the one it trained, the
+    trust gate's parameters included), checked against the checkpoint (CheckpointMismatch says what differs)."""
+    cfg = saved.cfg
+    if cfg.env_name != "trading":
+        raise ConfigError(f"{saved.run_dir}: a saved agent acts in the trading env; this run trained on "
+                          f"{cfg.env_name!r}")
+    ppo = make_train(cfg, env, env_params, make_acting(cfg, env) if cfg.llm != "none" else None)
+    check_fits(saved, ppo.network, ppo.obs_dim, ppo.num_actions)
+    return acting_of(cfg, env), ppo
 
 
 def out_of_sample(run_dir: str | Path, checkpoint: str = "best") -> OutOfSample:
@@ -184,17 +197,14 @@ def advised_walk(run: LoadedRun, **changes) -> WalkFn:
 
 def agent_walk(run: LoadedRun) -> WalkFn:
     """The trained agent as it acts: the policy alone, or for a hybrid run policy, advice, fusion and veto."""
-    if run.walker is not None:
-        return advised_walk(run)
-    policy_state = (run.saved.params, run.saved.obs_norm)
-    return lambda bars, key: walk_split(run.env, run.market, bars, run.act, key, policy_state)
+    return advised_walk(run)
 
 
 def ablation_walks(run: LoadedRun) -> dict[str, Policy]:
     """A hybrid run's parts (agents.evaluation.advised_walk.run_ablations): RL only, LLM only (HOLD where there is no advice),
     fused without and with the veto, whatever the run trained with, and LLM only from the frozen advisor when it
     learned. An RL-only run (llm: none) has none."""
-    if run.walker is None:
+    if not run.advised:
         return {}
     return {name: Policy(advised_walk(run, **changes), stochastic=run.sampled)
             for name, changes in run_ablations(run.cfg).items()}

@@ -1,9 +1,12 @@
 """PPO for any gymnax 1.0 environment, PureJaxRL style: `make_train` closes over the config and the env and
-returns pure functions; one jitted `update` is rollout (`lax.scan`) → GAE → epochs × shuffled minibatches.
+returns pure functions; an update is rollout (`lax.scan`) → GAE → epochs × shuffled minibatches, built in one place
+(agents.training.update.Update).
 
-The rollout is built from `rollout_chunk(state, k)`, a scan of k steps whose carry (`RunnerState`) holds
-everything needed to continue: a caller may run T steps as T/k chunks with host work in between (the hybrid
-LLM loop does) and hand the concatenated chunks to `learn`. With no advisor, `update` is one scan of T steps.
+The market is an argument of every function that reads it (`init`, `rollout_chunk`: the env's params), never a
+constant of the compiled program: a market of any length compiles the same program and XLA folds none of it. The
+rollout is `rollout_chunk(state, k, env_params)`, a scan of k steps whose carry (`RunnerState`) holds everything
+needed to continue: a caller may run T steps as T/k chunks with host work in between and hand the concatenated
+chunks to `learn`.
 
 Per step only one network forward pass runs over the batch; its logits, log-probs and values are stored, so
 learning never recomputes them. The value of `info["final_observation"]` is needed only where an episode was
@@ -13,6 +16,7 @@ truncated; it is computed for those rows alone (see `truncation_values`).
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -79,10 +83,9 @@ class Batch(NamedTuple):
 class PPO(NamedTuple):
     """The pure functions `make_train` returns. All take and return a RunnerState; jit them as needed."""
 
-    init: Any  # (key) -> RunnerState
-    rollout_chunk: Any  # (state, k: static int) -> (state, Transition[k, N])
+    init: Any  # (key, env_params) -> RunnerState
+    rollout_chunk: Any  # (state, k: static int, env_params) -> (state, Transition[k, N])
     learn: Any  # (state, Transition[T, N]) -> (state, metrics)
-    update: Any  # (state) -> (state, metrics): learn(rollout_chunk(state, T))
     policy: Any  # (params, obs_norm, obs, mask, key, deterministic) -> action; obs/mask of any batch shape
     network: ActorCritic
     obs_dim: int
@@ -136,7 +139,9 @@ def gae_targets(reward, value, last_value, terminated, truncated, final_value, g
 
 
 def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen_steps: int = 0) -> PPO:
-    """`acting` (an agents.advice.acting.HybridActing, or anything with its interface) chooses the actions: masks,
+    """`env_params`: the env's params of the market it trains on, for the shapes (observation size); the functions
+    take the params they run on as an argument. `acting` (an agents.advice.acting.HybridActing, or anything with its
+    interface) chooses the actions: masks,
     rules and fusion with LLM advice, its own carry, its loss's log-probabilities, a trust gate beside the networks;
     None samples from the policy alone. `mesh` (agents.rl.sharding.env_mesh) splits the envs over its devices:
     every function keeps the RunnerState laid out as agents.rl.sharding.state_shardings says; None: one device.
@@ -179,7 +184,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
     def shard(rs: RunnerState) -> RunnerState:
         return constrain(rs, mesh, n_envs)
 
-    def init(key: jax.Array) -> RunnerState:
+    def init(key: jax.Array, env_params) -> RunnerState:
         key, k_net, k_env = jax.random.split(key, 3)
         obs, env_state = v_reset(jax.random.split(k_env, n_envs), env_params)
         obs = flat(obs)
@@ -200,7 +205,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
             hybrid=acting.init_carry(n_envs, env_params) if acting else None,
         ))
 
-    def _step(rs: RunnerState, _) -> tuple[RunnerState, Transition]:
+    def _step(env_params, rs: RunnerState, _) -> tuple[RunnerState, Transition]:
         key, k_act, k_env = jax.random.split(rs.key, 3)
         logits, value = network.apply(rs.params, normalize(rs.obs_norm, rs.obs))
         hybrid, extras, mask = rs.hybrid, None, rs.mask
@@ -250,11 +255,11 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
         )
         return shard(rs), transition
 
-    def rollout_chunk(rs: RunnerState, k: int) -> tuple[RunnerState, Transition]:
+    def rollout_chunk(rs: RunnerState, k: int, env_params) -> tuple[RunnerState, Transition]:
         rs = shard(rs)
         if acting is not None:  # a query step came before the chunk: what the acting carry keeps of it
             rs = rs.replace(hybrid=acting.look(rs.hybrid, rs.env_state, env_params))
-        rs, traj = jax.lax.scan(_step, rs, None, length=k)
+        rs, traj = jax.lax.scan(partial(_step, env_params), rs, None, length=k)
         return shard(rs), constrain_steps(traj, mesh, n_envs)
 
     def _gae(rs: RunnerState, traj: Transition) -> tuple[jax.Array, jax.Array]:
@@ -344,8 +349,4 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
         )
         return shard(rs), metrics
 
-    def update(rs: RunnerState) -> tuple[RunnerState, dict]:
-        rs, traj = rollout_chunk(rs, p.num_steps)
-        return learn(rs, traj)
-
-    return PPO(init, rollout_chunk, learn, update, policy, network, obs_dim, num_actions)
+    return PPO(init, rollout_chunk, learn, policy, network, obs_dim, num_actions)

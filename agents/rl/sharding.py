@@ -7,7 +7,8 @@ are the same sums as on one device, combined across devices by the collectives X
 therefore the same maths as on one, up to the order of floating-point reductions.
 
     mesh = env_mesh(jax.local_devices()[:2])
-    state = jax.jit(ppo.init, out_shardings=state_shardings(jax.eval_shape(ppo.init, key), mesh, n_envs))(key)
+    shardings = state_shardings(jax.eval_shape(ppo.init, key, env_params), mesh, n_envs)
+    state = jax.jit(ppo.init, out_shardings=shardings)(key, env_params)
 """
 
 from __future__ import annotations

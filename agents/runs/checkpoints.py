@@ -237,7 +237,7 @@ class RunCheckpoints:
                 from_intact: bool = False) -> tuple[Any, dict]:
         """Restores (state, host) from the latest (or given) finished checkpoint, checked (see the module's
         docstring); `abstract_state` gives the tree structure, shapes and dtypes (e.g. `jax.eval_shape(ppo.init,
-        key)`). With `from_intact`, a damaged latest checkpoint is set aside (checkpoints/damaged/) and the newest
+        key, env_params)`). With `from_intact`, a damaged latest checkpoint is set aside (checkpoints/damaged/) and the newest
         intact one below it is restored instead; without, the error names that one."""
         kind = "best" if best else "latest"
         manager = getattr(self, kind)

@@ -15,16 +15,32 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from agents.advice.table import STATUS_NONE, answered, key_block
-from agents.advisor.link import MAX_IN_FLIGHT, prompt_template
+from agents.advice.table import answered, key_block
+from agents.advisor.link import prompt_template
 from agents.advisor.prompt_fields import PromptFieldBuilder
+from agents.advisor.session import AdvisorSession, table_rows
 from agents.advisor.sidecar import start_advisor
 from agents.trading.bars import BarBook
-from bridge.protocol import NUM_ACTIONS
 
 ROWS = 16  # answers written into the table per bar, padded: one compiled write
-READY_DTYPES = (np.int64, np.float32, np.float32, np.int32, np.int32)  # a ready row: key, probs, confidence, status,
-# version
+# a ready row, as saved with the state: key, probs, confidence, status, version
+READY_DTYPES = (np.int32, np.float32, np.float32, np.int32, np.int32)
+
+
+class BookFields:
+    """The prompt fields of keys of a growing feed: agents.advisor.prompt_fields over the bars so far."""
+
+    def __init__(self, cfg, book: BarBook, markets: list[str]):
+        self.cfg, self.book, self.markets = cfg, book, markets
+
+    def build(self, keys: np.ndarray) -> np.ndarray:
+        b, n = self.book, self.book.n
+        market = SimpleNamespace(
+            num_bars=n, session_minutes=b.schedule.minutes, interval_minutes=b.interval, splits={"all": (0, n)},
+            contract=b.contract, close=b.column("close"), indicators={k: v[:n] for k, v in b.indicators.items()},
+            sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
+        return PromptFieldBuilder(market, self.markets, self.cfg.env.contracts_per_trade,
+                                  self.cfg.hybrid.query.interval).build(keys)
 
 
 class LiveAdvisor:
@@ -35,33 +51,24 @@ class LiveAdvisor:
         agents.advisor.store.AdviceStore of that advisor whose keys are this feed's (a replay of the file it was
         filled on); its answers are read and the new ones added."""
         self.cfg, self.book, self.store = cfg, book, store
-        self.renderer, _ = prompt_template(cfg)
-        self.client = start_advisor(cfg, self.renderer, book.text_table, ROWS, adapter, log_stem)
+        renderer, _ = prompt_template(cfg)
+        self.session = AdvisorSession(start_advisor(cfg, renderer, book.text_table, ROWS, adapter, log_stem),
+                                      BookFields(cfg, book, list(renderer.markets)), renderer, book.text_table,
+                                      None, store)
         self.queue: list[int] = []  # keys to ask once the advisor can take a submission (MAX_IN_FLIGHT)
         self.asked: dict[int, float] = {}  # key -> perf_counter() when asked (pending)
         self.latency: dict[int, float] = {}  # key -> seconds its answer took (0 from the store)
-        self.submitted: list[np.ndarray] = []  # keys of each submission, oldest first
         self.ready: list[tuple] = []  # collected rows not yet written into the table
         self.read: set[int] = set()  # keys a decision has read (for advice_on_time)
         self.on_time = 0
         self.prompts = 0
 
     def close(self) -> None:
-        if self.store is not None:
-            self.store.save()
-        self.client.close()
+        self.session.close()
 
     @property
     def interval_s(self) -> float:
         return 60.0 * self.book.interval
-
-    def _market(self) -> SimpleNamespace:
-        """What PromptFieldBuilder reads of a market, for the bars so far."""
-        b, n = self.book, self.book.n
-        return SimpleNamespace(
-            num_bars=n, session_minutes=b.schedule.minutes, interval_minutes=b.interval, splits={"all": (0, n)},
-            contract=b.contract, close=b.column("close"), indicators={k: v[:n] for k, v in b.indicators.items()},
-            sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
 
     def state(self) -> dict:
         """What a restart needs: the answers taken and not yet written into the table (the store's, read as a block
@@ -84,7 +91,7 @@ class LiveAdvisor:
             have = self.store.answers
             stored = [k for k in keys if k < have.num_keys and bool(answered(have.status[k]))]
             if stored:
-                ids = np.array(stored)
+                ids = np.array(stored, np.int32)
                 self.ready.append((ids, have.probs[ids], have.confidence[ids], have.status[ids],
                                    np.zeros(len(ids), np.int32)))
                 self.latency.update({k: 0.0 for k in stored})
@@ -99,7 +106,7 @@ class LiveAdvisor:
         """Submits queued keys while the advisor can take them, the newest blocks first; keys of blocks too old to be
         read any more (max_age) are dropped."""
         q = self.cfg.hybrid.query
-        while self.queue and self.client.pending < MAX_IN_FLIGHT:
+        while self.queue and self.session.can_take:
             newest = max(key_block(np.array(self.queue)))
             stale = [k for k in self.queue if key_block(k) < newest - q.max_age // q.interval - 1]
             for k in stale:
@@ -108,75 +115,37 @@ class LiveAdvisor:
             self.queue = [k for k in self.queue if k not in stale and k not in keys]
             if not keys:
                 return
-            ids = np.array(keys, np.int64)
-            rows = PromptFieldBuilder(self._market(), list(self.renderer.markets), self.cfg.env.contracts_per_trade,
-                                      q.interval).build(ids)
-            reads_fields = getattr(self.client, "reads_fields", False)
-            prompts = rows if reads_fields else self.renderer.render(rows, self.book.text_table)
-            self.client.submit(ids, prompts)
-            self.submitted.append(ids)
+            self.session.submit(np.array(keys, np.int64))
             self.prompts += len(keys)
 
     def _collect(self, wait: bool) -> None:
-        """Collects answered submissions (with `wait`: every one, the queue included), refilling the advisor."""
-        while self.submitted and (wait or self.client.oldest_done):
-            self._collect_one(wait)
+        """Collects answered submissions (with `wait`: every one, the queue included), refilling the advisor, each
+        answer timed and kept for the table (and the store: the session keeps it there)."""
+        while self.session.pending and (wait or self.session.client.oldest_done):
+            _, _, rows = self.session.collect(wait, self.cfg.hybrid.strict_timeout_s)
+            now = time.perf_counter()
+            got = np.asarray(answered(rows[3]))
+            for k, ok in zip(rows[0].tolist(), got.tolist()):  # a key whose answer did not come: asked when needed
+                asked = self.asked.pop(k, now)
+                if ok:
+                    self.latency[k] = now - asked
+            self.ready.append(rows)
             self._submit()
-
-    def _collect_one(self, wait: bool) -> None:
-        """The oldest submission's answers, timed, kept for the table (and the store)."""
-        answers = self.client.collect(timeout_s=self.cfg.hybrid.strict_timeout_s if wait else 0.0)
-        keys = self.submitted.pop(0)
-        now = time.perf_counter()
-        if not len(answers):  # no answers (a dead worker, a timeout): not in flight any more, asked again when needed
-            self._unasked(keys)
-            return
-        status = answers.status.astype(np.int32)
-        got = np.asarray(answered(status))
-        ids = answers.env_ids.astype(np.int64)
-        for k in ids[got].tolist():
-            self.latency[k] = now - self.asked.pop(k, now)
-        self._unasked(ids[~got])
-        versions = np.zeros(len(ids), np.int32) if answers.version is None else answers.version
-        self.ready.append((ids[got], answers.probs[got], answers.confidence[got], status[got], versions[got]))
-        if self.store is not None:
-            own = versions[got] == 0
-            self.store.keep(ids[got][own], answers.probs[got][own], answers.confidence[got][own],
-                            status[got][own])
-
-    def _unasked(self, keys: np.ndarray) -> None:
-        """Keys whose answer will not come: back to missing in the table (no longer in flight), asked when needed."""
-        for k in keys.tolist():
-            self.asked.pop(k, None)
-        n = len(keys)
-        self.ready.append((keys.astype(np.int64), np.full((n, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32),
-                           np.zeros(n, np.float32), np.full(n, STATUS_NONE, np.int32), np.full(n, -1, np.int32)))
 
     def answers(self, read: int | None, wait: bool) -> list[tuple]:
         """The rows (AdviceTable.write's arguments, in chunks padded to ROWS) of every answer collected since the
-        last call. `read`: the key the next decision reads; `wait`: collect every pending answer, waiting for it
-        (else: those back already)."""
+        last call; a key whose answer did not come is missing again (no longer in flight). `read`: the key the next
+        decision reads; `wait`: collect every pending answer, waiting for it (else: those back already)."""
         self._collect(wait)
         if read is not None and read not in self.read:
             self.read.add(read)
             self.on_time += int(self.latency.get(read, np.inf) <= self.interval_s)
         if not self.ready:
             return []
-        parts = list(zip(*self.ready))
+        keys, probs, confidence, status, version = (np.concatenate(p) for p in zip(*self.ready))
         self.ready = []
-        keys, probs, confidence, status, version = (np.concatenate(p) for p in parts)
-        rows = []
-        for start in range(0, max(len(keys), 1), ROWS):
-            take = slice(start, start + ROWS)
-            n = len(keys[take])
-            pad = ROWS - n
-            rows.append((np.concatenate([keys[take], np.zeros(pad)]).astype(np.int32),
-                         np.concatenate([probs[take], np.full((pad, NUM_ACTIONS), 1 / NUM_ACTIONS)]).astype(np.float32),
-                         np.concatenate([confidence[take], np.zeros(pad)]).astype(np.float32),
-                         np.concatenate([status[take], np.zeros(pad)]).astype(np.int32),
-                         np.concatenate([version[take], np.zeros(pad)]).astype(np.int32),
-                         np.arange(ROWS) < n))
-        return rows
+        return [table_rows([tuple(x[start:start + ROWS] for x in (keys, probs, confidence, status, version))], ROWS)
+                for start in range(0, len(keys), ROWS)]
 
     def metrics(self) -> dict:
         """`advice_on_time`, how many prompts were asked and their latency."""

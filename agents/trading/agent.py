@@ -7,9 +7,9 @@
             broker.place(decision.order)
 
 A decision is taken at a bar's close from bars up to it only, and its order fills on the next bar, as in the
-environment. Acting is evaluation's, step for step: the same jitted functions (`jaxenv.evaluate.policy_step` and
-`advance_step` for a policy alone, `agents.evaluation.advised_walk.advised_decision` and `advised_advance` with an
-advisor) on the same arrays (agents.trading.bars: the batch pipeline's features, bar by bar), one account, greedy.
+environment. Acting is evaluation's, step for step: the same two jitted functions every walk runs
+(`agents.evaluation.advised_walk.advised_decision` and `advised_advance`; for a run without an advisor, acting without
+advice) on the same arrays (agents.trading.bars: the batch pipeline's features, bar by bar), one account, greedy.
 On bar t + 1 the account first moves over it (fills, stops, targets, the trailing drawdown; a breached account is
 replaced by a fresh one, as in evaluation), then decides.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,55 +31,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.advice.acting import make_acting
 from agents.advice.risk_veto import RULES
 from agents.advice.table import SIDES, STATUS_ASKED, STATUS_NONE, AdviceTable, key_of, num_blocks
 from agents.advice.usage import STAT_PREFIX
 from agents.config import ConfigError
 from agents.evaluation.advised_walk import WalkCarry, advised_advance, advised_decision
-from agents.evaluation.policies import make_act
-from agents.rl.ppo import make_train
-from agents.runs.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
+from agents.evaluation.saved_run import restore_agent
+from agents.runs.integrity import path_name
+from agents.runs.saved_runs import SavedPolicy, load_run_config, restore_policy
 from agents.trading.bars import FIRST_DECISION_BAR, Bar, BarBook
+from agents.trading.orders import Decision, Order
 from bridge.protocol import ACTIONS, BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, SELL
 from jaxenv import TradingEnv
 from jaxenv.config import resolve_data_config
-from jaxenv.env import ATR, SESSION, drawdown_room
-from jaxenv.evaluate import advance_step, policy_step
+from jaxenv.env import ATR, SESSION, bracket_distances, drawdown_room
 
 OPEN_END = 2**30  # the bar the data ends at, for a live feed: never (a replay of a file knows its end)
-
-
-@dataclass
-class Order:
-    """What a decision asks of the broker. `id` is the decision's own ("<bar>-<action>"): a broker that sees an id
-    again ignores it, so a restart never places a second order for one decision."""
-
-    id: str
-    bar: int  # the decision bar; a market order fills at the next bar's open
-    kind: str  # "market" (an entry with its bracket) or "stop" (move the protective stop)
-    side: int  # +1 buy, -1 sell (for a stop move: the position's side)
-    quantity: float
-    stop_distance: float | None = None  # an entry's stop, in price units from its fill (the env's ATR rule)
-    target_distance: float | None = None
-    stop: float | None = None  # a stop move's new level; None while the stop trails the close
-    trailing: bool | None = None  # a stop move: trail the close from the next bar (True) or stop trailing (False)
-
-
-@dataclass
-class Decision:
-    bar: int  # the bar's index in the feed
-    time: str  # its stamp
-    action: str  # bridge.protocol.ACTIONS
-    order: Order | None
-    position: int  # the side held when deciding (-1, 0, +1)
-    equity: float  # at the bar's close
-    drawdown_left: float  # dollars above the trailing-drawdown threshold
-    advice: dict | None = None  # the advice in force: action, confidence, key; None without any
-    trust: float | None = None  # the trust gate's weight on the advice (learned fusion, advice in force)
-    veto: list[str] = field(default_factory=list)  # the risk veto's rules that held an action back
-    bound: bool | None = None  # the advice's record binds the account to it (bind_on=record)
-    latency_ms: float = 0.0  # from on_bar's call to the decision
 
 
 @jax.jit
@@ -102,8 +68,6 @@ class Agent:
         """`end`: the bar the data ends at (a replay's file length), where entries stop as in evaluation; `capacity`:
         bars the arrays hold before they double."""
         cfg = saved.cfg
-        if cfg.env_name != "trading":
-            raise ConfigError(f"{saved.run_dir}: this run trained on {cfg.env_name!r}, not the trading env")
         if cfg.hybrid.shuffled and cfg.llm != "none":
             raise ConfigError(f"{saved.run_dir}: its advisor is the shuffled control (hybrid.shuffled), which reads "
                               "other blocks' markets; it does not trade")
@@ -115,17 +79,14 @@ class Agent:
         self.book = BarBook(self.contract, cfg.env.prop_firm,
                             cfg.data.min_range_ticks if min_range_ticks is None else min_range_ticks, capacity)
         self.end = end
-        self.hybrid = cfg.llm != "none"
-        self.acting = make_acting(cfg, self.env) if self.hybrid else None
-        if self.acting is not None:
-            self.acting = dataclasses.replace(self.acting, greedy=True)
+        self.advised = cfg.llm != "none"
         self.params = self._env_params(self.book.capacity)
-        self.ppo = make_train(cfg, self.env, self.params, self.acting)
-        check_fits(saved, self.ppo.network, self.ppo.obs_dim, self.ppo.num_actions)
+        acting, self.ppo = restore_agent(saved, self.env, self.params)
+        self.acting = dataclasses.replace(acting, greedy=True)
         self.policy_state = (saved.params, saved.obs_norm)
         self.k = cfg.hybrid.query.interval
         self.advisor = advisor  # agents.trading.advice.LiveAdvisor (hybrid runs), attached by the caller
-        self.carry = None  # the account: WalkCarry (hybrid) or (EnvState, key)
+        self.carry = None  # the account (agents.evaluation.advised_walk.WalkCarry)
         self.choice = None  # the decision taken on the last bar, applied when the next one arrives
         self.last_row: dict | None = None  # the trace's row of the bar before the last (its fills)
         self._compile()
@@ -148,23 +109,16 @@ class Agent:
 
     def _compile(self) -> None:
         env, network, normalize = self.env, self.ppo.network, self.cfg.ppo.normalize_obs
-        if self.hybrid:
-            self._decide = jax.jit(partial(advised_decision, env, self.acting, network, normalize))
-            self._advance = jax.jit(partial(advised_advance, env))
-            self._look = jax.jit(self.acting.look)
-            self._write = jax.jit(lambda table, *rows: table.write(*rows))
-            self._mark_asked = jax.jit(lambda table, keys: table.mark_asked(keys, keys >= 0))
-        else:
-            act = make_act(self.ppo, deterministic=True)
-            self._decide = jax.jit(partial(policy_step, env, policy_fn=act))
-            self._advance = jax.jit(partial(advance_step, env))
+        self._decide = jax.jit(partial(advised_decision, env, self.acting, network, normalize))
+        self._advance = jax.jit(partial(advised_advance, env))
+        self._look = jax.jit(self.acting.look)
+        self._write = jax.jit(lambda table, *rows: table.write(*rows))
+        self._mark_asked = jax.jit(lambda table, keys: table.mark_asked(keys, keys >= 0))
 
     def _fit_to_book(self) -> None:
         """The env's arrays, and the advice table of the account and its pending decision, at the book's capacity:
         shapes change, so the jitted steps compile again (a doubling: log2(bars) times in a feed)."""
         self.params = self._env_params(self.book.capacity)
-        if not self.hybrid:
-            return
         keys = num_blocks(self.book.capacity, self.k) * SIDES
 
         def grown(hybrid):
@@ -208,42 +162,28 @@ class Agent:
             self._open_account()
         else:
             self._step_over(t)
-        if self.hybrid:
-            self._advise(t)
+        self._advise(t)
         return self._decision(t, t0)
 
     def _warm_up(self) -> None:
         """Compiles the acting steps on a throwaway account, before the first decision."""
         carry, choice = self.carry, self.choice
         self._open_account()
-        if self.hybrid:
-            self.choice = self._decide(self.carry, *self.policy_state, self.params)
-            jax.block_until_ready(self._advance(self.carry, self.choice, self.params))
-            jax.block_until_ready(self._look(self.carry.hybrid, self.carry.env_state, self.params))
-        else:
-            state, key = self.carry
-            action = self._decide(self.params, policy_state=self.policy_state, state=state, key=key)
-            jax.block_until_ready(self._advance(self.params, state, jnp.asarray(action, jnp.int32), key))
+        self.choice = self._decide(self.carry, *self.policy_state, self.params)
+        jax.block_until_ready(self._advance(self.carry, self.choice, self.params))
+        jax.block_until_ready(self._look(self.carry.hybrid, self.carry.env_state, self.params))
         self.carry, self.choice = carry, choice
 
     def _open_account(self) -> None:
         key = jax.random.PRNGKey(0)  # evaluation's seed 0: greedy acting leaves it unused
-        if self.hybrid:
-            k_init, key = jax.random.split(key)
-            state = jax.vmap(self.env.initial_state, in_axes=(0, None))(k_init[None], self.params)
-            hybrid = self.acting.carry_for_walk(self.params, self.saved.advice_record)
-            self.carry = WalkCarry(env_state=state, hybrid=hybrid, key=key)
-        else:
-            self.carry = (self.env.initial_state(key, self.params), key)
+        k_init, key = jax.random.split(key)
+        state = jax.vmap(self.env.initial_state, in_axes=(0, None))(k_init[None], self.params)
+        hybrid = self.acting.carry_for_walk(self.params, self.saved.advice_record)
+        self.carry = WalkCarry(env_state=state, hybrid=hybrid, key=key)
 
     def _step_over(self, t: int) -> None:
         """The account over bar t: the last decision's fill, stops and targets, the drawdown rule."""
-        if self.hybrid:
-            self.carry, row = self._advance(self.carry, self.choice, self.params)
-        else:
-            (state, key), (action, reset_key) = self.carry, self.choice
-            state, row = self._advance(self.params, state, action, reset_key)
-            self.carry = (state, key)
+        self.carry, row = self._advance(self.carry, self.choice, self.params)
         self.last_row = {k: np.asarray(v).item() for k, v in jax.device_get(row).items()}
 
     def _advise(self, t: int) -> None:
@@ -273,16 +213,10 @@ class Agent:
         return self._mark_asked(table, keys)
 
     def _decision(self, t: int, t0: float) -> Decision:
-        if self.hybrid:
-            self.choice = self._decide(self.carry, *self.policy_state, self.params)
-            action = int(np.asarray(self.choice.action)[0])
-            state = jax.tree.map(lambda x: x[0], self.carry.env_state)
-        else:
-            state, key = self.carry
-            key, act_key, reset_key = jax.random.split(key, 3)
-            action = int(self._decide(self.params, policy_state=self.policy_state, state=state, key=act_key))
-            self.carry, self.choice = (state, key), (jnp.asarray(action, jnp.int32), reset_key)
-        if self.hybrid and self.advisor is not None and (t + 1) % self.k == 0:  # block t // k closes: ask its keys
+        self.choice = self._decide(self.carry, *self.policy_state, self.params)
+        action = int(np.asarray(self.choice.action)[0])
+        state = jax.tree.map(lambda x: x[0], self.carry.env_state)
+        if self.advisor is not None and (t + 1) % self.k == 0:  # block t // k closes: ask its keys
             side = int(state.side)
             after = {BUY: 1, SELL: -1}.get(action, side)
             asked = self.advisor.ask([key_of(t // self.k, s) for s in dict.fromkeys((0, side, after))])
@@ -298,9 +232,9 @@ class Agent:
         order = None
         qty = float(env_cfg.contracts_per_trade)
         if action in (BUY, SELL):
+            stop, target = bracket_distances(self.params, bar[ATR])  # the env's own rule
             order = Order(f"{t}-{ACTIONS[action]}", t, "market", 1 if action == BUY else -1, qty,
-                          stop_distance=float(env_cfg.stop_atr_mult * bar[ATR]),
-                          target_distance=float(env_cfg.target_atr_mult * bar[ATR]))
+                          stop_distance=float(stop), target_distance=float(target))
         elif action == MOVE_TO_BE:
             order = Order(f"{t}-{ACTIONS[action]}", t, "stop", side, qty, stop=float(state.entry_price))
         elif action in (ENABLE_TRAIL, DISABLE_TRAIL):
@@ -309,7 +243,7 @@ class Agent:
             bar=t, time=str(book.stamp(t)), action=ACTIONS[action],
             order=order, position=side, equity=float(state.equity),
             drawdown_left=float(drawdown_room(state, self.params) * self.params.trailing_drawdown))
-        if self.hybrid:
+        if self.advised:
             c = jax.device_get(self.choice.columns)
             if bool(c["advice_valid"]):
                 decision.advice = {"action": ACTIONS[int(c["advice_action"])],
@@ -323,21 +257,32 @@ class Agent:
         return decision
 
     # ------------------------------------------------------------------------------------------------ state
-    def state(self) -> dict[str, Any]:
-        """What a restart needs besides the bars: the account, the pending decision, the advice table and record."""
-        return {"carry": jax.device_get(self.carry), "choice": jax.device_get(self.choice)}
+    def state(self) -> dict[str, np.ndarray]:
+        """What a restart needs besides the bars, as named arrays: the account, the pending decision (its advice
+        table and record among them)."""
+        return {f"{name}/{path_name(p)}": np.asarray(x) for name, tree in (("carry", self.carry), ("choice", self.choice))
+                for p, x in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """The account as `state` left it, on a book that holds the same bars (agents.trading.journal), its arrays
-        at the book's capacity. Keys asked but not answered are asked again."""
-        carry, choice = state["carry"], state["choice"]
-        if self.hybrid:
-            def unasked(hybrid):
-                t = hybrid.advice
-                status = jnp.where(t.status == STATUS_ASKED, STATUS_NONE, t.status)
-                return hybrid.replace(advice=t.replace(status=status))
-            carry = carry.replace(hybrid=unasked(carry.hybrid))
-            choice = choice.replace(hybrid=unasked(choice.hybrid)) if choice is not None else None
-        self.carry = jax.tree.map(jnp.asarray, carry)
-        self.choice = jax.tree.map(jnp.asarray, choice) if choice is not None else None
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """The account as `arrays` (`state`'s) left it, on a book that holds the same bars (agents.trading.journal),
+        its arrays at the book's capacity. Keys asked but not answered are asked again. A ValueError where the arrays
+        are not this agent's layout."""
+        self._open_account()  # the layout: the account's, and a decision's of it
+        template = {"carry": self.carry, "choice": jax.eval_shape(self._decide, self.carry, *self.policy_state,
+                                                                   self.params)}
+        trees = {}
+        for name, tree in template.items():
+            paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+            missing = [f"{name}/{path_name(p)}" for p, _ in paths if f"{name}/{path_name(p)}" not in arrays]
+            if missing:
+                raise ValueError(f"the saved account lacks {missing[0]}: it was saved by another version of the agent")
+            trees[name] = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[f"{name}/{path_name(p)}"])
+                                                                for p, _ in paths])
+
+        def unasked(hybrid):
+            t = hybrid.advice
+            return hybrid.replace(advice=t.replace(status=jnp.where(t.status == STATUS_ASKED, STATUS_NONE, t.status)))
+
+        self.carry = trees["carry"].replace(hybrid=unasked(trees["carry"].hybrid))
+        self.choice = trees["choice"].replace(hybrid=unasked(trees["choice"].hybrid))
         self._fit_to_book()

@@ -1,4 +1,4 @@
-"""Where a decision's orders go: the broker interface, and the paper broker that fills them as the environment does.
+"""The paper broker: it fills a decision's orders as the environment does (the Broker protocol: agents.trading.orders).
 
 A broker takes orders (`place`, idempotent by the order's id), cancels them, reports fills and the position. The
 agent's account is the environment's: its fills are jaxenv.env's rules (a market order at the next bar's open plus
@@ -10,41 +10,10 @@ with the agent's after every bar and stops on a difference (docs/trading.md show
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Protocol
+import dataclasses
 
-from agents.trading.agent import Order
+from agents.trading.orders import Fill, Order
 from jaxenv.env import EXIT_REASONS, NO_EXIT
-
-
-@dataclass
-class Fill:
-    order_id: str
-    bar: int  # the bar it filled on
-    time: str
-    side: int  # +1 bought, -1 sold
-    quantity: float
-    price: float
-    reason: str  # "entry", or the exit's (jaxenv.env.EXIT_REASONS: stop_loss, take_profit, session_close, ...)
-    commission: float
-    trade_pnl: float | None = None  # an exit's: the round trip's P&L after both commissions
-
-    def row(self) -> dict:
-        return asdict(self)
-
-
-class Broker(Protocol):
-    def place(self, order: Order) -> None:
-        """Sends `order`; an id already placed is ignored (a restart repeats the decision, not the order)."""
-
-    def cancel(self, order_id: str) -> None:
-        """Cancels a working order (a stop or target still open)."""
-
-    def fills(self) -> list[Fill]:
-        """The fills since the last call, oldest first."""
-
-    def position(self) -> float:
-        """Signed contracts held now."""
 
 
 class PaperBroker:
@@ -87,3 +56,15 @@ class PaperBroker:
                                     float(row["exit_price"]), reason, per_side, float(row["trade_pnl"])))
             self.entry = None
         self._position = float(row["position"]) * (self.entry.quantity if self.entry is not None else 0.0)
+
+    def state(self) -> dict:
+        """Its book as JSON: the orders placed, the one whose position is open, fills not yet reported, the position."""
+        return {"placed": [dataclasses.asdict(o) for o in self.placed.values()],
+                "entry": self.entry and dataclasses.asdict(self.entry),
+                "fills": [f.row() for f in self._fills], "position": self._position}
+
+    def restore(self, state: dict) -> None:
+        self.placed = {o["id"]: Order(**o) for o in state["placed"]}
+        self.entry = Order(**state["entry"]) if state["entry"] else None
+        self._fills = [Fill(**f) for f in state["fills"]]
+        self._position = float(state["position"])

@@ -150,7 +150,7 @@ class Session:
             journal.open()
             if args.gate == "evidence":
                 session.record = session._out_of_sample()
-        if agent.hybrid:
+        if agent.advised:
             session.advisor = session._start_advisor(state and state["advisor"])
             agent.advisor = session.advisor
         return session
@@ -205,16 +205,19 @@ class Session:
         return open_market_store(cfg, market, root, renderer, template, fields, self.agent.saved.adapter)
 
     def _resume(self) -> dict:
-        state = self.journal.load(self.agent.book)
+        from agents.trading.orders import Order
+
+        state, arrays = self.journal.load(self.agent.book)
         if state["run"] != str(self.args.run_dir) or state["data"] != str(self.args.data):
             raise ValueError(f"{self.journal.out}: its state is of --run-dir {state['run']} --data {state['data']}; "
                              "resume with those, or give another --out")
         self.journal.open(state["sizes"])
-        self.agent.restore(state["agent"])
-        self.broker = state["broker"]
+        self.agent.restore(arrays)
+        self.broker.restore(state["broker"])
+        self.paper.restore(state["paper"])
         self.rows_done, self.refused, self.decisions = state["rows_done"], state["refused"], state["decisions"]
-        self.latencies, self.entry_order = state["latencies"], state["entry_order"]
-        self.paper, self.live = state["paper"], state["live"]
+        self.latencies, self.live = state["latencies"], state["live"]
+        self.entry_order = Order(**state["entry_order"]) if state["entry_order"] else None
         if state["gate"] is not None:
             from agents.evidence.gate import Gate
 
@@ -227,10 +230,10 @@ class Session:
         self.journal.save(self.agent.book, {
             "run": str(self.args.run_dir), "data": str(self.args.data), "rows_done": self.rows_done,
             "refused": self.refused, "decisions": self.decisions, "latencies": self.latencies,
-            "entry_order": self.entry_order, "agent": self.agent.state(), "broker": self.broker,
-            "paper": self.paper, "live": self.live, "gate": self.gate.state() if self.gate else None,
+            "entry_order": self.entry_order and dataclasses.asdict(self.entry_order), "broker": self.broker.state(),
+            "paper": self.paper.state(), "live": self.live, "gate": self.gate.state() if self.gate else None,
             "advisor": self.advisor.state() if self.advisor else None,
-        })
+        }, self.agent.state())
 
     # ------------------------------------------------------------------------------------------------ the loop
     def run(self) -> int:

@@ -6,18 +6,20 @@ that a restart (after Ctrl-C, a crash or SIGKILL) resumes at the next bar withou
     fills.csv         one row per fill the broker reported
     trace.csv         one row per bar the account moved over (jaxenv.walk_split's columns: the summary's input)
     summary.json      the figures so far (written at the end, and on Ctrl-C)
-    state/            bars.bin (every placed bar, appended), state.pkl (everything else; replaced atomically)
+    state/            bars.bin (every placed bar, appended), arrays.<n>.npz (the agent's account as named arrays,
+                      n its decisions) and state.json (everything else, naming its arrays file; replaced atomically)
 
 The state names how long each output was when it was saved; a resumed run cuts them back to those lengths, so lines
-written for a bar whose state was never saved are written again, once.
+written for a bar whose state was never saved are written again, once. It holds arrays and JSON only, with its
+format's number: a state of another format is refused with one line.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +27,15 @@ import numpy as np
 
 from agents.runs.storage import fsync_dir
 from agents.trading.bars import BarBook
+from jaxenv.sessions import Schedule
 
 OUTPUTS = ("decisions.jsonl", "orders.csv", "fills.csv", "trace.csv")
 SUMMARY_FILE = "summary.json"
 STATE_DIR = "state"
-STATE_FILE = "state.pkl"
+STATE_FILE = "state.json"
+ARRAYS_FILE = "arrays.{}.npz"  # the agent's arrays, numbered by the decisions they follow
 BARS_FILE = "bars.bin"
-FORMAT = 1
+FORMAT = 2  # 2: arrays and JSON (1: a pickle, refused)
 
 # One placed bar of a BarBook, as bars.bin stores it.
 BAR_RECORD = np.dtype([
@@ -50,7 +54,8 @@ class Journal:
 
     @property
     def has_state(self) -> bool:
-        return (self.state_dir / STATE_FILE).exists()
+        """A state is saved here (of any format: `load` refuses another)."""
+        return (self.state_dir / STATE_FILE).exists() or (self.state_dir / "state.pkl").exists()
 
     def open(self, sizes: dict[str, int] | None = None) -> None:
         """Opens the outputs for appending, cut back to `sizes` (a resumed run's) or empty."""
@@ -83,16 +88,25 @@ class Journal:
         f.write(text.encode())
 
     # ------------------------------------------------------------------------------------------------ state
-    def save(self, book: BarBook, state: dict) -> None:
-        """After a bar: the book's new bars appended, the outputs flushed, then the state replaced atomically. A stop
-        between the two leaves bars.bin longer than the state's count: `load` cuts it back."""
+    def save(self, book: BarBook, state: dict, arrays: dict[str, np.ndarray]) -> None:
+        """After a bar: the book's new bars appended, the outputs flushed, the arrays written under a new name, then
+        the state (JSON, naming them) replaced atomically and the arrays it no longer names removed. A stop before
+        the state's replacement leaves the last state whole: `load` cuts bars.bin back to it."""
         self._append_bars(book)
         for f in self.files.values():
             f.flush()
             os.fsync(f.fileno())
-        self._replace_state({**state, "format": FORMAT, "logged": self.logged, "texts": list(book.text_table),
-                             "schedule": book.schedule, "interval": book.interval,
-                             "sizes": {name: f.tell() for name, f in self.files.items()}})
+        name = ARRAYS_FILE.format(state["decisions"])
+        with open(self.state_dir / name, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        self._replace_state({**state, "format": FORMAT, "arrays": name, "logged": self.logged,
+                             "texts": list(book.text_table), "schedule": dataclasses.asdict(book.schedule),
+                             "interval": book.interval, "sizes": {n: f.tell() for n, f in self.files.items()}})
+        for old in self.state_dir.glob(ARRAYS_FILE.format("*")):
+            if old.name != name:
+                old.unlink()
 
     def _append_bars(self, book: BarBook) -> None:
         if book.schedule is None or self.logged >= book.n:
@@ -105,32 +119,38 @@ class Journal:
 
     def _replace_state(self, state: dict) -> None:
         tmp = self.state_dir / f"{STATE_FILE}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+        with open(tmp, "w") as f:
+            json.dump(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.state_dir / STATE_FILE)
         fsync_dir(self.state_dir)
 
-    def load(self, book: BarBook) -> dict:
-        """The saved state, with `book` holding the bars it had (bars.bin's first `logged` records). Records after
-        those (appended for a bar whose state was never saved) are cut off, so the next bar is appended in their
-        place."""
-        with open(self.state_dir / STATE_FILE, "rb") as f:
-            state = pickle.load(f)
+    def load(self, book: BarBook) -> tuple[dict, dict[str, np.ndarray]]:
+        """(the saved state, the agent's arrays), with `book` holding the bars it had (bars.bin's first `logged`
+        records). Records after those (appended for a bar whose state was never saved) are cut off, so the next bar is
+        appended in their place. A ValueError names a state of another format."""
+        path = self.state_dir / STATE_FILE
+        if not path.exists():
+            raise ValueError(f"{self.state_dir}: a trading state of an earlier format (a pickle, before format "
+                             f"{FORMAT}); start in a new --out folder")
+        state = json.loads(path.read_text())
         if state.get("format") != FORMAT:
-            raise ValueError(f"{self.state_dir}: a trading state of another format; start in a new --out folder")
+            raise ValueError(f"{self.state_dir}: a trading state of format {state.get('format')}, this version "
+                             f"reads {FORMAT}; start in a new --out folder")
         n = state["logged"]
-        path = self.state_dir / BARS_FILE
-        records = np.fromfile(path, BAR_RECORD, count=n)
+        bars = self.state_dir / BARS_FILE
+        records = np.fromfile(bars, BAR_RECORD, count=n)
         if len(records) < n:
-            raise ValueError(f"{path}: {len(records)} bars, the state names {n}")
-        with open(path, "r+b") as f:
+            raise ValueError(f"{bars}: {len(records)} bars, the state names {n}")
+        with open(bars, "r+b") as f:
             f.truncate(n * BAR_RECORD.itemsize)
             os.fsync(f.fileno())
         _restore(book, records, state)
         self.logged = n
-        return state
+        with np.load(self.state_dir / state["arrays"]) as saved:
+            arrays = {k: saved[k] for k in saved.files}
+        return state, arrays
 
 
 def _csv_line(values) -> str:
@@ -164,7 +184,7 @@ def _restore(book: BarBook, records: np.ndarray, state: dict) -> None:
     for name in ("session_id", "minute_of_day", "day", "can_enter", "flatten", "text_index"):
         getattr(book, name)[:n] = records[name]
     book.n = n
-    book.schedule, book.interval = state["schedule"], state["interval"]
+    book.schedule, book.interval = Schedule(**state["schedule"]), state["interval"]
     book.text_table[:] = state["texts"]
     book._text_ids.clear()
     book._text_ids.update({t: i for i, t in enumerate(book.text_table)})

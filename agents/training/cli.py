@@ -16,82 +16,52 @@ import sys
 import time
 from pathlib import Path
 
-from agents.config import FUSION_MODES, LLM_CHOICES, RUN_CONFIG_FILE, ConfigError, load_config
-from bridge.protocol import NUM_ACTIONS
-from jaxenv.synthetic import PRESETS
+from agents.config import RUN_CONFIG_FILE, ConfigError, add_config_flags, config_overrides, flag_name, load_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The run's options: the run's own (--config, --set, --run-dir, --resume, ...), the device flags, and one flag per
+    config key, generated from the config's dataclasses with their comments as help (agents.config.add_config_flags:
+    --ppo.lr, --hybrid.query.interval, ... and the short names --envs, --llm, --data, ...), each the same as --set."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 usage="%(prog)s [--config YAML] [--set KEY=VALUE] [--KEY VALUE ...] "
+                                       "[--run-dir DIR | --resume DIR] (every config key is a flag: --help lists them)")
     ap.add_argument("--config", help="YAML config file; unset keys keep their defaults (see configs/default.yaml)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config key, nested with dots, e.g. --set ppo.lr=1e-4; repeatable")
-    ap.add_argument("--envs", type=int, help="number of parallel environments (config num_envs)")
-    ap.add_argument("--total-steps", type=int, help="environment steps to train, all envs together (total_steps)")
-    ap.add_argument("--seed", type=int, help="random seed for init, envs and sampling (seed)")
-    ap.add_argument("--data", help="market data: a CSV/Parquet file or synthetic:PRESET "
-                    f"({', '.join(PRESETS)}); sets data.source")
-    ap.add_argument("--llm", help=f"LLM advisor: {', '.join(LLM_CHOICES)} (default smollm2, the embedded model; none: RL only, the fastest path)")
-    ap.add_argument("--llm-mode", choices=["score", "generate"], help=f"score: one forward pass scores the "
-                    f"{NUM_ACTIONS} actions; generate: text answers parsed (hybrid.llm_mode)")
-    ap.add_argument("--quantization", choices=["none", "int8", "int4"], help="bitsandbytes quantization of the "
-                    "advisor (GPU) (hybrid.quantization)")
-    ap.add_argument("--llm-adapter", metavar="PATH", help="a peft LoRA adapter directory for the advisor; saved in "
-                    "the run's config, so evaluation loads it too (hybrid.llm_adapter)")
-    ap.add_argument("--fusion", choices=FUSION_MODES, help="how advice changes actions: learned trust gate mixing "
-                    "the two distributions (default), the seeds' priority rules, switch (valid advice acts, the policy elsewhere), or "
-                    "none (queries for statistics only)")
-    ap.add_argument("--query-interval", type=int, help="bars per block of the advice keys, k: the answer about a block "
-                    "is in force during the next (hybrid.query.interval)")
-    ap.add_argument("--llm-budget", help="most envs asked per query step: a number or auto (hybrid.budget)")
-    ap.add_argument("--latency", choices=["strict", "async", "auto"], help="strict: wait for the previous query "
-                    "step's answers (reproducible); async: never wait; auto (default): strict for the mock advisor, "
-                    "async for a model (hybrid.latency)")
-    ap.add_argument("--advisor-workers", help="advisor processes: a number or auto = one per GPU, 1 on CPU "
-                    "(hybrid.sidecar_workers)")
-    ap.add_argument("--no-veto", action="store_true", help="turn the risk veto off (hybrid.veto.enabled=false)")
-    ap.add_argument("--log-llm", type=int, metavar="N", help="write N prompts and answers per update to "
-                    "llm_log.jsonl (hybrid.log_llm)")
-    ap.add_argument("--date-format", help="strptime format of the data file's timestamps (data.date_format)")
     ap.add_argument("--run-dir", help="run folder to create (default runs/<date>-<time>)")
-    ap.add_argument("--init-from", metavar="RUN_DIR", help="start the networks from RUN_DIR's best checkpoint, "
-                    "e.g. a 261-feature policy from a 228-feature run (transfer.init_from; see transfer.* keys)")
     ap.add_argument("--resume", metavar="RUN_DIR",
                     help="continue RUN_DIR from its latest checkpoint with its saved config (other options unused)")
     ap.add_argument("--from-intact", action="store_true", help="with --resume: if the latest checkpoint is damaged, "
                     "continue from the newest intact one (damaged ones are moved to checkpoints/damaged/)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress=false)")
+    ap.add_argument("--no-veto", action="store_true", help="turn the risk veto off (hybrid.veto.enabled=false)")
     from agents.devices.parallel import add_device_flags
 
     add_device_flags(ap, processes=True)
+    add_config_flags(ap)
     return ap.parse_args(argv)
 
 
 def start(args: argparse.Namespace):
-    """A new run from defaults ← --config ← flags, or --resume."""
+    """A new run from defaults ← --config ← --set ← the config flags, or --resume."""
     from agents.training.loop import train
 
+    flags = config_overrides(args)
     if args.resume:
-        given = [name for name in ("config", "envs", "total_steps", "seed", "data", "run_dir", "init_from")
-                 if getattr(args, name)]
+        given = [f"--{name.replace('_', '-')}" for name in ("config", "run_dir") if getattr(args, name)]
+        given += [flag_name(o.split("=", 1)[0]) for o in flags]
         if given or args.overrides:
-            flags = ", ".join("--" + g.replace("_", "-") for g in given) or "--set"
-            raise ConfigError(f"--resume continues with the run's saved config; drop {flags}")
+            raise ConfigError(f"--resume continues with the run's saved config; drop {', '.join(given) or '--set'}")
         return train(None, args.resume, resume=True, from_intact=args.from_intact, devices=args.devices)
     if args.from_intact:
         raise ConfigError("--from-intact goes with --resume RUN_DIR")
-    overrides = list(args.overrides)
-    for flag, key in (("envs", "num_envs"), ("total_steps", "total_steps"), ("seed", "seed"),
-                      ("data", "data.source"), ("llm", "llm"), ("llm_mode", "hybrid.llm_mode"),
-                      ("quantization", "hybrid.quantization"), ("fusion", "hybrid.fusion"),
-                      ("query_interval", "hybrid.query.interval"), ("llm_budget", "hybrid.budget"),
-                      ("latency", "hybrid.latency"), ("advisor_workers", "hybrid.sidecar_workers"),
-                      ("log_llm", "hybrid.log_llm"), ("date_format", "data.date_format"),
-                      ("init_from", "transfer.init_from"), ("devices", "devices")):
-        if getattr(args, flag) is not None:
-            overrides.append(f"{key}={getattr(args, flag)}")
-    if args.llm_adapter is not None:  # absolute, so the run's config finds it from anywhere
-        overrides.append(f"hybrid.llm_adapter={Path(args.llm_adapter).resolve()}")
+    overrides = [*args.overrides, *flags]
+    if args.devices is not None:
+        overrides.append(f"devices={args.devices}")
+    adapter = next((o for o in overrides if o.startswith("hybrid.llm_adapter=")), None)
+    if adapter and adapter != "hybrid.llm_adapter=":  # absolute, so the run's config finds it from anywhere
+        overrides.append(f"hybrid.llm_adapter={Path(adapter.split('=', 1)[1]).resolve()}")
     if args.no_progress:
         overrides.append("log.progress=false")
     if args.no_veto:

@@ -31,7 +31,7 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env) if cfg.llm != "none" else None,
                      frozen_steps=frozen_steps(cfg))
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
-    abstract = jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed))
+    abstract = jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed), setup.params)
     agents = {"latest": ckpt.restore(abstract)}
     if ckpt.best.latest_step() is not None:
         agents["best"] = ckpt.restore(abstract, best=True)
@@ -42,7 +42,7 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
     evaluator = AgentEvaluator(cfg, ppo, setup, lambda update: checkpoint_adapter(cfg, run_dir, update),
                                log_dir=run_dir)
     splits = evaluator.splits()
-    ablations = evaluator.ablations if evaluator.walker is not None else []
+    ablations = evaluator.ablations
     walks = len(splits) * (len(agents) + len(ablations) + len(setup.baselines))
     # A hybrid run's walks take minutes on a CPU: a bar shows they progress.
     bar = tqdm(total=walks, desc="end-of-run comparison", unit="walk", disable=not cfg.log.progress,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import signal
+from contextlib import nullcontext
 import sys
 import time
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from agents.devices.parallel import (
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import RunnerState, make_train
 from agents.rl.sharding import state_shardings
-from agents.runs.adapters import checkpoint_adapter, prune_adapters
+from agents.runs.adapters import checkpoint_adapter
 from agents.runs.checkpoints import RunCheckpoints
 from agents.runs.lock import RunLock
 from agents.runs.storage import RunWriteError
@@ -145,7 +146,8 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
     ppo = make_train(cfg, setup.env, setup.params, acting, mesh, frozen_steps=frozen_steps(cfg))
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
 
-    shardings = state_shardings(jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed)), mesh, cfg.num_envs)
+    shardings = state_shardings(jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed), setup.params), mesh,
+                                cfg.num_envs)
     state, best_score = _starting_state(cfg, ppo, setup, ckpt, shardings, run_dir, resume, from_intact, source)
     start = int(state.update)
 
@@ -181,18 +183,18 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             (ckpt.save_best if best else ckpt.save_latest)(update, whole, host_state())
         barrier(f"jaxfutures-saved-{'best' if best else 'latest'}-{update}")
         if query_loop is not None:
-            query_loop.link.save_store()  # the answers so far: a later run, seed or evaluation starts from them
-        if query_loop is not None and query_loop.learning:
-            query_loop.save_adapter(run_dir, update)
-            prune_adapters(run_dir, set(ckpt.latest.all_steps()) | set(ckpt.best.all_steps()) | {update})
+            query_loop.checkpoint(run_dir, update, set(ckpt.latest.all_steps()) | set(ckpt.best.all_steps()))
 
-    evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now, log_dir=run_dir if writer else None)
+    evaluator = None
     try:
         if acting is not None:  # chunks with LLM query steps between them; compiled on first use
             # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
             resumed_adapter = checkpoint_adapter(cfg, run_dir, start) if resume else None
             query_loop = QueryLoop(cfg, setup.market, run_dir, adapter=resumed_adapter)
-        update_fn = Update(ppo, cfg.ppo.num_steps, query_loop)
+        # validation walks: the policy alone, or with the advisor (training's, lent while training waits)
+        evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now, log_dir=run_dir if writer else None,
+                                   lent=query_loop and query_loop.lendable)
+        update_fn = Update(ppo, cfg.ppo.num_steps, setup.params, query_loop)
         if query_loop is None and start < end:  # a finished run resumed has nothing to compile
             update_fn.compile(state, shardings)
         for _ in range(start, end):
@@ -216,7 +218,8 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
                 # on this process's first device, from host copies of the (replicated) networks
                 policy = state.replace(params=jax.device_get(state.params), obs_norm=jax.device_get(state.obs_norm))
                 t_walk = time.perf_counter()
-                result = evaluator(policy, "val", jax.random.PRNGKey(cfg.seed + update))
+                with query_loop.lending() if query_loop is not None else nullcontext():
+                    result = evaluator(policy, "val", jax.random.PRNGKey(cfg.seed + update))
                 # the walk has its own progress line: the bar's rate and ETA are the updates' (the first advised walk
                 # can take minutes, and would otherwise read as hours left)
                 if not bar.disable:
@@ -264,9 +267,10 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             tqdm.write(f"WARNING: the advisor's adapter for update {int(state.update)} was not saved: {error}",
                        file=sys.stderr)
         finally:
+            if evaluator is not None:
+                evaluator.close()
             if query_loop is not None:
                 query_loop.close()  # stops the sidecar and unlinks the shared memory
-            evaluator.close()
         ckpt.wait()
         ckpt.close()
         if logger is not None:
@@ -299,7 +303,10 @@ def _starting_state(cfg: TrainConfig, ppo, setup: EnvSetup, ckpt: RunCheckpoints
     """(the state the run starts from, its best validation score so far): a resumed run's latest checkpoint (the
     newest intact one with `from_intact`), or a fresh init, its networks copied from `source` (--init-from)."""
     init_key = jax.random.PRNGKey(cfg.seed)
-    init = jax.jit(ppo.init, out_shardings=shardings)  # each process computes only its own envs' shards
+    jitted = jax.jit(ppo.init, out_shardings=shardings)  # each process computes only its own envs' shards
+
+    def init(key):
+        return jitted(key, setup.params)
 
     def transferred(state: RunnerState, source) -> RunnerState:  # on whole arrays, then over the mesh again
         return from_host(start_from(jax.tree.map(jax.numpy.asarray, to_host(state)), source, cfg), shardings)
@@ -316,7 +323,8 @@ def _starting_state(cfg: TrainConfig, ppo, setup: EnvSetup, ckpt: RunCheckpoints
             # Process 0 first (it sets damaged or unfinished checkpoints aside), then the others read what is left.
             for turn in (True, False):
                 if is_writer() == turn:
-                    state, host = ckpt.restore(jax.eval_shape(ppo.init, init_key), from_intact=from_intact)
+                    state, host = ckpt.restore(jax.eval_shape(ppo.init, init_key, setup.params),
+                                               from_intact=from_intact)
                 barrier(f"jaxfutures-restored-{turn}")
         except BaseException:
             ckpt.close()

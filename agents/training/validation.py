@@ -1,6 +1,7 @@
 """Scoring a training run's agent on a split the way it acts, during training (validation every M updates picks the
-best checkpoint) and at its end (training.comparison): the policy alone, or for hybrid runs with its advisor
-(an `AdvisedWalker` with its own sidecar), whole or one ablation at a time."""
+best checkpoint) and at its end (training.comparison): the trading env's agent through the one walk every agent
+takes (an `AdvisedWalker`: the policy alone, or with the run's advisor), whole or one ablation at a time; any other
+gymnax env through the env setup's episode evaluator."""
 
 from __future__ import annotations
 
@@ -10,42 +11,47 @@ from typing import Callable
 import jax
 
 from agents.config import TrainConfig
-from agents.evaluation.advised_walk import AdvisedWalker, advised_summary, run_ablations
+from agents.evaluation.advised_walk import ABLATIONS, AdvisedWalker, advised_summary, run_ablations
 from agents.evaluation.policies import Evaluator, make_act
 from agents.rl.ppo import PPO, RunnerState
 from agents.training.env_setup import EnvSetup
+from jaxenv.metrics import walk_metrics
 
 
 class AgentEvaluator:
-    """Scores a run's network on a split the way the run acts: the policy alone (the env setup's evaluator) or,
-    for hybrid runs, with advice through an `AdvisedWalker` (its own sidecar, so training's pending queries are
-    untouched). `ablation` (a key of agents.evaluation.advised_walk.run_ablations(cfg)) scores one part of a hybrid agent."""
+    """Scores a run's network on a split the way the run acts. `ablation` (a key of
+    agents.evaluation.advised_walk.run_ablations(cfg)) scores one part of a hybrid agent."""
 
     def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None,
-                 log_dir: Path | None = None):
+                 log_dir: Path | None = None, lent=None):
         """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns.
-        `log_dir`: where the walks' advisor logs (the run folder), instead of stderr under the progress bar."""
+        `log_dir`: where the walks' advisor logs (the run folder), instead of stderr under the progress bar. `lent`:
+        training's advisor workers (QueryLoop.lendable), which answer the walks while training waits for them."""
         self.setup = setup
         self.rules = cfg.env.prop_firm
         self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
-        self.walker = None
+        self.advised = cfg.llm != "none" and cfg.hybrid.eval_with_advice  # walks ask the advisor and act fused
         self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
         self.ablations = run_ablations(cfg) if cfg.llm != "none" else {}
-        if cfg.llm != "none" and cfg.hybrid.eval_with_advice and setup.market is not None:
-            self.walker = AdvisedWalker(cfg, ppo, setup.env, setup.market, log_dir=log_dir, progress=cfg.log.progress)
+        self.walker = None if setup.market is None else AdvisedWalker(
+            cfg, ppo, setup.env, setup.market, log_dir=log_dir, progress=cfg.log.progress, lent=lent)
 
     def splits(self) -> dict[str, Evaluator]:
         return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
 
     def __call__(self, state: RunnerState, split: str, key: jax.Array, ablation: str | None = None) -> dict:
-        if self.walker is None:
+        if self.walker is None:  # a gymnax env without bars to walk
             return self.splits()[split](self.act, (state.params, state.obs_norm), key)
-        changes = dict(self.ablations[ablation]) if ablation else {}
+        changes = dict(self.ablations[ablation]) if ablation else {} if self.advised else dict(ABLATIONS["rl_only"])
         if self.adapter_for is not None and "adapter" not in changes:
             changes["adapter"] = self.adapter_for(int(state.update))
         record = state.hybrid.record if state.hybrid is not None else None  # the advice's record so far
         trace = self.walker.walk(state.params, state.obs_norm, split, key, record=record, **changes)
-        result = advised_summary(trace, self.setup.market.timestamps, self.rules, self.setup.market.sessions.day)
+        market = self.setup.market
+        if self.advised or ablation:
+            result = advised_summary(trace, market.timestamps, self.rules, market.sessions.day)
+        else:  # the policy alone: the figures of its walk, no advice to count
+            result = walk_metrics(trace, market.timestamps, self.rules, market.sessions.day)
         return {"score": result["net_pnl"], **result}
 
     def close(self) -> None:
