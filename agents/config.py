@@ -139,6 +139,12 @@ class LearningConfig(LearningOptions):
     enabled: bool = False  # needs a transformers advisor (smollm2, a model path) in score mode
     every_updates: int = 2  # M: a learning round starts after every M PPO updates (the sidecar runs it between answers)
     move_bars: int = 30  # bars over which the market's move after each answered key's bar is measured
+    # keys of the validation split's sessions every advisor version answers, to be judged on sessions after every bar
+    # it could have learned from (agents.advisor.later_sessions; lora_later_* in metrics.jsonl); 0: not judged
+    judge_keys: int = 256
+    # a control: every answered key learns the move after a key of another session (agents.advisor.outcomes
+    # .permuted_across_sessions): the moves keep their distribution and lose what the prompt said
+    placebo: bool = False
 
 
 @dataclass

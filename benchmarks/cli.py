@@ -44,6 +44,7 @@ SUITES = {  # suite name -> module exposing run(opts) -> list[dict]; `all` runs 
     "scale": "benchmarks.scale",
     "phi3": "benchmarks.phi3",
     "market": "benchmarks.market",
+    "learning": "benchmarks.learning",
 }
 INSTALL_HINTS = {  # a suite's missing module -> what installs it
     "sb3_contrib": 'pip install -e ".[sb3]"',

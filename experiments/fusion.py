@@ -59,6 +59,9 @@ ARMS: dict[str, list[str]] = {
     "shuffled_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", f"hybrid.llm_adapter={LEARNED_ADAPTER}",
                          "hybrid.shuffled=true"],
     "online_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.llm_adapter="],
+    # its control: learning from moves permuted across sessions (it must not learn the headline)
+    "online_placebo": ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.llm_adapter=",
+                       "hybrid.learning.placebo=true"],
 }
 BASELINE = "rl_only"
 CHECKPOINTS = ("latest", "best")

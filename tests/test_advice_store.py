@@ -360,8 +360,8 @@ def test_answers_carry_the_version_that_gave_them_and_the_store_keeps_version_0_
         link = AdvisorLink(cfg, market, 1, client=client, latency="strict", walk=True)
         link.session.submit(keys, version=0)  # asked as version 0
         rows = link._collect(wait=True)
-        assert rows[4].tolist() == [version] * len(keys) and (link.known.version[keys] == version).all()
-        ident = link.store.ident
+        assert rows[4].tolist() == [version] * len(keys) and (link.session.known.version[keys] == version).all()
+        ident = link.session.store.ident
         link.close()
     stored = AdviceStore(tmp_path / "store", ident, link.num_keys).load()
     assert np.flatnonzero(stored.filled()).tolist() == asked[0].tolist()

@@ -79,6 +79,74 @@ def test_outcome_rows_measure_the_markets_move_after_each_answered_keys_bar_insi
     assert len(outcome_rows([], lambda keys: keys, market, (100, 1000), 4)["seq"]) == 0
 
 
+def test_each_version_is_judged_on_sessions_after_every_bar_an_outcome_reached_and_once():
+    """The later-sessions judge (agents.advisor.later_sessions): its keys are the flat side's of the validation
+    split; a key counts only if its session starts after the last bar any outcome sent reached, so no version is
+    scored on a session at or before a bar it could have learned from; a version's figures come once, when it has
+    answered every such key, with version 0's answers as the KL reference."""
+    from agents.advice.table import SIDES, key_side, num_blocks
+    from agents.advisor.later_sessions import LaterSessions, session_starts
+    from agents.advisor.prompt_fields import PromptFieldBuilder
+    from agents.advisor.store import Answers
+    from jaxenv import load_market
+
+    cfg = load_config(None, ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.query.bind_on=trust",
+                             "hybrid.learning.judge_keys=64"])
+    market = load_market(cfg.data)
+    fields = PromptFieldBuilder(market, [], cfg.env.contracts_per_trade, cfg.hybrid.query.interval)
+    later = LaterSessions(market, fields, cfg.hybrid.query.interval, cfg.hybrid.learning, seed=0)
+    val_start, val_end = market.split_range("val")
+    bars = fields.rendered_bar(later.keys)
+    assert len(later.keys) == 64 and (key_side(later.keys) == 0).all()
+    assert (bars >= val_start).all() and (bars + cfg.hybrid.learning.move_bars < val_end).all()
+    starts = session_starts(market.sessions.session_id, bars)
+    assert (market.sessions.session_id[starts] == market.sessions.session_id[bars]).all()
+    assert (market.sessions.session_id[np.maximum(starts - 1, 0)] != market.sessions.session_id[starts]).all()
+    assert later.eligible.all()  # outcomes lie in the training split, before every validation session
+    cut = int(np.median(bars))  # an outcome reaching into the validation split (as a fold's might)
+    later.learned(cut)
+    assert later.eligible.any() and not later.eligible.all()
+    assert (later.session_start[later.eligible] > cut).all()
+    assert (starts[~later.eligible] <= cut).all()
+
+    known = Answers.empty(num_blocks(market.num_bars, cfg.hybrid.query.interval) * SIDES)
+    later2 = LaterSessions(market, fields, cfg.hybrid.query.interval, cfg.hybrid.learning, seed=0)
+    assert later2.figures(known, 0) == {} and len(later2.due(known, 0)) == 64
+    rise = later2.moves > 0
+    buy_where_rose = np.where(rise[:, None], np.eye(6)[1] * 0.9 + 0.02, np.eye(6)[2] * 0.9 + 0.02).astype(np.float32)
+    known.put(later2.keys, np.full((64, 6), 1 / 6, np.float32), np.zeros(64, np.float32), np.zeros(64, np.int32), 0)
+    v0 = later2.figures(known, 0)
+    assert v0["lora_later_version"] == 0 and v0["lora_later_keys"] == 64 and np.isnan(v0["lora_later_accuracy"])
+    assert later2.figures(known, 0) == {} and len(later2.due(known, 0)) == 0  # once
+    assert len(later2.due(known, 1)) == 64
+    known.put(later2.keys, buy_where_rose, np.zeros(64, np.float32), np.zeros(64, np.int32), 1)
+    v1 = later2.figures(known, 1)
+    assert v1["lora_later_accuracy"] == 1.0 and v1["lora_later_loss"] < v0["lora_later_loss"]
+
+
+def test_the_placebo_learns_every_move_from_another_session():
+    """hybrid.learning.placebo: each row with a known move gets a known move of a row of another session; unknown
+    moves stay unknown; one session alone leaves nothing to learn."""
+    from agents.advisor.outcomes import permuted_across_sessions
+
+    rng = np.random.default_rng(0)
+    session = np.repeat(np.arange(6), [5, 3, 8, 1, 4, 6])
+    move = rng.normal(size=len(session)).astype(np.float32)  # distinct values: each says where it came from
+    move[[2, 9]] = np.nan
+    out = permuted_across_sessions(move, session, np.random.default_rng(1))
+    assert np.isnan(out[[2, 9]]).all() and np.isfinite(np.delete(out, [2, 9])).all()
+    origin = {float(m): s for m, s in zip(move, session) if np.isfinite(m)}
+    for value, own in zip(out, session):
+        if np.isfinite(value):
+            assert float(value) in origin and origin[float(value)] != own
+    donors = {}
+    for value, own in zip(out, session):  # each session's moves come from one other session
+        if np.isfinite(value):
+            donors.setdefault(own, set()).add(origin[float(value)])
+    assert all(len(d) == 1 for d in donors.values())
+    assert np.isnan(permuted_across_sessions(move[:5], session[:5], np.random.default_rng(1))).all()
+
+
 def test_learning_config_needs_a_transformers_advisor_in_score_mode():
     with pytest.raises(ConfigError, match="hybrid.learning.enabled"):
         load_config(None, ["llm=mock", "hybrid.learning.enabled=true"])
@@ -244,6 +312,49 @@ def test_the_learner_learns_from_every_answered_prompt_which_way_the_market_went
     assert learner.rounds[-1]["direction_accuracy"] == 1.0  # its top answers on held-out prompts: BUY, as it went
 
 
+def test_the_upper_layers_score_a_prompt_from_the_input_kept_when_it_was_answered_as_the_whole_model_does(
+        tmp_path):
+    """A new adapter sits in the top `layers` decoder layers only; answering a prompt hands the learner the hidden
+    states entering them, and running those layers from there gives the answer the whole model gives, under an
+    adapter whose weights are not zero (what a round's steps and evaluations compute)."""
+    model = str(build_tiny_phi3(tmp_path / "three_layers", layers=3))
+    prompts = [p.decode() for p in RENDERER.render(*example_fields(24, seed=2))]
+    backend = tiny_backend(model)
+    learner = LoraLearner(backend, LearningOptions(layers=1))
+    adapted = {name.split(".layers.")[1].split(".")[0] for name, _ in backend.model.named_parameters() if "lora_" in name}
+    assert adapted == {"2"}  # the top layer of three
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for serving, _, _ in learner.pairs:
+            serving.add_(torch.randn_like(serving) * 0.05)
+    backend.refresh_prefix_cache()
+    answers = backend.advise(prompts).probs
+    features = [learner.features.get(p) for p in prompts]
+    assert all(f is not None and f.dtype == np.float16 for f in features)
+    with torch.no_grad():
+        upper = torch.softmax(learner.upper.scores(features, learner.prefix), dim=-1).numpy()
+    assert np.abs(upper - answers).max() < 1e-4
+    learner.model.set_adapter("reference")  # the advisor as the learner started: the base model
+    with torch.no_grad():
+        reference = torch.softmax(learner.upper.scores(features, learner.prefix), dim=-1).numpy()
+    assert np.allclose(reference, tiny_backend(model).advise(prompts).probs, atol=1e-4)
+
+
+def test_a_round_computes_the_upper_layer_input_of_experiences_answered_before_it_was_kept(tiny_model):
+    """Experiences without their kept input (loaded from a file, as the replay does, or answered before the learner
+    started) are learned from too: the round runs the whole model on them once, and counts them."""
+    fields, texts = example_fields(64, seed=6)
+    prompts = [p.decode() for p in RENDERER.render(fields, texts)]
+    backend = tiny_backend(tiny_model)
+    learner = LoraLearner(backend, LearningOptions(lr=5e-3, min_examples=16, batch_size=16))
+    experiences = [Experience(p, np.full(6, 1 / 6, np.float32), 1.0) for p in prompts]
+    learner.buffer.add(experiences)
+    assert learner.start_round()["started"]
+    learner.finish()
+    assert learner.stats()["features_computed"] == 64 and learner.rounds[-1]["steps"] >= 1
+    assert all(e.features is not None for e in experiences)
+
+
 @pytest.mark.slow
 def test_lora_learning_moves_answers_toward_the_side_the_market_took(tiny_model):
     """A shortened schedule: the held-out loss falls and the adapter raises P(BUY | bullish news) and
@@ -338,6 +449,25 @@ def test_a_run_whose_advisor_learns_saves_adapters_with_checkpoints_and_evaluati
         assert "llm_only_frozen" in ablation_walks(run)
     finally:
         run.close()
+    # every version judged on later sessions: version 0 at least, in metrics.jsonl and the run's plot
+    from agents.advisor.later_sessions import LATER_SESSIONS_PLOT
+
+    judged = [m for m in logged if "lora_later_version" in m]
+    assert judged and judged[0]["lora_later_version"] == 0 and judged[0]["lora_later_keys"] > 0
+    assert (run_dir / LATER_SESSIONS_PLOT).exists()
+    # a resumed run's advisor starts from the adapter its checkpoint names, and learns on from it
+    from agents.advisor import query_loop
+
+    started = []
+    init = query_loop.QueryLoop.__init__
+
+    def starting(self, cfg, market, run_dir, client=None, adapter=None):
+        started.append(adapter)
+        init(self, cfg, market, run_dir, client, adapter)
+
+    monkeypatch.setattr(query_loop.QueryLoop, "__init__", starting)
+    train(None, run_dir, resume=True)
+    assert started == [str(run_dir / "adapters" / "3")]
 
 
 def test_rows_marked_think_get_a_chain_of_thought_answer_and_the_rest_the_usual_one():

@@ -46,8 +46,8 @@ def test_seeds_and_arms_parse():
 def test_smollm2_arms_and_the_baseline_load_on_the_lora_config():
     plan = fusion.Plan(config=str(ROOT / "configs/headlines_lora.yaml"), arms=[], seeds=[0], json_path=Path("x"),
                        runs_dir=Path("x"), overrides=[], updates=None)
-    baseline, frozen, learned, shuffled, online = (fusion.run_config(plan, arm, 0) for arm in (
-        "rl_only", "frozen_smollm2", "learned_smollm2", "shuffled_smollm2", "online_smollm2"))
+    baseline, frozen, learned, shuffled, online, placebo = (fusion.run_config(plan, arm, 0) for arm in (
+        "rl_only", "frozen_smollm2", "learned_smollm2", "shuffled_smollm2", "online_smollm2", "online_placebo"))
     assert (baseline.llm, baseline.hybrid.learning.enabled) == ("none", False)  # the config's learning needs an advisor
     assert (frozen.llm, frozen.hybrid.learning.enabled, frozen.hybrid.llm_adapter) == ("smollm2", False, "")
     # the learned advisor is the shipped adapter, fixed; the shuffled control is that advisor asked about other bars
@@ -58,6 +58,8 @@ def test_smollm2_arms_and_the_baseline_load_on_the_lora_config():
     # apart from the adapter and learning, the SmolLM2 arms train the same run
     assert dataclasses.replace(learned.hybrid, llm_adapter="") == frozen.hybrid
     assert dataclasses.replace(online.hybrid, learning=frozen.hybrid.learning) == frozen.hybrid
+    # the placebo is the online arm learning from permuted moves
+    assert placebo.hybrid.learning == dataclasses.replace(online.hybrid.learning, placebo=True)
     # on the mock config, where nothing learns, the baseline is the plain `--llm none` run of earlier experiments
     plan = dataclasses.replace(plan, config=str(ROOT / "configs/headlines.yaml"))
     assert fusion.run_config(plan, "rl_only", 3) == load_config(plan.config, ["llm=none", "seed=3"])

@@ -321,17 +321,17 @@ def test_a_state_of_another_format_is_refused_with_one_line_and_left_as_it_was(r
     the folder is touched."""
     import shutil
 
-    from agents.trading.journal import FORMAT, STATE_DIR, STATE_FILE
+    from agents.trading.journal import FORMAT, FORMAT_1_FILE, STATE_DIR, STATE_FILE
 
     old = tmp_path / "pickled"
     shutil.copytree(replays["rl"], old)
     (old / STATE_DIR / STATE_FILE).unlink()
-    (old / STATE_DIR / "state.pkl").write_bytes(b"\x80\x04N.")  # a pickle, as format 1 wrote
+    (old / STATE_DIR / FORMAT_1_FILE).write_bytes(b"\x80\x04N.")  # a pickle, as format 1 wrote
     newer = tmp_path / "newer"
     shutil.copytree(replays["rl"], newer)
     path = newer / STATE_DIR / STATE_FILE
     path.write_text(json.dumps({**json.loads(path.read_text()), "format": FORMAT + 1}))
-    for out, says in ((old, "of an earlier format"), (newer, f"of format {FORMAT + 1}")):
+    for out, says in ((old, "of format 1"), (newer, f"of format {FORMAT + 1}")):
         before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
         assert trade(runs["rl"], out) == 2
         err = capsys.readouterr().err.strip().splitlines()

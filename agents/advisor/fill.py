@@ -45,8 +45,7 @@ def split_keys(market, splits: list[str], interval: int, entries_only: bool) -> 
 
 
 def fill(args: argparse.Namespace) -> int:
-    overrides = list(args.overrides)
-    overrides += config_overrides(args)
+    overrides = [*args.overrides, *config_overrides(args)]
     cfg = load_config(args.config, overrides)
     if not any(o.startswith(("hybrid.sidecar_threads=", "hybrid.sidecar_nice=")) for o in overrides):
         cfg = at_full_rate(cfg)  # nothing else runs beside a fill

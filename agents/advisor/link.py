@@ -121,10 +121,11 @@ class AdvisorLink:
         self.first, self.count = WALK_AHEAD if walk else ahead
         self.lag = 0  # async: query steps its answers took beyond one (they are asked that much further ahead)
         log_stem = log_stem or (run_dir and run_dir / "advisor")
-        workers = lent or (AdvisorPool([client]) if client else start_advisor(cfg, self.renderer, self.texts, self.cap,
-                                                                              adapter, log_stem, self.learning))
+        # the advisor's workers (an AdvisorPool, or the mock reading prompt fields)
+        self.workers = lent or (AdvisorPool([client]) if client else start_advisor(
+            cfg, self.renderer, self.texts, self.cap, adapter, log_stem, self.learning))
         # the one round trip of keys to the advisor and back; the host's copy holds answers of every advisor version
-        self.session = AdvisorSession(workers, self.fields, self.renderer, self.texts, self._known(store), store,
+        self.session = AdvisorSession(self.workers, self.fields, self.renderer, self.texts, self._known(store), store,
                                       self.reasoning, owns_client=lent is None)
         self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, keys) written, ok only
         self.held: list = []  # rows collected while the workers were lent, written at the next query step
@@ -137,24 +138,6 @@ class AdvisorLink:
         # training asks the keys its record lacks too (a walk asks every key its account reads before it reads it)
         self._step = query_program(self.h.query, self.cap, self.processes, self.count, all_sides=walk,
                                    record_asks=not walk)
-
-    @property
-    def client(self):
-        """The advisor's workers (an AdvisorPool, or the mock reading prompt fields)."""
-        return self.session.client
-
-    @property
-    def store(self) -> AdviceStore | None:
-        return self.session.store
-
-    @property
-    def known(self) -> Answers:
-        """The host's copy of the table: the store's answers and every answer this link collected."""
-        return self.session.known
-
-    @property
-    def pending(self):
-        return self.session.pending
 
     def close(self) -> None:
         if self.llm_log:
@@ -178,14 +161,14 @@ class AdvisorLink:
 
     def save_store(self) -> None:
         """Adds the answers of the advisor as it started, new since the last save, to the advice store (process 0)."""
-        if self.store is not None and is_writer():
-            self.store.save()
+        if self.session.store is not None and is_writer():
+            self.session.store.save()
             self.saved_at = time.perf_counter()
 
     def use_adapter(self, path: str | None) -> None:
         """The advisor answers with LoRA adapter `path` (None: the base model) from now on: its answers are another
         advisor's, so the host's copy becomes that adapter's store (or empty)."""
-        self.client.command("load", path=path, timeout_s=600.0)
+        self.workers.command("load", path=path, timeout_s=600.0)
         self.save_store()
         self.adapter = path
         self.session.store = self._open_store(path)
@@ -201,7 +184,7 @@ class AdvisorLink:
         self.logged = 0
         self.n_thoughts = 0
         self.counting_since = time.perf_counter()
-        self.client.reset_counters()
+        self.workers.reset_counters()
 
     def sync(self, carry):
         """The carry with its advice table holding the host's copy (the store's answers and every answer this link
@@ -210,11 +193,11 @@ class AdvisorLink:
         table = carry.hybrid.advice
         if table.num_keys != self.num_keys:
             raise ValueError(f"advice table of {table.num_keys} keys for a market of {self.num_keys}")
-        if self.store is not None:  # what other holders added since: this run's other links, other processes
-            self.store.refresh()
-            self.known.take_missing(self.store.answers)
-        self.known.take_missing(to_host(table) if self.processes > 1 else jax.device_get(table))
-        k = self.known
+        if self.session.store is not None:  # what other holders added since: this run's other links, other processes
+            self.session.store.refresh()
+            self.session.known.take_missing(self.session.store.answers)
+        self.session.known.take_missing(to_host(table) if self.processes > 1 else jax.device_get(table))
+        k = self.session.known
         table = table.replace(probs=jnp.asarray(k.probs), confidence=jnp.asarray(k.confidence),
                               status=jnp.asarray(k.status), version=jnp.asarray(k.version))
         # own buffers for every leaf: query steps donate the carry, and a carry built eagerly can share one
@@ -232,9 +215,9 @@ class AdvisorLink:
         # The answers to earlier query steps' prompts. Async takes a submission once all its answers are ready
         # (never waiting): a slow advisor's answers arrive some query steps late, not never.
         taken = []
-        while self.pending and self.pending[0].step < step:
-            if self.latency == "async" and not self.client.oldest_done:
-                self.pending[0].late = True  # the advisor was busy with it for at least a whole chunk
+        while self.session.pending and self.session.pending[0].step < step:
+            if self.latency == "async" and not self.workers.oldest_done:
+                self.session.pending[0].late = True  # the advisor was busy with it for at least a whole chunk
                 break
             taken.append(self._collect(wait=self.latency == "strict", since_s=since))
         rows = self._rows(self.held + taken)
@@ -242,7 +225,7 @@ class AdvisorLink:
         if now - self.saved_at > SAVE_EVERY_S:  # a run killed later keeps what it was told until now
             self.save_store()
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
-        self.client.restart_dead()
+        self.workers.restart_dead()
         ready = self.session.can_take
         if not ready:
             self.n_busy += 1  # nobody asked: the advisor is busy with earlier prompts, or down
@@ -260,20 +243,21 @@ class AdvisorLink:
                 x.copy_to_host_async()
         return carry
 
-    def send(self) -> None:
+    def send(self, extra: np.ndarray | None = None) -> None:
         """Renders and submits the prompts of the keys the last query step picked for this process (the host's work
-        while the device runs the chunk)."""
-        if self.picks is None:
-            return
-        keys, valid = to_host(self.picks) if self.processes > 1 else jax.device_get(self.picks)
-        self.picks = None
-        take = np.flatnonzero(valid)
-        take = take[take % self.processes == self.rank]
-        if not len(take):
-            return
-        self.session.submit(keys[take], self.version, self.query_steps_total - 1)
-        self.n_thoughts += len(take) if self.reasoning else 0
-        self.n_prompts += len(take)
+        while the device runs the chunk); then, if the advisor can take another submission, up to B of `extra`
+        (keys asked for the caller's own use, not the envs': later_sessions' judging), collected like the rest."""
+        if self.picks is not None:
+            keys, valid = to_host(self.picks) if self.processes > 1 else jax.device_get(self.picks)
+            self.picks = None
+            take = np.flatnonzero(valid)
+            take = take[take % self.processes == self.rank]
+            if len(take):
+                self.session.submit(keys[take], self.version, self.query_steps_total - 1)
+                self.n_thoughts += len(take) if self.reasoning else 0
+                self.n_prompts += len(take)
+        if extra is not None and len(extra) and self.session.can_take:
+            self.session.submit(np.asarray(extra)[:self.cap], self.version, self.query_steps_total - 1)
 
     def ask_all(self, keys: np.ndarray, progress: bool = False) -> None:
         """Asks every one of `keys` not answered yet, in submissions of the link's capacity at the advisor's full rate,
@@ -282,7 +266,7 @@ class AdvisorLink:
         from tqdm import tqdm
 
         keys = np.asarray(keys)
-        missing = keys[~self.known.filled()[keys]]
+        missing = keys[~self.session.known.filled()[keys]]
         if not len(missing):
             return
         with tqdm(total=len(missing), desc="advisor: the walk's keys", unit="key", leave=False, position=1,
@@ -296,7 +280,7 @@ class AdvisorLink:
         """Collects every pending answer now (waiting for them), to be written at the next query step: the workers
         are then free for another link (a validation walk's) while training waits."""
         self.send()
-        while self.pending:
+        while self.session.pending:
             self.held.append(self._collect(wait=True))
 
     def take_written(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -308,7 +292,7 @@ class AdvisorLink:
         """Collects every pending answer (waiting for them), e.g. at the end of an evaluation walk (one process)."""
         self.send()
         taken = []
-        while self.pending:
+        while self.session.pending:
             taken.append(self._collect(wait=True))
         if taken:
             carry = carry.replace(hybrid=carry.hybrid.replace(
@@ -387,7 +371,7 @@ class AdvisorLink:
 
     def metrics(self) -> dict:
         """The query side's counters since reset_counters(), and how much of the table is filled."""
-        client_stats = self.client.stats()
+        client_stats = self.workers.stats()
         hits, misses = client_stats.get("cache_hits", 0), client_stats.get("cache_misses", 0)
         lat = np.array(self.latencies) if self.latencies else np.array([0.0])
         out = {
@@ -399,11 +383,11 @@ class AdvisorLink:
             "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
             "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
             "llm_cache_hit_rate": hits / max(hits + misses, 1),
-            "advice_keys_filled": float(self.known.filled().mean()),
-            "advice_keys_filled_current": float(self.known.filled(self.version).mean()),
+            "advice_keys_filled": float(self.session.known.filled().mean()),
+            "advice_keys_filled_current": float(self.session.known.filled(self.version).mean()),
             "llm_lag": float(self.lag),
         }
-        out.update(self.client.metrics())
+        out.update(self.workers.metrics())
         if self.reasoning:
             out["llm_reasoned"] = self.n_thoughts
         for name in STATUS_NAMES:

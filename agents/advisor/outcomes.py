@@ -33,3 +33,21 @@ def outcome_rows(written: list[tuple[int, np.ndarray, np.ndarray]], rendered_bar
     move[inside] = (market.close[b + move_bars] - market.open[b + 1]) / np.maximum(market.atr[b], 1e-9)
     out.update(seq=seq, row=row.astype(np.int32), move=move.astype(np.float32))
     return out
+
+
+def permuted_across_sessions(move: np.ndarray, session: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The placebo's moves (hybrid.learning.placebo): every row with a known move gets the known move of a row of
+    another session. The sessions present are put in a random cycle, each taking the next one's moves (in a random
+    order, repeated where it has fewer rows), so no row keeps its own session's move and what the prompt said no
+    longer tells which way the market went; NaN stays NaN. With one session, nothing can be learned: all NaN."""
+    out = np.full(len(move), np.nan, np.float32)
+    known = np.flatnonzero(np.isfinite(move))
+    sessions = np.unique(session[known])
+    if len(sessions) < 2:
+        return out
+    cycle = rng.permutation(sessions)
+    rows = {s: known[session[known] == s] for s in sessions}
+    for s, source in zip(cycle, np.roll(cycle, -1)):
+        donors = rng.permutation(rows[source])
+        out[rows[s]] = move[donors[np.arange(len(rows[s])) % len(donors)]]
+    return out

@@ -19,8 +19,9 @@ from tqdm import tqdm
 from agents.advice.record import record_metrics
 from agents.advice.table import update_ahead
 from agents.advice.usage import advice_metrics
+from agents.advisor.later_sessions import LaterSessions
 from agents.advisor.link import AdvisorLink
-from agents.advisor.outcomes import outcome_rows
+from agents.advisor.outcomes import outcome_rows, permuted_across_sessions
 from agents.advisor.workers import AdvisorPool
 from agents.devices.parallel import gather_processes, is_writer
 from agents.runs.adapters import adapter_dir, prune_adapters
@@ -50,10 +51,14 @@ class QueryLoop:
         self.rounds_seen = 0
         self.synced = False  # the run's advice table holds the store's answers (after the first query step)
         self.sent = 0  # outcomes sent during the update
+        # each advisor version judged on sessions after every bar it could have learned from
+        self.placebo_rng = np.random.default_rng(cfg.seed + 7)  # hybrid.learning.placebo's permutations
+        self.later = (LaterSessions(market, self.link.fields, self.interval, self.learning, cfg.seed)
+                      if self.learning and self.learning.judge_keys > 0 and is_writer() else None)
 
     @property
     def client(self) -> AdvisorPool:
-        return self.link.client
+        return self.link.workers
 
     def close(self) -> None:
         self.link.close()
@@ -72,7 +77,7 @@ class QueryLoop:
         """The advisor's workers, for the run's validation walks while training waits for them (`lending`); None for an
         advisor that learns (its workers learn between answers: its walks keep a sidecar of their own) and for the
         mock (it answers in microseconds: its walks keep their own, and training's budget its own measurements)."""
-        return None if self.learning or self.mock else self.link.client
+        return None if self.learning or self.mock else self.link.workers
 
     @contextmanager
     def lending(self):
@@ -102,7 +107,8 @@ class QueryLoop:
 
     def during(self) -> None:
         """While the device runs the update: the picked keys' prompts rendered and submitted, outcomes sent."""
-        self.link.send()
+        extra = None if self.later is None else self.later.due(self.link.session.known, self.link.version)
+        self.link.send(extra)
         self.sent = self._send_outcomes() if self.learning else 0
 
     def after(self, rs, stats: dict) -> dict:
@@ -115,6 +121,8 @@ class QueryLoop:
         out.update(self._link_metrics())
         if self.learning:
             out.update(self._learning_step(int(rs.update), self.sent))
+        if self.later is not None:
+            out.update(self.later.figures(self.link.session.known, self.link.version))
         return out
 
     def _link_metrics(self) -> dict:
@@ -133,8 +141,15 @@ class QueryLoop:
         return out
 
     def _send_outcomes(self) -> int:
-        rows = outcome_rows(self.link.take_written(), self.link.fields.rendered_bar, self.market,
-                            self.market.split_range("train"), self.learning.move_bars)
+        written = self.link.take_written()
+        rows = outcome_rows(written, self.link.fields.rendered_bar, self.market, self.market.split_range("train"),
+                            self.learning.move_bars)
+        bars = self.link.fields.rendered_bar(np.concatenate([keys for _, _, keys in written])) if written else None
+        if self.later is not None and np.isfinite(rows["move"]).any():  # the last bar the learner may learn from
+            self.later.learned(int(bars[np.isfinite(rows["move"])].max()) + self.learning.move_bars)
+        if self.learning.placebo and written:
+            rows["move"] = permuted_across_sessions(rows["move"], self.market.sessions.session_id[np.maximum(bars, 0)],
+                                                    self.placebo_rng)
         return self.client.send_outcomes(rows, wait_s=1.0)
 
     def _learning_step(self, update: int, sent: int) -> dict:

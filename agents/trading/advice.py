@@ -28,19 +28,25 @@ READY_DTYPES = (np.int32, np.float32, np.float32, np.int32, np.int32)
 
 
 class BookFields:
-    """The prompt fields of keys of a growing feed: agents.advisor.prompt_fields over the bars so far."""
+    """The prompt fields of keys of a growing feed: agents.advisor.prompt_fields over the bars so far (the builder is
+    made again only when bars came since the last submission)."""
 
     def __init__(self, cfg, book: BarBook, markets: list[str]):
         self.cfg, self.book, self.markets = cfg, book, markets
+        self.builder: PromptFieldBuilder | None = None
+        self.bars = -1  # the book's length the builder was made over
 
     def build(self, keys: np.ndarray) -> np.ndarray:
         b, n = self.book, self.book.n
-        market = SimpleNamespace(
-            num_bars=n, session_minutes=b.schedule.minutes, interval_minutes=b.interval, splits={"all": (0, n)},
-            contract=b.contract, close=b.column("close"), indicators={k: v[:n] for k, v in b.indicators.items()},
-            sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
-        return PromptFieldBuilder(market, self.markets, self.cfg.env.contracts_per_trade,
-                                  self.cfg.hybrid.query.interval).build(keys)
+        if n != self.bars:
+            market = SimpleNamespace(
+                num_bars=n, session_minutes=b.schedule.minutes, interval_minutes=b.interval, splits={"all": (0, n)},
+                contract=b.contract, close=b.column("close"), indicators={k: v[:n] for k, v in b.indicators.items()},
+                sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
+            self.builder = PromptFieldBuilder(market, self.markets, self.cfg.env.contracts_per_trade,
+                                              self.cfg.hybrid.query.interval)
+            self.bars = n
+        return self.builder.build(keys)
 
 
 class LiveAdvisor:

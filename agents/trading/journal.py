@@ -36,6 +36,7 @@ STATE_FILE = "state.json"
 ARRAYS_FILE = "arrays.{}.npz"  # the agent's arrays, numbered by the decisions they follow
 BARS_FILE = "bars.bin"
 FORMAT = 2  # 2: arrays and JSON (1: a pickle, refused)
+FORMAT_1_FILE = "state.pkl"  # format 1's state, recognised only to be refused
 
 # One placed bar of a BarBook, as bars.bin stores it.
 BAR_RECORD = np.dtype([
@@ -55,7 +56,7 @@ class Journal:
     @property
     def has_state(self) -> bool:
         """A state is saved here (of any format: `load` refuses another)."""
-        return (self.state_dir / STATE_FILE).exists() or (self.state_dir / "state.pkl").exists()
+        return (self.state_dir / STATE_FILE).exists() or (self.state_dir / FORMAT_1_FILE).exists()
 
     def open(self, sizes: dict[str, int] | None = None) -> None:
         """Opens the outputs for appending, cut back to `sizes` (a resumed run's) or empty."""
@@ -132,8 +133,8 @@ class Journal:
         appended in their place. A ValueError names a state of another format."""
         path = self.state_dir / STATE_FILE
         if not path.exists():
-            raise ValueError(f"{self.state_dir}: a trading state of an earlier format (a pickle, before format "
-                             f"{FORMAT}); start in a new --out folder")
+            raise ValueError(f"{self.state_dir}: a trading state of format 1 ({FORMAT_1_FILE}, a pickle), this version "
+                             f"reads {FORMAT}; start in a new --out folder")
         state = json.loads(path.read_text())
         if state.get("format") != FORMAT:
             raise ValueError(f"{self.state_dir}: a trading state of format {state.get('format')}, this version "

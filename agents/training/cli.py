@@ -43,6 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def absolute_adapter(override: str) -> str:
+    """A `hybrid.llm_adapter=PATH` override with PATH made absolute, so the run's saved config finds it from anywhere;
+    any other override as it is."""
+    key, _, path = override.partition("=")
+    return f"{key}={Path(path).resolve()}" if key == "hybrid.llm_adapter" and path else override
+
+
 def start(args: argparse.Namespace):
     """A new run from defaults ← --config ← --set ← the config flags, or --resume."""
     from agents.training.loop import train
@@ -56,12 +63,9 @@ def start(args: argparse.Namespace):
         return train(None, args.resume, resume=True, from_intact=args.from_intact, devices=args.devices)
     if args.from_intact:
         raise ConfigError("--from-intact goes with --resume RUN_DIR")
-    overrides = [*args.overrides, *flags]
+    overrides = [absolute_adapter(o) for o in (*args.overrides, *flags)]
     if args.devices is not None:
         overrides.append(f"devices={args.devices}")
-    adapter = next((o for o in overrides if o.startswith("hybrid.llm_adapter=")), None)
-    if adapter and adapter != "hybrid.llm_adapter=":  # absolute, so the run's config finds it from anywhere
-        overrides.append(f"hybrid.llm_adapter={Path(adapter.split('=', 1)[1]).resolve()}")
     if args.no_progress:
         overrides.append("log.progress=false")
     if args.no_veto:

@@ -25,6 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.advice.acting import make_acting
+from agents.advisor.later_sessions import LATER_SESSIONS_PLOT, plot_later_sessions
 from agents.advisor.query_loop import QueryLoop
 from agents.config import RUN_CONFIG_FILE, TrainConfig, load_config, save_config
 from agents.devices.parallel import (
@@ -165,6 +166,7 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
 
     metrics: dict = {}
     last_val: tuple[int, float] | None = None  # (update, score) of the latest validation walk, for the bar
+    last_later: tuple[float, float] | None = None  # (version, accuracy) of the latest judged on later sessions
     last_logged = start  # a checkpoint is only ever taken of an update whose metrics line is written
     failed = write_failed = False
     interrupted = False
@@ -249,7 +251,9 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             bar.update(1)
             if metrics.get(setup.score_name) is not None:
                 last_val = (update, metrics[setup.score_name])
-            bar.set_postfix_str(_postfix(metrics, setup.score_name, last_val), refresh=False)
+            if "lora_later_accuracy" in metrics:
+                last_later = (metrics["lora_later_version"], metrics["lora_later_accuracy"])
+            bar.set_postfix_str(_postfix(metrics, setup.score_name, last_val, last_later), refresh=False)
 
             if update % cfg.checkpoint.every_updates == 0 or update == cfg.num_updates:
                 save_checkpoint(update)
@@ -275,6 +279,8 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
         ckpt.close()
         if logger is not None:
             logger.close()
+            if cfg.hybrid.learning.enabled and not failed:
+                plot_later_sessions(run_dir / "metrics.jsonl", run_dir / LATER_SESSIONS_PLOT)
         bar.close()
         stop.restore()
 
@@ -357,9 +363,11 @@ def _record(m: dict, update: int, cfg: TrainConfig, dt: float, flops: int) -> di
     return record
 
 
-def _postfix(m: dict, score_name: str, last_val: tuple[int, float] | None = None) -> str:
+def _postfix(m: dict, score_name: str, last_val: tuple[int, float] | None = None,
+             last_later: tuple[float, float] | None = None) -> str:
     """The bar's figures. `pnl` is in-sample (the training envs' episodes); beside it, on every update, the latest
-    out-of-sample one: the validation walk's score and the update it was taken at."""
+    out-of-sample one: the validation walk's score and the update it was taken at; for an advisor that learns, its
+    version in force, its rounds and the latest version judged on later sessions (`last_later`: version, accuracy)."""
     parts = [f"{m['steps_per_s']:,.0f} steps/s"]
     for key, label in (("episode_return", "ret"), ("episode_pnl", "pnl (train)"), ("entropy", "ent"),
                        ("approx_kl", "kl")):
@@ -370,6 +378,9 @@ def _postfix(m: dict, score_name: str, last_val: tuple[int, float] | None = None
         parts.append(f"val {last_val[1]:.3g} @{last_val[0]}")
     if "llm_rate" in m:  # a hybrid run: the share of decisions advised, and the advisor's answers per second
         parts.append(f"advised {m['advice_coverage']:.1%} at {m['llm_rate']:.1f}/s")
+    if "lora_version" in m:
+        parts.append(f"advisor v{m['lora_version']:.0f} ({m['lora_rounds']:.0f} rounds"
+                     + (f", v{last_later[0]:.0f} later acc {last_later[1]:.2f})" if last_later else ")"))
     if "record_log_e" in m:  # bind_on=record: the advice's evidence E, its bar and sessions, and whether it binds
         parts.append(f"record E {math.exp(m['record_log_e']):.3g}/{math.exp(m['record_log_e_bar']):.0f} "
                      f"({m['record_sessions']:.0f} sessions{', bound' if m['record_bound'] else ''})")
