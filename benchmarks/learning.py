@@ -83,7 +83,7 @@ def round_row(n: int, draw: int) -> dict:
     round_s = time.perf_counter() - t0
     record = learner.rounds[-1]
     return {"suite": "learning", "case": "round", "draw": draw, "outcomes": len(prompts), "threads": threads,
-            "layers": getattr(options, "layers", "all"), "scoring_s": scoring_s, "round_s": round_s,
+            "scoring_s": scoring_s, "round_s": round_s,
             **{k: record[k] for k in ("train_examples", "val_examples", "steps", "adopted", "val_loss_before",
                                       "val_loss", "direction_accuracy_base", "direction_accuracy")},
             "options": dataclasses.asdict(options), "peak_memory_mb": peak_host_memory_mb()}
@@ -104,13 +104,11 @@ def markdown(rows: list[dict]) -> str:
         return "No learning rows."
     return "\n".join([
         ("One advisor-learning round (llm_sidecar.learning.LoraLearner, the learner's default options) over outcomes "
-         "of synthetic:headlines' training split, on every core: `layers` = the top decoder layers the LoRA learns "
-         "in (their input computed when the prompt was answered); scoring = answering the prompts first, as the "
+         "of synthetic:headlines' training split, on every core: scoring = answering the prompts first, as the "
          "sidecar does (not part of the round); accuracy = held-out direction accuracy, the base model's → the "
          "round's."),
         "",
         table(rows, [
-            ("layers", lambda r: r["layers"]),
             ("draw", lambda r: r["draw"]),
             ("outcomes (train / held out)", lambda r: f"{r['outcomes']} ({r['train_examples']} / {r['val_examples']})"),
             ("steps", lambda r: r["steps"]),

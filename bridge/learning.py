@@ -19,14 +19,11 @@ class LearningOptions:
     max_epochs: int = 1  # passes over the training share per round
     patience: int = 1  # epochs without a better validation loss before the round stops
     grad_clip: float = 1.0  # global gradient-norm clip
-    kl_coef: float = 0.1  # weight of KL(start ‖ adapted) over the 6 actions (start: the advisor as the learner started)
+    kl_coef: float = 0.1  # weight of KL(base ‖ adapted) over the 6 actions
     move_clip: float = 3.0  # an example's weight, its move over the training share's RMS move, is clipped to this
     buffer_size: int = 4096  # experiences kept (the oldest go first)
     val_share: float = 0.2  # share of prompts (by hash) held out for validation
     min_examples: int = 64  # a round needs this many training examples (and 8 validation ones)
-    # the top decoder layers a new adapter sits in and a round trains: the layers below run once per prompt, when it
-    # is answered, and a learning step runs these only (llm_sidecar.learning.UpperLayers)
-    layers: int = 8
 
     def check(self) -> None:
         """Raises ValueError("FIELD: what is wrong") for the first option out of range."""
@@ -35,7 +32,7 @@ class LearningOptions:
             (self.move_clip > 0, "move_clip", f"must be > 0, got {self.move_clip}"),
             (0.0 < self.val_share < 1.0, "val_share", f"must be between 0 and 1, got {self.val_share}"),
             *((getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-              for name in ("rank", "batch_size", "max_epochs", "buffer_size", "min_examples", "layers")),
+              for name in ("rank", "batch_size", "max_epochs", "buffer_size", "min_examples")),
         ]
         for ok, name, msg in problems:
             if not ok:

@@ -293,10 +293,6 @@ class TransformersBackend:
         self.answer_cue_ids = self.tokenizer("\n" + answer_prefix, add_special_tokens=False).input_ids
         self._prefix_cache = None
         self.refresh_prefix_cache()
-        # (a decoder layer, sink(contexts, inputs)): each prompt score mode answers hands the sink its hidden states
-        # entering that layer ([tokens, hidden] float16, the system prefix's aside): LoRA learning's upper layers
-        # learn from them without running the layers below again (llm_sidecar.learning)
-        self.layer_input_sink = None
 
     def prefix_token_ids(self, prefix_text: str) -> list[int]:
         """A chat prefix's token ids, with the tokenizer's BOS unless the chat template wrote it already."""
@@ -353,6 +349,19 @@ class TransformersBackend:
             return contextlib.nullcontext()
         return self.model.disable_adapter()
 
+    def action_scores(self, contexts: list[str]):
+        """[n, 6] score-mode action scores over temperature (log-softmax them for log-probabilities): the
+        computation `advise` answers with, in one micro-batch, under the caller's autograd mode and with the
+        system prefix recomputed for the weights (and adapter) active now. For LoRA learning."""
+        if self.options.score_tokens != "first":
+            raise ValueError("LoRA learning needs the transformers backend with score_tokens='first'")
+        texts = [c + self.suffix_text + self.answer_prefix for c in contexts]
+        if self._prefix_cache is None:
+            texts = [self.prefix_text + t for t in texts]
+        tokens = self.tokenizer(texts, add_special_tokens=False).input_ids
+        cache = None if self._prefix_cache is None else self.fresh_prefix_cache()
+        return self._score_tokens(tokens, cache) / self.options.temperature
+
     def _left_padded(self, token_lists: list[list[int]]):
         torch = self.torch
         width = max(len(t) for t in token_lists)
@@ -389,12 +398,7 @@ class TransformersBackend:
         batch = len(texts)
         scores = torch.empty((batch, NUM_ACTIONS), dtype=torch.float32)
         for group in self._micro_batches([len(t) for t in tokens]):
-            with self._layer_inputs() as kept:
-                scores[group] = self._score_tokens([tokens[i] for i in group]).cpu()
-            if kept:  # the prompt pass's input to the sink's layer, each row's own positions (left padding dropped)
-                self.layer_input_sink[1]([contexts[i] for i in group],
-                                         [kept[0][row, -len(tokens[i]):].to(torch.float16).numpy()
-                                          for row, i in enumerate(group)])
+            scores[group] = self._score_tokens([tokens[i] for i in group]).cpu()
         probs = torch.softmax(scores / self.options.temperature, dim=-1).numpy().astype(np.float32)
         action = probs.argmax(axis=1)
         reasons = [b"score %s %.2f" % (ACTIONS[i].encode(), p) for i, p in zip(action, probs.max(axis=1))]
@@ -407,30 +411,17 @@ class TransformersBackend:
             prompt_tokens=sum(len(t) for t in tokens),
         )
 
-    @contextlib.contextmanager
-    def _layer_inputs(self):
-        """With `layer_input_sink` set (and the system prefix cached, so that a prompt's tokens are its own): the
-        hidden states entering the sink's decoder layer during the forward passes inside, in the yielded list."""
-        kept: list = []
-        if self.layer_input_sink is None or self._prefix_cache is None:
-            yield kept
-            return
-
-        def keep(module, args, kwargs):
-            kept.append((args[0] if args else kwargs["hidden_states"]).detach())
-
-        handle = self.layer_input_sink[0].register_forward_pre_hook(keep, with_kwargs=True)
-        try:
-            yield kept
-        finally:
-            handle.remove()
-
     def refresh_prefix_cache(self) -> None:
         """Recomputes the system prefix's key/value cache (after the weights changed: LoRA learning)."""
         if self.options.mode == "score" and self.options.prefix_cache:
             with self.torch.inference_mode(), self.adapter_scope():
                 ids = self.torch.tensor([self.prefix_ids], device=self.device)
                 self._prefix_cache = self.model(input_ids=ids, use_cache=True).past_key_values
+
+    def fresh_prefix_cache(self):
+        """A one-row system-prefix cache for the weights active now, under the caller's autograd mode."""
+        ids = self.torch.tensor([self.prefix_ids], device=self.device)
+        return self.model(input_ids=ids, use_cache=True).past_key_values
 
     def _shared_prefix_cache(self, batch: int, cache=None):
         """The system prefix's key/value cache for `batch` rows. The rows are broadcast views of the one cached
@@ -446,14 +437,15 @@ class TransformersBackend:
             cache.batch_repeat_interleave(batch)
         return cache
 
-    def _score_tokens(self, token_lists: list[list[int]]):
-        """[batch, 6] action scores for one micro-batch of tokenised prompts (each ending in the answer prefix)."""
+    def _score_tokens(self, token_lists: list[list[int]], prefix_cache=None):
+        """[batch, 6] action scores for one micro-batch of tokenised prompts (each ending in the answer prefix).
+        `prefix_cache`: a one-row system-prefix cache to use instead of the stored one."""
         torch = self.torch
         batch = len(token_lists)
         if self._prefix_cache is None:
             prefix_len, cache = 0, None
         else:
-            prefix_len, cache = len(self.prefix_ids), self._shared_prefix_cache(batch)
+            prefix_len, cache = len(self.prefix_ids), self._shared_prefix_cache(batch, prefix_cache)
         ids, mask = self._left_padded(token_lists)
         # Padding sits between the shared prefix and each context; positions skip it.
         full_mask = torch.cat([torch.ones((batch, prefix_len), dtype=mask.dtype, device=self.device), mask], dim=1)

@@ -8,16 +8,11 @@ bounded `ExperienceBuffer` that holds a share of prompts out for validation.
 
 `LoraLearner` trains a second LoRA adapter ("learning") on the score head, the 6-way softmax the advisor
 answers with, while the "default" adapter keeps answering: answers never come from half-trained weights.
-A new adapter sits in the model's top `layers` decoder layers only (`UpperLayers`), so the layers below are the
-base model's for good: when the backend answers a prompt it hands the learner the hidden states entering the upper
-layers (`FeatureStore`), and a learning step runs those few layers from there, forward and back, instead of the
-whole model over the whole prompt.
 The loss of an example is -w·log p(BUY) where the market rose after the answer and -w·log p(SELL) where it fell,
 w = |move| over the training share's RMS move, clipped. Every answered prompt with a known move counts, whatever
 the agent then did: the move says which way the market went, which the advice's own trades (stopped out or
 taken at their target within a few bars) say too weakly to learn the news from (docs/findings.md).
-Plus kl_coef · KL(start ‖ adapted) so the answers do not collapse, the reference being the advisor as the learner
-started ("reference": the base model for a new adapter). Adam, gradient clipping, and early stopping
+Plus kl_coef · KL(base ‖ adapted) so the answers do not collapse. Adam, gradient clipping, and early stopping
 on the validation share: after each epoch the held-out loss decides whether to go on, and the best epoch's
 weights are the ones copied into "default" at the round's end, only if the held-out loss improved.
 
@@ -32,13 +27,14 @@ adapter the round adopts also scores the labels after every later thought.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
 import os
 import time
 from collections import OrderedDict, deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -51,7 +47,6 @@ from llm_sidecar.models import log
 EXPERIENCES_FILE = "experiences.jsonl.gz"  # saved beside each adapter
 TRAINING_ADAPTER = "learning"
 SERVING_ADAPTER = "default"
-REFERENCE_ADAPTER = "reference"  # the serving adapter as the learner started, never trained: KL's reference
 
 
 @dataclass
@@ -59,9 +54,6 @@ class Experience:
     prompt: str
     advice: np.ndarray  # float32 [6]: the answer's probabilities when it was given
     move: float  # the market's move over the following bars, in ATRs; NaN if unknown
-    # float16 [tokens, hidden]: the prompt's hidden states entering the learner's upper layers, kept when it was
-    # answered (None: computed by the round that needs them; never saved)
-    features: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         return {"prompt": self.prompt, "advice": [round(float(p), 6) for p in self.advice],
@@ -160,114 +152,6 @@ def usable(experience: Experience) -> bool:
     return bool(np.isfinite(experience.move))
 
 
-class FeatureStore:
-    """The upper layers' input of the prompts answered lately (the backend's layer_input_sink), by prompt, the
-    `capacity` most recent kept: an answered prompt's outcome comes an update or two later."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.entries: OrderedDict[str, np.ndarray] = OrderedDict()
-
-    def put(self, prompts: list[str], features: list[np.ndarray]) -> None:
-        for prompt, feature in zip(prompts, features):
-            self.entries[prompt] = feature
-            self.entries.move_to_end(prompt)
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
-
-    def get(self, prompt: str) -> np.ndarray | None:
-        return self.entries.get(prompt)
-
-
-class PrefixKeys:
-    """The upper layers' key/value cache for one pass of a batch: the first pass (the system prefix, one row) is
-    recorded; the next attends to it, expanded to its rows, and to itself (what the attention modules call
-    `cache.update` for)."""
-
-    def __init__(self):
-        self.recorded: dict[int, tuple] = {}
-        self.recording = True
-
-    def update(self, key, value, layer_idx: int, *args, **kwargs):
-        if self.recording:
-            self.recorded[layer_idx] = (key, value)
-            return key, value
-        import torch
-
-        past_key, past_value = self.recorded[layer_idx]
-        rows = key.shape[0]
-        return (torch.cat([past_key.expand(rows, *past_key.shape[1:]), key], dim=2),
-                torch.cat([past_value.expand(rows, *past_value.shape[1:]), value], dim=2))
-
-
-class UpperLayers:
-    """The model's top `count` decoder layers, run from the hidden states entering the first of them. LoRA learns in
-    these layers only: a learning step costs their share of a forward and backward pass, and the layers below, never
-    trained, run once per prompt, when it is answered (the backend hands their output to the learner). Their score is
-    score mode's with score_tokens 'first': the action labels' first-token logits after the answer prefix, over the
-    temperature."""
-
-    def __init__(self, model, count: int, backend):
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        stack = getattr(base, "model", None)
-        layers = getattr(stack, "layers", None)
-        if layers is None or not all(hasattr(stack, name) for name in ("rotary_emb", "norm")):
-            raise ValueError(f"LoRA learning: {type(base).__name__} has no decoder stack with layers, rotary_emb and "
-                             "norm (a Llama- or Phi-3-style model)")
-        self.stack, self.head = stack, base.get_output_embeddings()
-        self.start = max(0, len(layers) - count)
-        self.layers = list(layers)[self.start:]
-        self.first = layers[self.start]
-        self.label_ids = list(backend.first_token_ids)
-        self.temperature = backend.options.temperature
-
-    def holds(self, name: str) -> bool:
-        """Whether a parameter's name (`...layers.N....`) lies in one of these layers."""
-        parts = name.split(".")
-        return any(before == "layers" and index.isdigit() and int(index) >= self.start
-                   for before, index in zip(parts, parts[1:]))
-
-    def scores(self, features: list[np.ndarray], prefix):
-        """[n, 6] action scores of prompts from their upper-layer inputs `features` ([tokens, hidden] each) after the
-        system prefix's (`prefix`, [tokens, hidden]), under the active adapter and the caller's autograd mode."""
-        import torch
-
-        dtype, device = prefix.dtype, prefix.device
-        keys = PrefixKeys()
-        n_prefix = prefix.shape[0]
-        causal = torch.ones((n_prefix, n_prefix), dtype=torch.bool, device=device).tril()
-        self._run(prefix[None], torch.arange(n_prefix, device=device)[None], self._additive(causal[None, None], dtype),
-                  keys)
-        keys.recording = False
-        rows, width = len(features), max(len(f) for f in features)
-        x = torch.zeros((rows, width, prefix.shape[1]), dtype=dtype, device=device)
-        mask = torch.zeros((rows, width), dtype=torch.bool, device=device)
-        for row, f in enumerate(features):  # left-padded, as the backend pads a micro-batch
-            x[row, width - len(f):] = torch.from_numpy(np.asarray(f, np.float32)).to(device, dtype)
-            mask[row, width - len(f):] = True
-        positions = (n_prefix + mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        own = torch.ones((width, width), dtype=torch.bool, device=device).tril()[None] & mask[:, None, :]
-        allowed = torch.cat([torch.ones((rows, width, n_prefix), dtype=torch.bool, device=device), own], dim=2)
-        x = self._run(x, positions, self._additive(allowed[:, None], dtype), keys)
-        logits = self.head(self.stack.norm(x[:, -1:]))[:, -1].float()
-        return logits[:, self.label_ids] / self.temperature
-
-    @staticmethod
-    def _additive(allowed, dtype):
-        import torch
-
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed,
-                                                                                          torch.finfo(dtype).min)
-
-    def _run(self, hidden, positions, mask, keys: PrefixKeys):
-        embeddings = self.stack.rotary_emb(hidden, position_ids=positions)
-        for layer in self.layers:
-            out = layer(hidden, attention_mask=mask, position_ids=positions, cache=keys, use_cache=True,
-                        position_embeddings=embeddings)
-            hidden = out[0] if isinstance(out, tuple) else out
-        return hidden
-
-
 class LoraLearner:
     """Adds a trainable LoRA adapter beside the serving one and trains it in rounds (see the module doc)."""
 
@@ -279,38 +163,21 @@ class LoraLearner:
         self.backend = backend
         self.options = options
         self.rng = np.random.default_rng(seed)
-        if backend.options.score_tokens != "first" or not backend.options.prefix_cache:
-            raise ValueError("LoRA learning needs the transformers backend in score mode with score_tokens='first' "
-                             "and the system prefix cached (prefix_cache)")
         model = backend.model
         if not isinstance(model, PeftModel):
             if backend.options.quantize != "none":  # QLoRA: a 4/8-bit base with float LoRA weights
                 model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-            # A new adapter's B matrices start at zero: until a round succeeds, answers are the base model's. It sits
-            # in the upper layers only: the layers below stay the base model's, whatever the rounds adopt.
-            n_layers = len(UpperLayers(model, 1, backend).stack.layers)
+            # A new adapter's B matrices start at zero: until a round succeeds, answers are the base model's.
             config = LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
-                                target_modules=attention_projections(model),
-                                layers_to_transform=list(range(max(0, n_layers - options.layers), n_layers)))
+                                target_modules=attention_projections(model))
             model = get_peft_model(model, config)
-        for name in (TRAINING_ADAPTER, REFERENCE_ADAPTER):
-            model.add_adapter(name, model.peft_config[SERVING_ADAPTER])
+        model.add_adapter(TRAINING_ADAPTER, model.peft_config[SERVING_ADAPTER])
         model.set_adapter(SERVING_ADAPTER)
         backend.model = model.eval()
         self.model = model
-        self.upper = UpperLayers(model, options.layers, backend)
-        # A loaded adapter's weights below the upper layers keep answering and are never trained (their output, the
-        # upper layers' input, is then fixed for the run).
-        for name in (TRAINING_ADAPTER, REFERENCE_ADAPTER):
-            self._copy(self._adapter_pairs(name), to_other=True)
-        self.pairs = [pair for pair in self._adapter_pairs(TRAINING_ADAPTER) if self.upper.holds(pair[2])]
-        if not self.pairs:
-            raise RuntimeError(f"LoRA learning found no adapter weights in the top {options.layers} layers to train")
+        self.pairs = self._adapter_pairs()
+        self._copy(to_training=True)
         backend.refresh_prefix_cache()
-        self.prefix = self._prefix_features()
-        self.features = FeatureStore(options.buffer_size)
-        backend.layer_input_sink = (self.upper.first, self.features.put)
-        self.features_computed = 0  # prompts whose upper-layer input a round had to compute (not kept when answered)
         self.buffer = ExperienceBuffer(options.buffer_size, options.val_share)
         self.memory = PromptMemory()
         self.version = 0  # bumps when the serving adapter changes (the server then clears its answer cache)
@@ -318,47 +185,33 @@ class LoraLearner:
         self.learn_s = 0.0
         self.unknown_outcomes = 0
         self._work: Iterator[None] | None = None
-        self._reference_logp: dict[str, np.ndarray] = {}
+        self._base_logp: dict[str, np.ndarray] = {}
         self._last_started = -1
 
     # ---- experience -----------------------------------------------------------------------------------
 
     def add_outcomes(self, rows: dict[str, np.ndarray]) -> None:
         experiences, unknown = self.memory.join(rows)
-        experiences = [e for e in experiences if usable(e)]
-        for e in experiences:
-            e.features = self.features.get(e.prompt)
-        self.buffer.add(experiences)
+        self.buffer.add([e for e in experiences if usable(e)])
         self.unknown_outcomes += unknown
 
     # ---- adapters --------------------------------------------------------------------------------------
 
-    def _adapter_pairs(self, adapter: str) -> list[tuple]:
-        """(serving parameter, `adapter`'s parameter, its name) for every weight of the serving adapter."""
+    def _adapter_pairs(self) -> list[tuple]:
+        """(serving parameter, training parameter) pairs of the two adapters."""
         params = dict(self.model.named_parameters())
-        return [(params[name.replace(f".{adapter}.", f".{SERVING_ADAPTER}.")], p, name)
-                for name, p in params.items() if f".{adapter}." in name]
+        pairs = []
+        for name, p in params.items():
+            if f".{TRAINING_ADAPTER}." in name:
+                pairs.append((params[name.replace(f".{TRAINING_ADAPTER}.", f".{SERVING_ADAPTER}.")], p))
+        if not pairs:
+            raise RuntimeError("LoRA learning found no adapter weights to train")
+        return pairs
 
-    def _copy(self, pairs: list[tuple], to_other: bool) -> None:
-        """Copies the serving adapter's weights into the pairs' other adapter (`to_other`), or back."""
+    def _copy(self, to_training: bool) -> None:
         with self.torch.no_grad():
-            for serving, other, _ in pairs:
-                (other if to_other else serving).copy_(serving if to_other else other)
-
-    def _prefix_features(self):
-        """The system prefix's hidden states entering the upper layers, [tokens, hidden] (fixed: the layers below are
-        never trained)."""
-        torch, backend = self.torch, self.backend
-        kept = []
-        handle = self.upper.first.register_forward_pre_hook(
-            lambda module, args, kwargs: kept.append((args[0] if args else kwargs["hidden_states"]).detach()),
-            with_kwargs=True)
-        try:
-            with torch.inference_mode():
-                backend.model(input_ids=torch.tensor([backend.prefix_ids], device=backend.device))
-        finally:
-            handle.remove()
-        return torch.tensor(kept[0][0].float().cpu().numpy(), device=backend.device)  # a normal (not inference) tensor
+            for serving, training in self.pairs:
+                (training if to_training else serving).copy_(serving if to_training else training)
 
     def save(self, path: str | Path) -> str:
         """Writes the serving adapter as a peft adapter directory (loadable with --lora), with the experiences
@@ -410,44 +263,37 @@ class LoraLearner:
         finally:
             self.torch.set_num_threads(threads)
 
-    def _log_probs(self, examples: list[Experience]):
-        """[n, 6] log-probabilities of the examples' answers under the active adapter, from their upper-layer input."""
-        return self.torch.log_softmax(self.upper.scores([e.features for e in examples], self.prefix), dim=-1).cpu()
+    def _log_probs(self, prompts: list[str]):
+        return self.torch.log_softmax(self.backend.action_scores(prompts).float(), dim=-1)
 
-    def _prepare(self, examples: list[Experience]) -> Iterator[None]:
-        """The upper-layer input of examples that lack it (answered before the learner kept it, or loaded from a
-        file: the whole model runs on them once, as answering does), then the reference log-probabilities of prompts
-        not yet seen; a batch per yield."""
-        bs = self.options.batch_size
-        lacking = [e for e in examples if e.features is None]
-        for start in range(0, len(lacking), bs):
-            batch = lacking[start : start + bs]
-            self.backend.advise([e.prompt for e in batch])  # the backend hands their features to self.features
-            for e in batch:
-                e.features = self.features.get(e.prompt)
-            self.features_computed += len(batch)
-            yield None
-        todo = list({e.prompt: e for e in examples if e.prompt not in self._reference_logp}.values())
-        for start in range(0, len(todo), bs):
-            batch = todo[start : start + bs]
-            self.model.set_adapter(REFERENCE_ADAPTER)
-            with self.torch.no_grad():
-                for logp, e in zip(self._log_probs(batch).numpy(), batch):
-                    self._reference_logp[e.prompt] = logp
-            self.model.set_adapter(SERVING_ADAPTER)
+    def _adapter(self, name: str | None):
+        """Makes adapter `name` active (None: the base model, all adapters off) for one batch of work."""
+        if name is None:
+            return self.model.disable_adapter()
+        self.model.set_adapter(name)
+        return contextlib.nullcontext()
+
+    def _base_prepare(self, examples: list[Experience]) -> Iterator[None]:
+        """Base-model log-probabilities (all adapters off) of prompts not yet seen, a batch per yield."""
+        todo = list(dict.fromkeys(e.prompt for e in examples if e.prompt not in self._base_logp))
+        for start in range(0, len(todo), self.options.batch_size):
+            batch = todo[start : start + self.options.batch_size]
+            with self.torch.no_grad(), self._adapter(None):
+                for logp, prompt in zip(self._log_probs(batch).cpu().numpy(), batch):
+                    self._base_logp[prompt] = logp
             yield None
 
-    def _reference(self, examples: list[Experience]):
-        return self.torch.tensor(np.stack([self._reference_logp[e.prompt] for e in examples]))
+    def _base(self, examples: list[Experience]):
+        return self.torch.tensor(np.stack([self._base_logp[e.prompt] for e in examples]))
 
     def _loss(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray):
         """(loss, KL, log-probabilities [n, 6]) of a batch under the active adapter."""
         torch = self.torch
-        reference = self._reference(examples)
-        logp = self._log_probs(examples)
+        base = self._base(examples)
+        logp = self._log_probs([e.prompt for e in examples]).cpu()
         actions = torch.tensor(actions)
         nll = -(torch.tensor(weights) * logp.gather(1, actions[:, None])[:, 0]).mean()
-        kl = (reference.exp() * (reference - logp)).sum(-1).mean()
+        kl = (base.exp() * (base - logp)).sum(-1).mean()
         return nll + self.options.kl_coef * kl, kl, logp
 
     def _evaluate(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray,
@@ -459,8 +305,7 @@ class LoraLearner:
         bs = self.options.batch_size
         for start in range(0, len(examples), bs):
             batch = examples[start : start + bs]
-            self.model.set_adapter(adapter)
-            with self.torch.no_grad():
+            with self.torch.no_grad(), self._adapter(adapter):
                 loss, kl, logp = self._loss(batch, actions[start : start + bs], weights[start : start + bs])
                 tops.append(logp.argmax(-1).numpy())
             self.model.set_adapter(SERVING_ADAPTER)
@@ -484,12 +329,12 @@ class LoraLearner:
         weights = move_weights(o, train)
         w_train, w_val = weights(train), weights(val)
         a_train, a_val = move_targets(train), move_targets(val)
-        yield from self._prepare(train + val)
-        base_tops = self._reference(val).argmax(-1).numpy()
+        yield from self._base_prepare(train + val)
+        base_tops = self._base(val).argmax(-1).numpy()
         yield from self._evaluate(val, a_val, w_val, SERVING_ADAPTER)
         val_before, _, _ = self._result
         best_loss, best_epoch, epochs, steps, train_loss = val_before, 0, 0, 0, float("nan")
-        params = [p for _, p, _ in self.pairs]
+        params = [p for _, p in self.pairs]
         best = [p.detach().clone() for p in params]
         optimizer = torch.optim.Adam(params, lr=o.lr)
         for epoch in range(1, o.max_epochs + 1):
@@ -519,7 +364,7 @@ class LoraLearner:
             for p, b in zip(params, best):
                 p.copy_(b)
         if best_epoch:  # the held-out loss improved: the learned weights start answering
-            self._copy(self.pairs, to_other=False)
+            self._copy(to_training=False)
             self.backend.refresh_prefix_cache()
             self.version += 1
         yield from self._evaluate(val, a_val, w_val, SERVING_ADAPTER)
@@ -539,4 +384,4 @@ class LoraLearner:
 
     def stats(self) -> dict:
         return {"busy": self.busy, "rounds": self.rounds, "learn_s": self.learn_s, "version": self.version,
-                "unknown_outcomes": self.unknown_outcomes, "features_computed": self.features_computed, "options": asdict(self.options), **self.buffer.sizes()}
+                "unknown_outcomes": self.unknown_outcomes, "options": asdict(self.options), **self.buffer.sizes()}

@@ -312,49 +312,6 @@ def test_the_learner_learns_from_every_answered_prompt_which_way_the_market_went
     assert learner.rounds[-1]["direction_accuracy"] == 1.0  # its top answers on held-out prompts: BUY, as it went
 
 
-def test_the_upper_layers_score_a_prompt_from_the_input_kept_when_it_was_answered_as_the_whole_model_does(
-        tmp_path):
-    """A new adapter sits in the top `layers` decoder layers only; answering a prompt hands the learner the hidden
-    states entering them, and running those layers from there gives the answer the whole model gives, under an
-    adapter whose weights are not zero (what a round's steps and evaluations compute)."""
-    model = str(build_tiny_phi3(tmp_path / "three_layers", layers=3))
-    prompts = [p.decode() for p in RENDERER.render(*example_fields(24, seed=2))]
-    backend = tiny_backend(model)
-    learner = LoraLearner(backend, LearningOptions(layers=1))
-    adapted = {name.split(".layers.")[1].split(".")[0] for name, _ in backend.model.named_parameters() if "lora_" in name}
-    assert adapted == {"2"}  # the top layer of three
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for serving, _, _ in learner.pairs:
-            serving.add_(torch.randn_like(serving) * 0.05)
-    backend.refresh_prefix_cache()
-    answers = backend.advise(prompts).probs
-    features = [learner.features.get(p) for p in prompts]
-    assert all(f is not None and f.dtype == np.float16 for f in features)
-    with torch.no_grad():
-        upper = torch.softmax(learner.upper.scores(features, learner.prefix), dim=-1).numpy()
-    assert np.abs(upper - answers).max() < 1e-4
-    learner.model.set_adapter("reference")  # the advisor as the learner started: the base model
-    with torch.no_grad():
-        reference = torch.softmax(learner.upper.scores(features, learner.prefix), dim=-1).numpy()
-    assert np.allclose(reference, tiny_backend(model).advise(prompts).probs, atol=1e-4)
-
-
-def test_a_round_computes_the_upper_layer_input_of_experiences_answered_before_it_was_kept(tiny_model):
-    """Experiences without their kept input (loaded from a file, as the replay does, or answered before the learner
-    started) are learned from too: the round runs the whole model on them once, and counts them."""
-    fields, texts = example_fields(64, seed=6)
-    prompts = [p.decode() for p in RENDERER.render(fields, texts)]
-    backend = tiny_backend(tiny_model)
-    learner = LoraLearner(backend, LearningOptions(lr=5e-3, min_examples=16, batch_size=16))
-    experiences = [Experience(p, np.full(6, 1 / 6, np.float32), 1.0) for p in prompts]
-    learner.buffer.add(experiences)
-    assert learner.start_round()["started"]
-    learner.finish()
-    assert learner.stats()["features_computed"] == 64 and learner.rounds[-1]["steps"] >= 1
-    assert all(e.features is not None for e in experiences)
-
-
 @pytest.mark.slow
 def test_lora_learning_moves_answers_toward_the_side_the_market_took(tiny_model):
     """A shortened schedule: the held-out loss falls and the adapter raises P(BUY | bullish news) and
@@ -402,7 +359,7 @@ def test_a_run_whose_advisor_learns_saves_adapters_with_checkpoints_and_evaluati
     def recording(self, wait, since_s=None):
         rows = collect(self, wait, since_s)
         ok = rows[3] == 0  # STATUS_OK
-        collected.append((self.store and self.store.dir, rows[0][ok], rows[4][ok], rows[1][ok]))
+        collected.append((self.session.store and self.session.store.dir, rows[0][ok], rows[4][ok], rows[1][ok]))
         return rows
 
     monkeypatch.setattr(AdvisorLink, "_collect", recording)

@@ -108,17 +108,21 @@ def plot_later_sessions(metrics_path: Path, out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    update = [m["update"] for m in rows]
+    def values(key: str) -> list[float]:  # metrics.jsonl writes NaN as null (no version answered BUY or SELL)
+        return [float("nan") if m.get(key) is None else float(m[key]) for m in rows]
+
+    update, loss = [m["update"] for m in rows], values("lora_later_loss")
     fig, (loss_ax, acc_ax) = plt.subplots(2, 1, sharex=True, figsize=(7, 5))
-    loss_ax.plot(update, [m["lora_later_loss"] for m in rows], "o-")
+    loss_ax.plot(update, loss, "o-")
     loss_ax.set_ylabel("loss")
-    acc_ax.plot(update, [m["lora_later_accuracy"] for m in rows], "o-")
+    acc_ax.plot(update, values("lora_later_accuracy"), "o-")
     acc_ax.axhline(0.5, color="grey", lw=0.8, ls="--")
     acc_ax.set_ylabel("direction accuracy")
     acc_ax.set_xlabel("update (the version judged first answered all its keys)")
-    for m in rows:
-        acc_ax.annotate(f"v{m['lora_later_version']:.0f}", (m["update"], m["lora_later_accuracy"]),
-                        textcoords="offset points", xytext=(0, 5), ha="center", fontsize=8)
+    for m, x, y in zip(rows, update, loss):
+        if np.isfinite(y):
+            loss_ax.annotate(f"v{m['lora_later_version']:.0f}", (x, y), textcoords="offset points", xytext=(0, 5),
+                             ha="center", fontsize=8)
     loss_ax.set_title("the advisor's versions on later sessions only (keys of sessions after every learned bar)")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
