@@ -7,8 +7,6 @@ so a typo in a YAML file never silently trains with a default.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from bridge.field_comments import field_comments
 from bridge.learning import LearningOptions
 from bridge.protocol import MOCK_ANSWERS
 from jaxenv.config import DataConfig, EnvConfig, check_rules, resolve_data_config
@@ -669,24 +668,6 @@ def config_overrides(args) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------------
 # configs/default.yaml, generated from the dataclasses: `python -m agents.config > configs/default.yaml`
-
-
-def field_comments(cls: type) -> dict[str, str]:
-    """{field: its comment in the source}: the comment on the field's line, else the comment lines just above it."""
-    comments: dict[str, str] = {}
-    block: list[str] = []
-    sources = [inspect.getsourcelines(c)[0] for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c)]
-    for line in (line for lines in sources for line in lines):  # a subclass's comment wins
-        text = line.strip()
-        if text.startswith("#"):
-            block.append(text.lstrip("# "))
-            continue
-        match = re.match(r"(\w+): [^=]+=", text)
-        if match:
-            trailing = text.split("  # ", 1)[1] if "  # " in text else ""
-            comments[match.group(1)] = trailing or " ".join(block)
-        block = []
-    return comments
 
 
 def default_config_yaml() -> str:

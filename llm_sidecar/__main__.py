@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ import time
 import numpy as np
 
 from bridge import ACTIONS, NUM_ACTIONS, PROMPT_FIELDS, STATUS_NAMES, PromptRenderer
+from bridge.field_comments import field_comments
 from bridge.peer import add_transport_arguments
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from bridge.protocol import MOCK_ANSWERS
@@ -26,25 +28,7 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-size", type=int, default=65536, help="LRU answer-cache entries (0 = off)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--verbose", action="store_true", help="log every submission's timing")
-    hf = parser.add_argument_group("transformers backend")
-    hf.add_argument("--model", default="smollm2", help="'smollm2' (embedded), a local directory or a hub id")
-    hf.add_argument("--mode", choices=("score", "generate"), default="score")
-    hf.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"), default="auto")
-    hf.add_argument("--quantize", choices=("none", "int8", "int4"), default="none", help="bitsandbytes quantization")
-    hf.add_argument("--lora", default=None, help="a peft LoRA adapter directory")
-    hf.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    hf.add_argument("--temperature", type=float, default=1.0, help="score mode softmax temperature")
-    hf.add_argument("--score-tokens", choices=("first", "full"), default="first",
-                    help=f"score mode: 'first' = one forward pass, one softmax over the {NUM_ACTIONS} labels' first-token "
-                         "logits "
-                         "(exact for one-token labels); 'full' = length-normalised log-likelihood of every label token")
-    hf.add_argument("--action-labels", default=None,
-                    help=f"score mode: the {NUM_ACTIONS} action names the system prompt uses, comma-separated, in "
-                         f"{','.join(ACTIONS)} order (default: those names; `ask` reads --prompts)")
-    hf.add_argument("--micro-batch", type=int, default=64, help="score mode: prompts per forward pass, length-sorted")
-    hf.add_argument("--max-new-tokens", type=int, default=24, help="generate mode answer length")
-    hf.add_argument("--sample", action="store_true", help="generate mode: sample instead of greedy")
-    hf.add_argument("--no-prefix-cache", action="store_true", help="score mode: recompute the system prefix per batch")
+    add_option_flags(parser.add_argument_group("transformers backend"))
     mock = parser.add_argument_group("mock backend (fault injection for tests)")
     mock.add_argument("--latency-s", type=float, default=0.0, help="sleep per prompt")
     mock.add_argument("--garbage-rate", type=float, default=0.0, help="fraction of unparseable answers")
@@ -52,6 +36,28 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     mock.add_argument("--mock-answers", choices=MOCK_ANSWERS, default="rules",
                       help="rules: read the prompt (indicators, position, headline); news: trade the headline alone "
                       "(HOLD without news); news_pass: the same, PASS (no view) without news; random: ignore it")
+
+
+def add_option_flags(group) -> None:
+    """A flag for every field of llm_sidecar.backends.TransformersOptions, its help the field's comment: `--NAME VALUE`
+    (choices from OPTION_CHOICES), `--NAME` for a field off by default, `--no-NAME` for one on by default, and the
+    action labels comma-separated. The dataclass is read from its source (no torch import), so `--help` stays fast."""
+    from llm_sidecar.backends import OPTION_CHOICES, TransformersOptions
+
+    comments = field_comments(TransformersOptions)
+    for f in dataclasses.fields(TransformersOptions):
+        flag, default, text = "--" + f.name.replace("_", "-"), f.default, comments.get(f.name, "").replace("%", "%%")
+        if isinstance(default, bool):
+            names = [flag] if not default else ["--no-" + f.name.replace("_", "-")]
+            group.add_argument(*names, dest=f.name, action="store_false" if default else "store_true",
+                               help=f"turns off: {text}" if default else text)
+        elif isinstance(default, tuple):
+            group.add_argument(flag, dest=f.name, default=None, type=lambda s: tuple(a.strip() for a in s.split(",")),
+                               help=f"{text}, comma-separated, in {','.join(ACTIONS)} order (default: those names; "
+                                    "`ask` reads --prompts)")
+        else:
+            group.add_argument(flag, dest=f.name, default=default, type=str if default is None else type(default),
+                               choices=OPTION_CHOICES.get(f.name), help=text)
 
 
 def make_backend(args: argparse.Namespace, system: str, answer_prefix: str):
@@ -67,13 +73,8 @@ def make_backend(args: argparse.Namespace, system: str, answer_prefix: str):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    options = TransformersOptions(
-        model=args.model, mode=args.mode, dtype=args.dtype, quantize=args.quantize, lora=args.lora,
-        device=args.device, temperature=args.temperature, max_new_tokens=args.max_new_tokens, sample=args.sample,
-        prefix_cache=not args.no_prefix_cache, score_tokens=args.score_tokens, micro_batch=args.micro_batch,
-    )  # fmt: skip
-    if args.action_labels:
-        options.action_labels = tuple(a.strip() for a in args.action_labels.split(","))
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TransformersOptions)}
+    options = TransformersOptions(**{k: v for k, v in given.items() if v is not None})
     return TransformersBackend(options, system, answer_prefix)
 
 
@@ -98,7 +99,7 @@ def ask(args: argparse.Namespace) -> None:
     fields, texts = example_fields(args.n, args.seed)
     contexts = [p.decode() for p in renderer.render(fields, texts)]
     if args.backend == "transformers" and not args.action_labels:
-        args.action_labels = ",".join(renderer.action_labels)
+        args.action_labels = tuple(renderer.action_labels)
     backend = make_backend(args, renderer.system, renderer.answer_prefix)
     backend.advise(contexts[: min(2, len(contexts))])  # warm-up
     t0 = time.perf_counter()

@@ -191,6 +191,15 @@ def _mock_thought(context: str, decision: str, steps: tuple[str, ...]) -> str:
 _SENTINEL = "\x1f@@CONTEXT@@\x1f"
 
 
+# The option sets of TransformersOptions' fields that take one of a few values (the sidecar's flags offer them).
+OPTION_CHOICES = {
+    "mode": ("score", "generate"),
+    "dtype": ("auto", "float32", "float16", "bfloat16"),
+    "quantize": ("none", "int8", "int4"),
+    "score_tokens": ("first", "full"),
+}
+
+
 @dataclass
 class TransformersOptions:
     model: str = "smollm2"  # 'smollm2' (embedded), a local directory or a hub id
@@ -213,7 +222,7 @@ class TransformersOptions:
     #   'full':  the length-normalised log-likelihood of every token of each label (one extra cached forward
     #            pass per multi-token label): the slow, exact-for-multi-token path.
     score_tokens: str = "first"
-    action_labels: tuple[str, ...] = DEFAULT_ACTION_LABELS
+    action_labels: tuple[str, ...] = DEFAULT_ACTION_LABELS  # score mode: the 6 action names the system prompt uses
     micro_batch: int = 64  # score mode: at most this many prompts per forward pass (length-sorted sub-batches)
 
 
@@ -243,7 +252,7 @@ class TransformersBackend:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if options.mode not in ("score", "generate"):
+        if options.mode not in OPTION_CHOICES["mode"]:
             raise ValueError(f"mode must be score or generate, got {options.mode!r}")
         self.torch = torch
         self.options = options
@@ -306,7 +315,7 @@ class TransformersBackend:
         if len(labels) != NUM_ACTIONS or len(set(labels)) != NUM_ACTIONS:
             raise ValueError(f"action_labels must be {NUM_ACTIONS} distinct labels in the order {list(ACTIONS)}, "
                              f"got {list(labels)}")
-        if options.score_tokens not in ("first", "full"):
+        if options.score_tokens not in OPTION_CHOICES["score_tokens"]:
             raise ValueError(f"score_tokens must be first or full, got {options.score_tokens!r}")
         self.action_labels = labels
         self.action_ids = [self.tokenizer(" " + a, add_special_tokens=False).input_ids for a in labels]
