@@ -1,7 +1,7 @@
 """Suite `learning`: one advisor-learning round (llm_sidecar.learning.LoraLearner, the sidecar's own learner) over
 ~800 outcomes, on every core of this machine.
 
-    python scripts/benchmark.py learning --json docs/results/learning-round.json
+    python scripts/benchmark.py learning --json docs/results/learning-round/full-model.json
 
 The outcomes are the market's: the flat-side keys of synthetic:headlines' training split (configs/headlines_lora.yaml's
 market), 800 of them drawn with seeds 0, 1 and 2 (a round each), each rendered to its prompt as training renders it, answered by the embedded

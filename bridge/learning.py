@@ -3,11 +3,42 @@
 (llm_sidecar.learning.LoraLearner) takes it, checked, from the `learning` dict the client sends at start.
 
 The learner has one objective, the market's move after each answered prompt (llm_sidecar.learning); the
-objectives that learned from the advice's own trades were removed (docs/findings.md)."""
+objectives that learned from the advice's own trades were removed (docs/findings.md). Its pieces on arrays of moves
+(the weights, the targets, the direction accuracy) are defined here too, for the learner's rounds and for the trainer's
+judging of each version on later sessions (agents.advisor.later_sessions) alike."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+
+import numpy as np
+
+from bridge.protocol import BUY, SELL
+
+
+def rms_move(moves: np.ndarray) -> float:
+    """The root-mean-square move that scales the examples' weights (1 for no examples)."""
+    moves = np.asarray(moves, np.float64)
+    return float(np.sqrt(np.mean(moves ** 2))) if len(moves) else 1.0
+
+
+def move_weights_of(moves: np.ndarray, rms: float, clip: float) -> np.ndarray:
+    """Per-example weights w of the loss -w·log p(target): |move| over `rms`, clipped at `clip`."""
+    return np.clip(np.abs(np.asarray(moves, np.float32)) / (rms + 1e-8), 0.0, clip)
+
+
+def move_targets_of(moves: np.ndarray) -> np.ndarray:
+    """The action each example's weight applies to: BUY where the market rose, SELL where it fell."""
+    return np.where(np.asarray(moves) > 0, BUY, SELL).astype(np.int64)
+
+
+def direction_accuracy(moves: np.ndarray, top_actions: np.ndarray) -> float:
+    """Share of the examples whose top action is BUY or SELL (and whose move is known and nonzero) where the market then
+    moved that way; NaN when none is."""
+    moves = np.asarray(moves, np.float64)
+    side = np.where(top_actions == BUY, 1.0, np.where(top_actions == SELL, -1.0, 0.0))
+    called = (side != 0) & np.isfinite(moves) & (moves != 0)
+    return float((np.sign(moves[called]) == side[called]).mean()) if called.any() else float("nan")
 
 
 @dataclass

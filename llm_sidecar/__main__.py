@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from bridge import ACTIONS, NUM_ACTIONS, PROMPT_FIELDS, STATUS_NAMES, PromptRenderer
+from bridge import ACTIONS, PROMPT_FIELDS, STATUS_NAMES, PromptRenderer
 from bridge.field_comments import field_comments
 from bridge.peer import add_transport_arguments
 from bridge.prompts import DEFAULT_PROMPTS_PATH

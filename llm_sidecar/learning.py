@@ -40,8 +40,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from bridge.learning import LearningOptions
-from bridge.protocol import BUY, SELL
+from bridge.learning import LearningOptions, direction_accuracy, move_targets_of, move_weights_of, rms_move
 from llm_sidecar.models import log
 
 EXPERIENCES_FILE = "experiences.jsonl.gz"  # saved beside each adapter
@@ -137,14 +136,13 @@ def load_experiences(adapter_dir: str | Path) -> tuple[list[Experience], list[Ex
 def move_weights(options: LearningOptions, train: list[Experience]) -> Callable[[list[Experience]], np.ndarray]:
     """Per-example weights w (loss -w·log p(target)): |move| over the round's training share's RMS move, clipped;
     applied alike to its validation share."""
-    rms = float(np.sqrt(np.mean(np.array([e.move for e in train]) ** 2))) if train else 1.0
-    return lambda examples: np.clip(np.abs(np.array([e.move for e in examples], np.float32)) / (rms + 1e-8),
-                                    0.0, options.move_clip)
+    rms = rms_move([e.move for e in train])
+    return lambda examples: move_weights_of([e.move for e in examples], rms, options.move_clip)
 
 
 def move_targets(examples: list[Experience]) -> np.ndarray:
     """The action each example's weight applies to: BUY where the market rose, SELL where it fell."""
-    return np.array([BUY if e.move > 0 else SELL for e in examples], np.int64)
+    return move_targets_of([e.move for e in examples])
 
 
 def usable(experience: Experience) -> bool:
@@ -318,10 +316,7 @@ class LoraLearner:
     def direction_accuracy(examples: list[Experience], top_actions: np.ndarray) -> float:
         """Share of the examples whose top action is BUY or SELL (and whose move is known) where the market then
         moved that way."""
-        move = np.array([e.move for e in examples])
-        side = np.where(top_actions == BUY, 1.0, np.where(top_actions == SELL, -1.0, 0.0))
-        called = (side != 0) & np.isfinite(move) & (move != 0)
-        return float((np.sign(move[called]) == side[called]).mean()) if called.any() else float("nan")
+        return direction_accuracy([e.move for e in examples], top_actions)
 
     def _round(self, train: list[Experience], val: list[Experience]) -> Iterator[None]:
         torch, o = self.torch, self.options

@@ -20,6 +20,7 @@ import numpy as np
 
 from agents.advice.table import walk_keys
 from agents.advisor.outcomes import outcome_rows
+from bridge.learning import direction_accuracy, move_targets_of, move_weights_of, rms_move
 from bridge.protocol import BUY, SELL
 
 SPLIT = "val"  # the sessions after the training split: no outcome reaches them
@@ -82,16 +83,13 @@ class LaterSessions:
         probs = known.probs[keys].astype(np.float64)
         moves = self.moves[eligible]
         logp, reference = np.log(np.clip(probs, 1e-12, 1.0)), self.reference[eligible]
-        weights = np.clip(np.abs(moves) / (np.sqrt(np.mean(moves ** 2)) + 1e-8), 0.0, self.options.move_clip)
-        target = np.where(moves > 0, BUY, SELL)
-        nll = -(weights * logp[np.arange(len(keys)), target]).mean()
+        weights = move_weights_of(moves, rms_move(moves), self.options.move_clip)
+        nll = -(weights * logp[np.arange(len(keys)), move_targets_of(moves)]).mean()
         kl = (reference * (np.log(np.clip(reference, 1e-12, 1.0)) - logp)).sum(-1).mean()
         top = probs.argmax(-1)
-        side = np.where(top == BUY, 1.0, np.where(top == SELL, -1.0, 0.0))
-        called = side != 0
-        accuracy = float((np.sign(moves[called]) == side[called]).mean()) if called.any() else float("nan")
         return {"lora_later_version": float(version), "lora_later_loss": float(nll + self.options.kl_coef * kl),
-                "lora_later_accuracy": accuracy, "lora_later_called": float(called.mean()),
+                "lora_later_accuracy": direction_accuracy(moves, top),
+                "lora_later_called": float(np.isin(top, (BUY, SELL)).mean()),
                 "lora_later_keys": float(len(keys)), "lora_later_after_bar": float(self.learned_through)}
 
 

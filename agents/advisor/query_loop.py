@@ -51,8 +51,8 @@ class QueryLoop:
         self.rounds_seen = 0
         self.synced = False  # the run's advice table holds the store's answers (after the first query step)
         self.sent = 0  # outcomes sent during the update
-        # each advisor version judged on sessions after every bar it could have learned from
         self.placebo_rng = np.random.default_rng(cfg.seed + 7)  # hybrid.learning.placebo's permutations
+        # each advisor version judged on sessions after every bar it could have learned from
         self.later = (LaterSessions(market, self.link.fields, self.interval, self.learning, cfg.seed)
                       if self.learning and self.learning.judge_keys > 0 and is_writer() else None)
 
@@ -144,12 +144,14 @@ class QueryLoop:
         written = self.link.take_written()
         rows = outcome_rows(written, self.link.fields.rendered_bar, self.market, self.market.split_range("train"),
                             self.learning.move_bars)
-        bars = self.link.fields.rendered_bar(np.concatenate([keys for _, _, keys in written])) if written else None
-        if self.later is not None and np.isfinite(rows["move"]).any():  # the last bar the learner may learn from
-            self.later.learned(int(bars[np.isfinite(rows["move"])].max()) + self.learning.move_bars)
-        if self.learning.placebo and written:
-            rows["move"] = permuted_across_sessions(rows["move"], self.market.sessions.session_id[np.maximum(bars, 0)],
-                                                    self.placebo_rng)
+        known = np.isfinite(rows["move"])
+        if known.any() and (self.later is not None or self.learning.placebo):
+            bars = self.link.fields.rendered_bar(np.concatenate([keys for _, _, keys in written]))
+            if self.later is not None:  # the last bar the learner may learn from
+                self.later.learned(int(bars[known].max()) + self.learning.move_bars)
+            if self.learning.placebo:
+                rows["move"] = permuted_across_sessions(rows["move"], self.market.sessions.session_id[bars],
+                                                        self.placebo_rng)
         return self.client.send_outcomes(rows, wait_s=1.0)
 
     def _learning_step(self, update: int, sent: int) -> dict:
