@@ -324,6 +324,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "the shuffled control asks about other bars, so it cannot learn from outcomes: turn hybrid.learning off"),
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
         (cfg.hybrid.learning.move_bars >= 1, "hybrid.learning.move_bars", "must be >= 1"),
+        (cfg.hybrid.learning.judge_keys >= 0, "hybrid.learning.judge_keys", "must be >= 0 (0: versions not judged)"),
         (cfg.hybrid.mock_answers in MOCK_ANSWERS, "hybrid.mock_answers", f"must be one of {', '.join(MOCK_ANSWERS)}"),
         (cfg.hybrid.mock_reads in MOCK_READS, "hybrid.mock_reads", f"must be one of {', '.join(MOCK_READS)}"),
         (cfg.llm != "mock" or cfg.hybrid.mock_reads == "text" or not (cfg.hybrid.mock_latency_s or

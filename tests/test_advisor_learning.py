@@ -124,6 +124,19 @@ def test_each_version_is_judged_on_sessions_after_every_bar_an_outcome_reached_a
     assert v1["lora_later_accuracy"] == 1.0 and v1["lora_later_loss"] < v0["lora_later_loss"]
 
 
+def test_a_negative_count_of_keys_to_judge_on_is_refused_naming_the_key(capsys):
+    learning = ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.query.bind_on=trust"]
+    with pytest.raises(ConfigError, match="hybrid.learning.judge_keys: must be >= 0"):
+        load_config(None, [*learning, "hybrid.learning.judge_keys=-1"])
+    assert load_config(None, [*learning, "hybrid.learning.judge_keys=0"]).hybrid.learning.judge_keys == 0
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
+    done = subprocess.run([sys.executable, str(script), "--set", "llm=smollm2", "--set", "hybrid.learning.enabled=true",
+                           "--set", "hybrid.query.bind_on=trust", "--set", "hybrid.learning.judge_keys=-1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "hybrid.learning.judge_keys" in done.stderr
+
+
 def test_the_placebo_learns_every_move_from_another_session():
     """hybrid.learning.placebo: each row with a known move gets a known move of a row of another session; unknown
     moves stay unknown; one session alone leaves nothing to learn."""
