@@ -15,7 +15,7 @@ soon on a real one, for the advice's record and the agent's gate alike.
 
     python scripts/evidence_battery.py --json docs/results/evidence-battery/battery.json
     python scripts/evidence_battery.py --agents --runs results/evidence-battery/runs \\
-        --json docs/results/evidence-battery/battery.json      # + the trained agents (about two hours on 2 cores)
+        --json docs/results/evidence-battery/battery.json      # + the trained agents (79 min on 2 cores, measured)
 """
 
 from __future__ import annotations
