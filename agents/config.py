@@ -20,7 +20,7 @@ from bridge.learning import LearningOptions
 from bridge.protocol import MOCK_ANSWERS
 from jaxenv.config import DataConfig, EnvConfig, check_rules, resolve_data_config
 
-MOCK_READS = ("fields", "text")  # hybrid.mock_reads
+MOCK_READS = ("fields", "text")  # hybrid.mock.reads
 
 
 class ConfigError(ValueError):
@@ -155,13 +155,39 @@ class ReasoningConfig:
 
 
 @dataclass
-class HybridConfig:
-    """The LLM advisor and how its advice is used (`--llm` other than none)."""
+class SidecarConfig:
+    """The advisor processes (agents.advisor.sidecar starts them, agents.advisor.workers counts them): the model's
+    settings and each process's share of the machine."""
 
-    fusion: str = "learned"  # none | rules | switch | learned
-    llm_mode: str = "score"  # score | generate (transformers backends)
+    mode: str = "score"  # score | generate (transformers backends)
     quantization: str = "none"  # none | int8 | int4 (bitsandbytes; GPU)
-    llm_adapter: str = ""  # a peft LoRA adapter directory applied to a transformers advisor (--llm-adapter)
+    adapter: str = ""  # a peft LoRA adapter directory applied to a transformers advisor (--llm-adapter)
+    # advisor processes, each with its own torch device and shared memory: a number, or auto (one per GPU, 1 on CPU)
+    workers: str = "auto"
+    threads: int = 1  # torch threads in each advisor process: the trainer needs the other cores
+    nice: int = 19  # OS niceness of the advisor processes: they use the cores the trainer leaves idle
+    batch_size: int = 64  # prompts per call of the advisor's backend
+
+
+@dataclass
+class MockConfig:
+    """The mock advisor (`--llm mock`): what it answers and what it reads (agents.advisor.numeric_mock, or the
+    sidecar's mock backend)."""
+
+    # rules (indicators and headline) | news (the headline alone; HOLD without news) | news_pass (the same, PASS
+    # without news: no view) | random
+    answers: str = "rules"
+    # fields (its rules applied to the prompt fields in the trainer's process: no text, no sidecar) | text (in a
+    # sidecar process, reading the rendered prompts through the bridge as a model does: the same answers)
+    reads: str = "fields"
+    latency_s: float = 0.0  # reading text: injected latency per prompt (for tests)
+
+
+@dataclass
+class LinkConfig:
+    """The query step's round trip to the advisor (agents.advisor.link): how many keys it asks, whether the trainer
+    waits for the answers, the prompts it renders and what it logs."""
+
     # B: most envs asked per query step (per process), a number or `auto` (sized from the sidecar's rate)
     budget: str = "auto"
     max_budget: int = 1024  # the most `auto` may choose, and the bridge's capacity
@@ -169,22 +195,18 @@ class HybridConfig:
     # never waits); auto: strict for the mock advisor, async for a model, which on a CPU would stall the trainer
     latency: str = "auto"
     strict_timeout_s: float = 120.0  # strict mode gives up on an answer after this long (counted as timeouts)
+    prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
+    log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
+
+
+@dataclass
+class HybridConfig:
+    """The LLM advisor and how its advice is used (`--llm` other than none): acting on it here, the rest by where it
+    is read."""
+
+    fusion: str = "learned"  # none | rules | switch | learned
     llm_weight: float = 0.3  # rules fusion: the weight of the LLM's confidence
     gate_lr_scale: float = 10.0  # learned fusion: the trust gate's learning rate is ppo.lr times this
-    sidecar_threads: int = 1  # torch threads in the sidecar: the trainer needs the other cores
-    # advisor processes, each with its own torch device and shared memory: a number, or auto (one per GPU, 1 on CPU)
-    sidecar_workers: str = "auto"
-    sidecar_nice: int = 19  # OS niceness of the advisor processes: they use the cores the trainer leaves idle
-    sidecar_batch_size: int = 64  # prompts per call of the advisor's backend
-    log_llm: int = 0  # prompts and answers per update written to llm_log.jsonl
-    prompts: str = ""  # prompt templates YAML; empty = configs/prompts.yaml
-    # mock advisor: fields (its rules applied to the prompt fields in the trainer's process: no text, no sidecar) |
-    # text (in a sidecar process, reading the rendered prompts through the bridge as a model does: the same answers)
-    mock_reads: str = "fields"
-    mock_latency_s: float = 0.0  # mock advisor reading text: injected latency per prompt (for tests)
-    # mock advisor: rules (indicators and headline) | news (the headline alone; HOLD without news) | news_pass (the
-    # same, PASS without news: no view) | random
-    mock_answers: str = "rules"
     # a control: every key is answered from the prompt of the block one session earlier in the key's own split (same
     # side; PASS in a split's first session), so the advice keeps the advisor's own answers and statistics and loses
     # what it knew about its bar, reading nothing of the future
@@ -193,6 +215,9 @@ class HybridConfig:
     # the persistent advice store (agents.advisor.store): a folder, '' for none, or auto: runs/advice_store for a
     # model advisor, none for the mock (it answers faster than a store is read)
     store: str = "auto"
+    sidecar: SidecarConfig = field(default_factory=SidecarConfig)
+    mock: MockConfig = field(default_factory=MockConfig)
+    link: LinkConfig = field(default_factory=LinkConfig)
     query: QueryConfig = field(default_factory=QueryConfig)
     veto: VetoConfig = field(default_factory=VetoConfig)
     learning: LearningConfig = field(default_factory=LearningConfig)
@@ -290,18 +315,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.devices == "all" or (cfg.devices.isdigit() and int(cfg.devices) > 0), "devices",
          "must be all or a positive number of local devices"),
         (cfg.hybrid.fusion in FUSION_MODES, "hybrid.fusion", f"must be one of {', '.join(FUSION_MODES)}"),
-        (cfg.hybrid.latency in LATENCY_MODES, "hybrid.latency", f"must be one of {', '.join(LATENCY_MODES)}"),
+        (cfg.hybrid.link.latency in LATENCY_MODES, "hybrid.link.latency", f"must be one of {', '.join(LATENCY_MODES)}"),
         (cfg.hybrid.gate_lr_scale > 0, "hybrid.gate_lr_scale", "must be > 0"),
-        (not cfg.hybrid.llm_adapter or cfg.llm not in ("none", "mock"), "hybrid.llm_adapter",
+        (not cfg.hybrid.sidecar.adapter or cfg.llm not in ("none", "mock"), "hybrid.sidecar.adapter",
          "a LoRA adapter needs a transformers advisor (--llm smollm2 or a model path / hub id)"),
-        (cfg.hybrid.budget == "auto" or (cfg.hybrid.budget.isdigit() and int(cfg.hybrid.budget) > 0),
-         "hybrid.budget", "must be a positive number or auto"),
-        (cfg.hybrid.sidecar_workers == "auto" or (cfg.hybrid.sidecar_workers.isdigit()
-                                                   and int(cfg.hybrid.sidecar_workers) > 0),
-         "hybrid.sidecar_workers", "must be a positive number or auto"),
-        (not cfg.hybrid.learning.enabled or cfg.hybrid.sidecar_workers in ("auto", "1"), "hybrid.sidecar_workers",
+        (cfg.hybrid.link.budget == "auto" or (cfg.hybrid.link.budget.isdigit() and int(cfg.hybrid.link.budget) > 0),
+         "hybrid.link.budget", "must be a positive number or auto"),
+        (cfg.hybrid.sidecar.workers == "auto" or (cfg.hybrid.sidecar.workers.isdigit()
+                                                   and int(cfg.hybrid.sidecar.workers) > 0),
+         "hybrid.sidecar.workers", "must be a positive number or auto"),
+        (not cfg.hybrid.learning.enabled or cfg.hybrid.sidecar.workers in ("auto", "1"), "hybrid.sidecar.workers",
          "LoRA learning (hybrid.learning.enabled) trains one advisor: use 1 worker (or auto)"),
-        (0 <= cfg.hybrid.sidecar_nice <= 19, "hybrid.sidecar_nice", "must be between 0 and 19"),
+        (0 <= cfg.hybrid.sidecar.nice <= 19, "hybrid.sidecar.nice", "must be between 0 and 19"),
         (cfg.hybrid.veto.consecutive_losses == "auto" or str(cfg.hybrid.veto.consecutive_losses).isdigit(),
          "hybrid.veto.consecutive_losses", "must be a number >= 0 (0: off) or auto"),
         (cfg.hybrid.veto.win_rate_margin == "auto" or _is_number(cfg.hybrid.veto.win_rate_margin),
@@ -313,9 +338,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"must be between 1 and ppo.num_steps = {p.num_steps}"),
         (0 <= cfg.hybrid.query.min_trust < 1, "hybrid.query.min_trust", "must be in [0, 1)"),
         (cfg.hybrid.query.bind_on in BIND_ON, "hybrid.query.bind_on", f"must be one of {', '.join(BIND_ON)}"),
-        (cfg.hybrid.quantization in ("none", "int8", "int4"), "hybrid.quantization", "must be none, int8 or int4"),
-        (cfg.hybrid.llm_mode in ("score", "generate"), "hybrid.llm_mode", "must be score or generate"),
-        (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.llm_mode == "score"),
+        (cfg.hybrid.sidecar.quantization in ("none", "int8", "int4"), "hybrid.sidecar.quantization", "must be none, int8 or int4"),
+        (cfg.hybrid.sidecar.mode in ("score", "generate"), "hybrid.sidecar.mode", "must be score or generate"),
+        (not cfg.hybrid.learning.enabled or (cfg.llm not in ("none", "mock") and cfg.hybrid.sidecar.mode == "score"),
          "hybrid.learning.enabled", "LoRA learning needs a transformers advisor (smollm2 or a model path) in score mode"),
         (not (cfg.hybrid.learning.enabled and cfg.hybrid.query.bind_on == "record"), "hybrid.query.bind_on",
          "the record scores the advice's calls on the market's moves, and an advisor that learns (hybrid.learning) "
@@ -325,11 +350,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.hybrid.learning.every_updates >= 1, "hybrid.learning.every_updates", "must be >= 1"),
         (cfg.hybrid.learning.move_bars >= 1, "hybrid.learning.move_bars", "must be >= 1"),
         (cfg.hybrid.learning.judge_keys >= 0, "hybrid.learning.judge_keys", "must be >= 0 (0: versions not judged)"),
-        (cfg.hybrid.mock_answers in MOCK_ANSWERS, "hybrid.mock_answers", f"must be one of {', '.join(MOCK_ANSWERS)}"),
-        (cfg.hybrid.mock_reads in MOCK_READS, "hybrid.mock_reads", f"must be one of {', '.join(MOCK_READS)}"),
-        (cfg.llm != "mock" or cfg.hybrid.mock_reads == "text" or not (cfg.hybrid.mock_latency_s or
+        (cfg.hybrid.mock.answers in MOCK_ANSWERS, "hybrid.mock.answers", f"must be one of {', '.join(MOCK_ANSWERS)}"),
+        (cfg.hybrid.mock.reads in MOCK_READS, "hybrid.mock.reads", f"must be one of {', '.join(MOCK_READS)}"),
+        (cfg.llm != "mock" or cfg.hybrid.mock.reads == "text" or not (cfg.hybrid.mock.latency_s or
                                                                        cfg.hybrid.reasoning.enabled),
-         "hybrid.mock_reads", "an injected latency or reasoning needs the mock in its own process: set it to text"),
+         "hybrid.mock.reads", "an injected latency or reasoning needs the mock in its own process: set it to text"),
         (cfg.transfer.checkpoint in ("best", "latest") or cfg.transfer.checkpoint.isdigit(), "transfer.checkpoint",
          "must be best, latest or an update number"),
         (cfg.transfer.freeze_steps >= 0, "transfer.freeze_steps", "must be >= 0"),
@@ -482,6 +507,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         key, text = item.split("=", 1)
         key = key.strip()
+        if key in MOVED_KEYS:
+            raise ConfigError(f"unknown key '{key}': it is {MOVED_KEYS[key]} now")
         parts = key.split(".")
         cls: Any = TrainConfig
         node = raw
@@ -542,6 +569,19 @@ REMOVED_KEYS: dict[str, Any] = {
 }
 
 
+# Keys moved from the hybrid section into the section of the code that reads them: a config written before, a saved
+# run's among them, is read under the new names; a --set of an old name is refused with its new one.
+MOVED_KEYS = {
+    **{f"hybrid.{old}": f"hybrid.sidecar.{new}" for old, new in (
+        ("llm_mode", "mode"), ("quantization", "quantization"), ("llm_adapter", "adapter"),
+        ("sidecar_workers", "workers"), ("sidecar_threads", "threads"), ("sidecar_nice", "nice"),
+        ("sidecar_batch_size", "batch_size"))},
+    **{f"hybrid.mock_{name}": f"hybrid.mock.{name}" for name in ("answers", "reads", "latency_s")},
+    **{f"hybrid.{name}": f"hybrid.link.{name}" for name in (
+        "budget", "max_budget", "latency", "strict_timeout_s", "prompts", "log_llm")},
+}
+
+
 def _learns(raw: dict) -> bool:
     return bool(raw.get("hybrid", {}).get("learning", {}).get("enabled", False))
 
@@ -558,8 +598,9 @@ def _pop(raw: dict, key: str) -> tuple[bool, Any]:
 
 
 def drop_removed_keys(raw: dict) -> dict:
-    """`raw` (a loaded YAML mapping) without the keys deleted since it was written, where that changes nothing; a
-    ConfigError names a deleted key whose value no longer has a meaning. `learning.advantage_clip` became
+    """`raw` (a loaded YAML mapping) without the keys deleted since it was written, where that changes nothing, and
+    with moved keys (MOVED_KEYS) under their new names; a ConfigError names a deleted key whose value no longer has a
+    meaning. `learning.advantage_clip` became
     `learning.move_clip`; `query.wait_min_trust` became `query.min_trust`, and its 0 (every env bound)
     `query.bind_on: always`."""
     for key, harmless in REMOVED_KEYS.items():
@@ -578,6 +619,14 @@ def drop_removed_keys(raw: dict) -> dict:
             on_trust = gated and query.get("wait_for_answer", False) and wait_min_trust > 0
             query["bind_on"] = "trust" if on_trust else "always"
         query.setdefault("min_trust", wait_min_trust if wait_min_trust > 0 else QueryConfig.min_trust)
+    for old, new in MOVED_KEYS.items():
+        found, value = _pop(raw, old)
+        if found:
+            *sections, name = new.split(".")
+            node = raw
+            for section in sections:
+                node = node.setdefault(section, {})
+            node.setdefault(name, value)
     return raw
 
 
@@ -613,9 +662,10 @@ def save_config(cfg: TrainConfig, path: str | Path) -> None:
 # The short flags users know, each an alias of one config key, declared once for every command line that takes them.
 FLAG_ALIASES = {
     "envs": "num_envs", "total-steps": "total_steps", "seed": "seed", "data": "data.source", "llm": "llm",
-    "llm-mode": "hybrid.llm_mode", "quantization": "hybrid.quantization", "llm-adapter": "hybrid.llm_adapter",
-    "fusion": "hybrid.fusion", "query-interval": "hybrid.query.interval", "llm-budget": "hybrid.budget",
-    "latency": "hybrid.latency", "advisor-workers": "hybrid.sidecar_workers", "log-llm": "hybrid.log_llm",
+    "llm-mode": "hybrid.sidecar.mode", "quantization": "hybrid.sidecar.quantization",
+    "llm-adapter": "hybrid.sidecar.adapter", "advisor-workers": "hybrid.sidecar.workers",
+    "fusion": "hybrid.fusion", "query-interval": "hybrid.query.interval", "llm-budget": "hybrid.link.budget",
+    "latency": "hybrid.link.latency", "log-llm": "hybrid.link.log_llm",
     "date-format": "data.date_format", "init-from": "transfer.init_from", "store": "hybrid.store",
 }
 FLAG_PREFIX = "config:"  # the argparse dest of a key's flag

@@ -7,7 +7,7 @@ compiled update) alternating update by update, so that load from other processes
 processes are stopped (SIGSTOP) while an RL-only update is timed, as in a `--llm none` run, which has none: a model
 answering its backlog beside the RL-only update would slow it too and flatter the ratio (SmolLM2 on 2 cores took
 its RL-only figure from 19.0k to 12.2k steps/s).
-- `mock`: the mock advisor answering from the keys' prompt fields in the trainer's process (hybrid.mock_reads
+- `mock`: the mock advisor answering from the keys' prompt fields in the trainer's process (hybrid.mock.reads
   fields, no text, no sidecar), k = 5, B = 1024 (per update), strict latency;
 - `smollm2`: the main command's advisor as configured by default (auto budget, latency auto = async, workers auto,
   the sidecar at OS niceness 19), not with --quick, and only where the embedded model is installed;
@@ -54,9 +54,9 @@ DEFAULT_ENVS = [4096]
 QUICK_ENVS = [256]
 QUICK_NUM_STEPS = 20
 ADVISORS = {  # name -> config overrides
-    "mock": ["llm=mock", "hybrid.budget=1024", "hybrid.query.interval=5", "hybrid.latency=strict"],
+    "mock": ["llm=mock", "hybrid.link.budget=1024", "hybrid.query.interval=5", "hybrid.link.latency=strict"],
     "smollm2": ["llm=smollm2", "hybrid.query.interval=5"],  # the main command's defaults
-    "smollm2_strict": ["llm=smollm2", "hybrid.query.interval=5", "hybrid.latency=strict"],
+    "smollm2_strict": ["llm=smollm2", "hybrid.query.interval=5", "hybrid.link.latency=strict"],
 }
 WARMUP_UPDATES = 2  # untimed updates first: compilation, and the auto budget settling
 STORES = ("empty", "filled")  # each advisor's rows: a fresh advice table, and one filled by advise.py first
@@ -99,7 +99,7 @@ def advisors_stopped(pool):
 
 def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setup, overrides: list[str] = ()) -> dict:
     """One row: `reps` hybrid updates (the advisor's config overrides, e.g. ADVISORS["mock"], then `overrides`, e.g.
-    hybrid.sidecar_workers=2) alternating with RL-only updates of the same env count, after WARMUP_UPDATES of each."""
+    hybrid.sidecar.workers=2) alternating with RL-only updates of the same env count, after WARMUP_UPDATES of each."""
     cfg = load_config(None, base_overrides(n_envs, num_steps) + list(advisor) + list(overrides))
     rl_cfg = load_config(None, base_overrides(n_envs, num_steps) + ["llm=none"])
     rl_ppo = make_train(rl_cfg, setup.env, setup.params)

@@ -26,7 +26,7 @@ OUTCOMES = 800
 QUICK_OUTCOMES = 160
 DRAWS = (0, 1, 2)  # seeds of the outcomes drawn: one round per draw
 CONFIG = "configs/headlines_lora.yaml"
-SCORE_BATCH = 64  # hybrid.sidecar_batch_size's default: prompts per backend call
+SCORE_BATCH = 64  # hybrid.sidecar.batch_size's default: prompts per backend call
 TARGET_S = 120.0  # issue 65: a round over ~800 outcomes within 2 minutes on this machine
 
 

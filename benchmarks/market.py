@@ -41,7 +41,7 @@ def time_market(days: int, n_envs: int, num_steps: int | None) -> dict:
     from agents.training.env_setup import make_env_setup
     from agents.training.update import Update
 
-    overrides = ["llm=mock", "hybrid.latency=strict", f"num_envs={n_envs}", f"data.synthetic_days={days}",
+    overrides = ["llm=mock", "hybrid.link.latency=strict", f"num_envs={n_envs}", f"data.synthetic_days={days}",
                  "log.progress=false", "log.tensorboard=false", "total_steps=1000000000"]
     if num_steps:
         overrides.append(f"ppo.num_steps={num_steps}")

@@ -187,7 +187,7 @@ def hybrid_rows(path: Path, quantize: str, opts: BenchOptions, about: dict) -> l
 
     num_steps = QUICK_NUM_STEPS if opts.quick else load_config(None, []).ppo.num_steps
     setup = make_env_setup(load_config(None, base_overrides(256, num_steps) + ["llm=none"]))
-    advisor = [f"llm={path}", f"hybrid.quantization={quantize}", "hybrid.query.interval=5"]
+    advisor = [f"llm={path}", f"hybrid.sidecar.quantization={quantize}", "hybrid.query.interval=5"]
     root = tempfile.mkdtemp(prefix="advice_store_")
     fill = None
     rows = []

@@ -1,5 +1,5 @@
 """Suite `scale`: whole PPO updates with the envs sharded over 1, 2 and all local devices, and hybrid updates with
-the mock advisor for 1 and 2 advisor workers (`hybrid.sidecar_workers`), in one run.
+the mock advisor for 1 and 2 advisor workers (`hybrid.sidecar.workers`), in one run.
 
     python scripts/benchmark.py scale --envs 4096 --json docs/results/scale.json
 
@@ -99,7 +99,7 @@ def run(opts: BenchOptions) -> list[dict]:
     for workers in WORKERS:
         print(f"  scale: {n_envs} envs, mock advisor with {workers} worker(s) ...", file=sys.stderr, flush=True)
         figures = time_hybrid(ADVISORS["mock"], n_envs, num_steps, opts.reps, setup,
-                              [f"hybrid.sidecar_workers={workers}"])
+                              [f"hybrid.sidecar.workers={workers}"])
         rows.append({"suite": "scale", "case": "advisor_workers", "envs": n_envs, "num_steps": num_steps,
                      "advisor": "mock", "devices": 1, **figures})
     return rows

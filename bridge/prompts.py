@@ -37,7 +37,7 @@ DEFAULT_ACTION_LABELS = ACTIONS  # score mode labels each action with its own na
 # step's batch of thoughts may take (the labels are then scored after whatever was written).
 DEFAULT_REASONING_STEPS = ("market analysis", "options", "risks", "decision")
 DEFAULT_REASONING_TOKENS = 160
-DEFAULT_REASONING_TIME_S = 30.0  # well inside hybrid.strict_timeout_s (120 s), which would drop the answers
+DEFAULT_REASONING_TIME_S = 30.0  # well inside hybrid.link.strict_timeout_s (120 s), which would drop the answers
 _REASONING_KEYS = {"system", "steps", "max_new_tokens", "max_time_s"}
 
 

@@ -44,23 +44,23 @@ LEARNED_ADAPTER = str(Path(__file__).resolve().parents[1] / "adapters" / "smollm
 ARMS: dict[str, list[str]] = {
     # the policy alone: the baseline of every paired difference (on any config, one whose advisor learns included)
     "rl_only": ["llm=none", "hybrid.learning.enabled=false"],
-    "news": ["llm=mock", "hybrid.mock_answers=news"],  # the headline's direction (HOLD without news): informed
-    "news_pass": ["llm=mock", "hybrid.mock_answers=news_pass"],  # ... PASS (no view) without news
-    "random": ["llm=mock", "hybrid.mock_answers=random"],  # coin flips: no information, other statistics
+    "news": ["llm=mock", "hybrid.mock.answers=news"],  # the headline's direction (HOLD without news): informed
+    "news_pass": ["llm=mock", "hybrid.mock.answers=news_pass"],  # ... PASS (no view) without news
+    "random": ["llm=mock", "hybrid.mock.answers=random"],  # coin flips: no information, other statistics
     # the news advisor asked about the block a session earlier: its answers and statistics, none of its information
-    "shuffled": ["llm=mock", "hybrid.mock_answers=news", "hybrid.shuffled=true"],
+    "shuffled": ["llm=mock", "hybrid.mock.answers=news", "hybrid.shuffled=true"],
     # no trust to learn: the PASS advisor's view acts where it has one, the policy everywhere else, every env bound
-    "news_pass_switch": ["llm=mock", "hybrid.mock_answers=news_pass", "hybrid.fusion=switch",
+    "news_pass_switch": ["llm=mock", "hybrid.mock.answers=news_pass", "hybrid.fusion=switch",
                          "hybrid.query.bind_on=always"],
     # the embedded SmolLM2 reading the prompt: as shipped; with the adapter it learned from outcomes on the headlines
     # market (LEARNED_ADAPTER, fixed); that advisor asked about other bars; and learning during the PPO run
-    "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", "hybrid.llm_adapter="],
-    "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", f"hybrid.llm_adapter={LEARNED_ADAPTER}"],
-    "shuffled_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", f"hybrid.llm_adapter={LEARNED_ADAPTER}",
+    "frozen_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", "hybrid.sidecar.adapter="],
+    "learned_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", f"hybrid.sidecar.adapter={LEARNED_ADAPTER}"],
+    "shuffled_smollm2": ["llm=smollm2", "hybrid.learning.enabled=false", f"hybrid.sidecar.adapter={LEARNED_ADAPTER}",
                          "hybrid.shuffled=true"],
-    "online_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.llm_adapter="],
+    "online_smollm2": ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.sidecar.adapter="],
     # its control: learning from moves permuted across sessions (it must not learn the headline)
-    "online_placebo": ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.llm_adapter=",
+    "online_placebo": ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.sidecar.adapter=",
                        "hybrid.learning.placebo=true"],
 }
 BASELINE = "rl_only"
@@ -80,7 +80,7 @@ LOCKED_WAIT_S = 30.0  # a run locked by another experiment process is looked at 
 QUICK_SEEDS = [0, 1]
 QUICK_UPDATES = 2
 QUICK_OVERRIDES = ["num_envs=64", "data.synthetic_days=20", "checkpoint.every_updates=1",
-                   "checkpoint.eval_every_updates=1", "log.warmup_updates=0", "hybrid.budget=64"]
+                   "checkpoint.eval_every_updates=1", "log.warmup_updates=0", "hybrid.link.budget=64"]
 # figures per checkpoint: name -> (walk, metric); walks are on test unless named val_
 FIGURES: dict[str, tuple[str, str]] = {
     "test_pnl": ("agent", "net_pnl"),

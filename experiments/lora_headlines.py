@@ -79,7 +79,7 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
         buffer = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1]).get("lora_buffer", 0)
         print(f"WARNING: seed {seed}: no learning round finished ({buffer:.0f} examples gathered, "
               f"hybrid.learning.min_examples {cfg.hybrid.learning.min_examples}): use more --updates, or "
-              "hybrid.latency=strict so that every query is answered", flush=True)
+              "hybrid.link.latency=strict so that every query is answered", flush=True)
     ppo = make_train(cfg, result.setup.env, result.setup.params, make_acting(cfg, result.setup.env))
     evaluator = AgentEvaluator(cfg, ppo, result.setup, lambda update: learned)
     walks: dict = {}

@@ -102,8 +102,8 @@ def walk_config(args: argparse.Namespace, arm: str, prompts_file: str):
     """The preset with the frozen (or given) advisor, no learning; the reasoned arm thinks at every query."""
     from agents.config import load_config
 
-    overrides = ["hybrid.learning.enabled=false", f"hybrid.prompts={prompts_file}",
-                 f"hybrid.sidecar_threads={args.threads}", f"hybrid.llm_adapter={args.adapter or ''}"]
+    overrides = ["hybrid.learning.enabled=false", f"hybrid.link.prompts={prompts_file}",
+                 f"hybrid.sidecar.threads={args.threads}", f"hybrid.sidecar.adapter={args.adapter or ''}"]
     if arm == "reasoned":  # every key asked is answered with a thought
         overrides += ["hybrid.reasoning.enabled=true"]
     return load_config(args.config, overrides)

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import sys
 import time
+import typing
 
 import numpy as np
 
@@ -19,33 +20,29 @@ from bridge import ACTIONS, PROMPT_FIELDS, STATUS_NAMES, PromptRenderer
 from bridge.field_comments import field_comments
 from bridge.peer import add_transport_arguments
 from bridge.prompts import DEFAULT_PROMPTS_PATH
-from bridge.protocol import MOCK_ANSWERS
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    from llm_sidecar.backends import MockOptions, TransformersOptions
+
     parser.add_argument("--backend", choices=("mock", "transformers"), default="mock", help="the advisor")
     parser.add_argument("--batch-size", type=int, default=64, help="micro-batch size (prompts per forward pass)")
     parser.add_argument("--cache-size", type=int, default=65536, help="LRU answer-cache entries (0 = off)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--verbose", action="store_true", help="log every submission's timing")
-    add_option_flags(parser.add_argument_group("transformers backend"))
-    mock = parser.add_argument_group("mock backend (fault injection for tests)")
-    mock.add_argument("--latency-s", type=float, default=0.0, help="sleep per prompt")
-    mock.add_argument("--garbage-rate", type=float, default=0.0, help="fraction of unparseable answers")
-    mock.add_argument("--crash-after", type=int, default=None, help="exit with code 70 after this many prompts")
-    mock.add_argument("--mock-answers", choices=MOCK_ANSWERS, default="rules",
-                      help="rules: read the prompt (indicators, position, headline); news: trade the headline alone "
-                      "(HOLD without news); news_pass: the same, PASS (no view) without news; random: ignore it")
+    add_option_flags(parser.add_argument_group("transformers backend"), TransformersOptions)
+    add_option_flags(parser.add_argument_group("mock backend (what it answers; fault injection for tests)"), MockOptions)
 
 
-def add_option_flags(group) -> None:
-    """A flag for every field of llm_sidecar.backends.TransformersOptions, its help the field's comment: `--NAME VALUE`
-    (choices from OPTION_CHOICES), `--NAME` for a field off by default, `--no-NAME` for one on by default, and the
-    action labels comma-separated. The dataclass is read from its source (no torch import), so `--help` stays fast."""
-    from llm_sidecar.backends import OPTION_CHOICES, TransformersOptions
+def add_option_flags(group, options: type) -> None:
+    """A flag for every field of the backend's options dataclass, its help the field's comment: `--NAME VALUE` (its
+    type from the annotation, choices from OPTION_CHOICES), `--NAME` for a field off by default, `--no-NAME` for one
+    on by default, and the action labels comma-separated. backends.py imports torch only in a backend's constructor,
+    so `--help` stays fast."""
+    from llm_sidecar.backends import OPTION_CHOICES
 
-    comments = field_comments(TransformersOptions)
-    for f in dataclasses.fields(TransformersOptions):
+    comments, hints = field_comments(options), typing.get_type_hints(options)
+    for f in dataclasses.fields(options):
         flag, default, text = "--" + f.name.replace("_", "-"), f.default, comments.get(f.name, "").replace("%", "%%")
         if isinstance(default, bool):
             names = [flag] if not default else ["--no-" + f.name.replace("_", "-")]
@@ -56,17 +53,17 @@ def add_option_flags(group) -> None:
                                help=f"{text}, comma-separated, in {','.join(ACTIONS)} order (default: those names; "
                                     "`ask` reads --prompts)")
         else:
-            group.add_argument(flag, dest=f.name, default=default, type=str if default is None else type(default),
+            given = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+            group.add_argument(flag, dest=f.name, default=default, type=given[0],
                                choices=OPTION_CHOICES.get(f.name), help=text)
 
 
 def make_backend(args: argparse.Namespace, system: str, answer_prefix: str):
     """Builds the backend the flags ask for. Torch is imported only here, so `mock` starts fast."""
     if args.backend == "mock":
-        from llm_sidecar.backends import MockBackend
+        from llm_sidecar.backends import MockBackend, MockOptions
 
-        return MockBackend(latency_s=args.latency_s, garbage_rate=args.garbage_rate, crash_after=args.crash_after,
-                           answers=args.mock_answers)
+        return MockBackend(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MockOptions)})
     import torch
 
     from llm_sidecar.backends import TransformersBackend, TransformersOptions

@@ -87,9 +87,22 @@ def _side_and_sentiment(context: str) -> tuple[int, int]:
     return side, mock_rules.sentiment(headline)
 
 
+@dataclass
+class MockOptions:
+    """The mock backend's settings (the sidecar's flags are generated from them): what it answers, and the faults
+    tests inject."""
+
+    # rules: read the prompt (indicators, position, headline); news: trade the headline alone (HOLD without news);
+    # news_pass: the same, PASS (no view) without news; random: ignore it
+    answers: str = "rules"
+    latency_s: float = 0.0  # sleep per prompt
+    garbage_rate: float = 0.0  # fraction of unparseable answers
+    crash_after: int | None = None  # exit with code 70 after this many prompts
+
+
 class MockBackend:
     """A deterministic rule-based advisor that reads the rendered prompt text and answers in the text
-    protocol, so rendering, transport and parsing are all exercised without a model (hybrid.mock_reads=text; by
+    protocol, so rendering, transport and parsing are all exercised without a model (hybrid.mock.reads=text; by
     default the trainer applies the same rules, llm_sidecar.mock_rules, to the prompt fields in its own process).
 
     Rules: flat → trend following when ADX > 25 (direction from VWAP distance and momentum), mean reversion
@@ -109,14 +122,12 @@ class MockBackend:
 
     name = "mock"
 
-    def __init__(self, latency_s: float = 0.0, garbage_rate: float = 0.0, crash_after: int | None = None,
-                 answers: str = "rules"):
-        if answers not in MOCK_ANSWERS:
-            raise ValueError(f"mock answers must be one of {MOCK_ANSWERS}, got {answers!r}")
-        self.latency_s = latency_s
-        self.garbage_rate = garbage_rate
-        self.crash_after = crash_after
-        self.answers = answers
+    def __init__(self, **options):
+        o = MockOptions(**options)
+        if o.answers not in MOCK_ANSWERS:
+            raise ValueError(f"mock answers must be one of {MOCK_ANSWERS}, got {o.answers!r}")
+        self.latency_s, self.garbage_rate, self.crash_after, self.answers = (o.latency_s, o.garbage_rate,
+                                                                             o.crash_after, o.answers)
         self.answered = 0
 
     def advise_text(self, context: str) -> str:
@@ -191,8 +202,9 @@ def _mock_thought(context: str, decision: str, steps: tuple[str, ...]) -> str:
 _SENTINEL = "\x1f@@CONTEXT@@\x1f"
 
 
-# The option sets of TransformersOptions' fields that take one of a few values (the sidecar's flags offer them).
+# The option sets of the backends' option fields that take one of a few values (the sidecar's flags offer them).
 OPTION_CHOICES = {
+    "answers": MOCK_ANSWERS,  # MockOptions
     "mode": ("score", "generate"),
     "dtype": ("auto", "float32", "float16", "bfloat16"),
     "quantize": ("none", "int8", "int4"),

@@ -1,6 +1,6 @@
 """The mock advisor's rules over numbers: the one definition its two forms apply. `MockBackend` (a sidecar process,
-hybrid.mock_reads=text) reads the numbers from a rendered prompt's text; `agents.advisor.numeric_mock` (the
-trainer's process, hybrid.mock_reads=fields) takes them from the prompt fields as the prompt would show them. Given
+hybrid.mock.reads=text) reads the numbers from a rendered prompt's text; `agents.advisor.numeric_mock` (the
+trainer's process, hybrid.mock.reads=fields) takes them from the prompt fields as the prompt would show them. Given
 the same numbers both give the same answer. Imports neither torch nor jax."""
 
 from __future__ import annotations

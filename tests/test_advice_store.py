@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["num_envs=32", "ppo.num_steps=20", "ppo.num_minibatches=2", "ppo.update_epochs=1", "total_steps=640",
          "network.actor_hidden=[32]", "network.critic_hidden=[32]", "data.source=synthetic:headlines",
          "data.synthetic_days=30", "checkpoint.eval_every_updates=0", "log.progress=false", "log.tensorboard=false",
-         "llm=mock", "hybrid.budget=256"]
+         "llm=mock", "hybrid.link.budget=256"]
 
 
 def answers(n_keys: int, keys: list[int]) -> Answers:
@@ -289,7 +289,7 @@ def test_a_template_naming_an_accounts_figures_is_refused_in_one_line(tmp_path):
     path = tmp_path / "prompts.yaml"
     path.write_text(yaml.safe_dump(template))
     with pytest.raises(ConfigError, match=r"prompts.yaml: context names balance"):
-        prompt_template(load_config(None, [f"hybrid.prompts={path}"]))
+        prompt_template(load_config(None, [f"hybrid.link.prompts={path}"]))
 
 
 def advise(*args: str) -> subprocess.CompletedProcess:
@@ -326,7 +326,7 @@ def test_advise_fills_the_store_once_and_training_starts_from_it(tmp_path):
 def test_two_fills_at_once_on_one_store_leave_the_union_of_their_answers(tmp_path):
     """scripts/advise.py twice at once on one store, different splits: every key of both is in the store after."""
     store = tmp_path / "store"
-    slow = ["--set", "hybrid.mock_reads=text", "--set", "hybrid.mock_latency_s=0.002", "--batch", "64"]
+    slow = ["--set", "hybrid.mock.reads=text", "--set", "hybrid.mock.latency_s=0.002", "--batch", "64"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "scripts" / "advise.py"), "--llm", "mock", "--data",
                                "synthetic:headlines", "--set", "data.synthetic_days=30", "--store", str(store),
                                "--splits", splits, *slow], cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -352,7 +352,7 @@ def test_answers_carry_the_version_that_gave_them_and_the_store_keeps_version_0_
     from bridge.client import ECHO_PEER_COMMAND
     from jaxenv import load_market
 
-    cfg = load_config(None, SMALL + [f"hybrid.store={tmp_path / 'store'}", "hybrid.mock_reads=text"])
+    cfg = load_config(None, SMALL + [f"hybrid.store={tmp_path / 'store'}", "hybrid.mock.reads=text"])
     market = load_market(cfg.data)
     asked = {0: np.array([300, 301, 302]), 2: np.array([400, 401])}
     for version, keys in asked.items():

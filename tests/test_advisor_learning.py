@@ -164,7 +164,7 @@ def test_learning_config_needs_a_transformers_advisor_in_score_mode():
     with pytest.raises(ConfigError, match="hybrid.learning.enabled"):
         load_config(None, ["llm=mock", "hybrid.learning.enabled=true"])
     with pytest.raises(ConfigError, match="hybrid.learning.enabled"):
-        load_config(None, ["llm=smollm2", "hybrid.llm_mode=generate", "hybrid.learning.enabled=true"])
+        load_config(None, ["llm=smollm2", "hybrid.sidecar.mode=generate", "hybrid.learning.enabled=true"])
     with pytest.raises(ConfigError, match="move_clip"):
         load_config(None, ["hybrid.learning.move_clip=0"])
 
@@ -351,10 +351,10 @@ def tiny_learning_run(model: str) -> list[str]:
             "network.actor_hidden=[16,16]", "network.critic_hidden=[16,16]", "log.progress=false",
             "log.tensorboard=false", "data.source=synthetic:headlines", "data.synthetic_days=20",
             "env.max_steps_in_episode=400", "checkpoint.every_updates=1", "checkpoint.eval_every_updates=2",
-            "hybrid.budget=64", "hybrid.learning.enabled=true", "hybrid.query.bind_on=trust",
+            "hybrid.link.budget=64", "hybrid.learning.enabled=true", "hybrid.query.bind_on=trust",
             "hybrid.learning.every_updates=1", "hybrid.learning.min_examples=8", "hybrid.learning.batch_size=8",
             "hybrid.learning.lr=1e-2", "hybrid.learning.move_bars=10", "total_steps=960",
-            "hybrid.latency=strict"]  # the keys asked at one update are answered at the next: a round starts at 2
+            "hybrid.link.latency=strict"]  # the keys asked at one update are answered at the next: a round starts at 2
 
 
 def test_a_run_whose_advisor_learns_saves_adapters_with_checkpoints_and_evaluation_restores_them(tiny_model, tmp_path,

@@ -1,4 +1,4 @@
-"""Several advisor workers (hybrid.sidecar_workers): the split of a query step's prompts by measured rates, both
+"""Several advisor workers (hybrid.sidecar.workers): the split of a query step's prompts by measured rates, both
 workers answering in a hybrid run, and a run that survives one worker being killed."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from bridge.protocol import STATUS_BACKEND_ERROR, STATUS_OK, STATUS_TIMEOUT
 SMALL = ["num_envs=32", "ppo.num_steps=20", "ppo.num_minibatches=2", "ppo.update_epochs=1", "total_steps=1280",
          "network.actor_hidden=[32]", "network.critic_hidden=[32]", "data.source=synthetic:headlines",
          "data.synthetic_days=30", "checkpoint.eval_every_updates=0", "log.progress=false", "log.tensorboard=false",
-         "llm=mock", "hybrid.mock_reads=text", "hybrid.budget=16", "hybrid.sidecar_workers=2"]
+         "llm=mock", "hybrid.mock.reads=text", "hybrid.link.budget=16", "hybrid.sidecar.workers=2"]
 
 
 def test_split_follows_the_weights_and_sums_to_n():
@@ -55,15 +55,15 @@ def test_weights_are_measured_rates_with_equal_shares_until_measured():
 
 
 def test_learning_takes_one_worker():
-    with pytest.raises(ConfigError, match="hybrid.sidecar_workers"):
-        load_config(None, ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.sidecar_workers=2"])
-    with pytest.raises(ConfigError, match="hybrid.sidecar_workers"):
-        load_config(None, ["hybrid.sidecar_workers=0"])
+    with pytest.raises(ConfigError, match="hybrid.sidecar.workers"):
+        load_config(None, ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.sidecar.workers=2"])
+    with pytest.raises(ConfigError, match="hybrid.sidecar.workers"):
+        load_config(None, ["hybrid.sidecar.workers=0"])
 
 
 def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
     # strict (the mock's auto latency); 0.1 s per prompt keeps the test's prompts in flight when a worker is killed
-    cfg = load_config(None, SMALL + ["hybrid.mock_latency_s=0.1"])
+    cfg = load_config(None, SMALL + ["hybrid.mock.latency_s=0.1"])
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     loop = QueryLoop(cfg, setup.market, tmp_path)

@@ -95,8 +95,8 @@ def test_cross_field_validation():
         load_config(None, ["llm=mock", "hybrid.query.bind_on=gate"])
     with pytest.raises(ConfigError, match="hybrid.veto.advised_only_below: must be a share"):
         load_config(None, ["llm=mock", "hybrid.veto.advised_only_below=1.5"])
-    with pytest.raises(ConfigError, match="hybrid.budget: must be a positive number or auto"):
-        load_config(None, ["hybrid.budget=lots"])
+    with pytest.raises(ConfigError, match="hybrid.link.budget: must be a positive number or auto"):
+        load_config(None, ["hybrid.link.budget=lots"])
     with pytest.raises(ConfigError, match="network.activation"):
         load_config(None, ["network.activation=gelu"])
 
@@ -156,13 +156,13 @@ def test_an_unknown_synthetic_preset_exits_2_with_one_line_and_leaves_no_run_fol
 def test_a_lora_adapter_goes_to_a_transformers_sidecar_and_is_checked(tmp_path):
     from agents.advisor.sidecar import sidecar_options
 
-    cfg = load_config(None, ["llm=smollm2", f"hybrid.llm_adapter={tmp_path}"])
+    cfg = load_config(None, ["llm=smollm2", f"hybrid.sidecar.adapter={tmp_path}"])
     assert sidecar_options(cfg) == ("transformers", {**sidecar_options(load_config(None, ["llm=smollm2"]))[1],
                                                      "lora": str(tmp_path)})
     with pytest.raises(ConfigError, match="no LoRA adapter directory at"):
-        sidecar_options(load_config(None, ["llm=smollm2", f"hybrid.llm_adapter={tmp_path / 'gone'}"]))
-    with pytest.raises(ConfigError, match="hybrid.llm_adapter"):
-        load_config(None, ["llm=mock", f"hybrid.llm_adapter={tmp_path}"])
+        sidecar_options(load_config(None, ["llm=smollm2", f"hybrid.sidecar.adapter={tmp_path / 'gone'}"]))
+    with pytest.raises(ConfigError, match="hybrid.sidecar.adapter"):
+        load_config(None, ["llm=mock", f"hybrid.sidecar.adapter={tmp_path}"])
 
 
 def test_a_config_written_before_keys_were_removed_loads_as_it_acted_or_names_the_key(tmp_path):
@@ -189,6 +189,31 @@ def test_a_config_written_before_keys_were_removed_loads_as_it_acted_or_names_th
     assert (gated.hybrid.query.bind_on, gated.hybrid.query.min_trust) == ("trust", 0.05)
     with pytest.raises(ConfigError, match=r"hybrid.advice_input: no longer exists .* set it to True"):
         load_config(saved(**{**old, "hybrid__advice_input": True}))
+
+
+def test_a_config_written_before_the_hybrid_keys_moved_loads_under_their_new_names(tmp_path):
+    """A saved run's config.yaml from before the hybrid keys moved into the sections that read them (sidecar, mock,
+    link) restores as it was written; a --set of an old name is one error naming the new one."""
+    from agents.config import MOVED_KEYS
+
+    raw = to_dict(load_config(None, ["llm=mock"]))
+    hybrid = raw["hybrid"]
+    for section in ("sidecar", "mock", "link"):
+        del hybrid[section]
+    hybrid.update(llm_mode="generate", quantization="int8", llm_adapter="", sidecar_workers="2", sidecar_threads=3,
+                  sidecar_nice=5, sidecar_batch_size=16, mock_answers="news", mock_reads="text", mock_latency_s=0.01,
+                  budget="64", max_budget=512, latency="strict", strict_timeout_s=30.0, prompts="", log_llm=4)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    h = load_config(path).hybrid
+    assert (h.sidecar.mode, h.sidecar.quantization, h.sidecar.workers, h.sidecar.threads, h.sidecar.nice,
+            h.sidecar.batch_size) == ("generate", "int8", "2", 3, 5, 16)
+    assert (h.mock.answers, h.mock.reads, h.mock.latency_s) == ("news", "text", 0.01)
+    assert (h.link.budget, h.link.max_budget, h.link.latency, h.link.strict_timeout_s, h.link.log_llm) == \
+        ("64", 512, "strict", 30.0, 4)
+    assert len(MOVED_KEYS) == 16
+    with pytest.raises(ConfigError, match=r"^unknown key 'hybrid.mock_answers': it is hybrid.mock.answers now$"):
+        load_config(None, ["llm=mock", "hybrid.mock_answers=news"])
 
 
 def test_every_config_key_is_a_flag_of_train_py_with_its_comment_as_help(capsys):

@@ -169,7 +169,7 @@ def test_two_processes_each_ask_their_own_advisor(tmp_path):
     every process writes all answers into the one advice table, and process 0 alone writes the run folder (its LLM log). Both
     walk the validation split with their own advisor and agree on the best checkpoint by process 0's score."""
     hybrid = [o for o in OVERRIDES if o not in ("llm=none", "checkpoint.eval_every_updates=0")] + [
-        "llm=mock", "hybrid.budget=64", "hybrid.log_llm=8", "checkpoint.eval_every_updates=3"]
+        "llm=mock", "hybrid.link.budget=64", "hybrid.link.log_llm=8", "checkpoint.eval_every_updates=3"]
     run_dir, _ = train_in_two_processes(tmp_path, hybrid)
     lines = metrics(run_dir)
     assert [m["update"] for m in lines] == [1, 2, 3]

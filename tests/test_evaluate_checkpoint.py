@@ -120,7 +120,7 @@ def hybrid_run_dir(tmp_path_factory) -> Path:
     """A tiny hybrid run with the mock advisor reading headlines, evaluated (with advice) after each update."""
     path = tmp_path_factory.mktemp("eval") / "hybrid"
     cfg = [c for c in TINY if not c.startswith(("llm=", "data.source="))]
-    train(load_config(None, cfg + ["llm=mock", "hybrid.budget=128", "data.source=synthetic:headlines",
+    train(load_config(None, cfg + ["llm=mock", "hybrid.link.budget=128", "data.source=synthetic:headlines",
                                    "total_steps=256"]), path)
     return path
 
@@ -178,7 +178,7 @@ def test_a_checkpoint_keeps_the_advice_record_and_its_walks_start_from_it(tmp_pa
     one training ended with, and a walk from it reproduces the training-time evaluation, which walked from it too."""
     path = tmp_path / "record"
     cfg = [c for c in TINY if not c.startswith(("llm=", "data.source="))]
-    result = train(load_config(None, cfg + ["llm=mock", "hybrid.budget=128", "data.source=synthetic:headlines",
+    result = train(load_config(None, cfg + ["llm=mock", "hybrid.link.budget=128", "data.source=synthetic:headlines",
                                             "total_steps=1024", "hybrid.query.advised_entries_only=true",
                                             "hybrid.query.bind_on=record"]), path)
     trained = result.state.hybrid.record

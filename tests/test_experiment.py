@@ -49,14 +49,14 @@ def test_smollm2_arms_and_the_baseline_load_on_the_lora_config():
     baseline, frozen, learned, shuffled, online, placebo = (fusion.run_config(plan, arm, 0) for arm in (
         "rl_only", "frozen_smollm2", "learned_smollm2", "shuffled_smollm2", "online_smollm2", "online_placebo"))
     assert (baseline.llm, baseline.hybrid.learning.enabled) == ("none", False)  # the config's learning needs an advisor
-    assert (frozen.llm, frozen.hybrid.learning.enabled, frozen.hybrid.llm_adapter) == ("smollm2", False, "")
+    assert (frozen.llm, frozen.hybrid.learning.enabled, frozen.hybrid.sidecar.adapter) == ("smollm2", False, "")
     # the learned advisor is the shipped adapter, fixed; the shuffled control is that advisor asked about other bars
-    assert (learned.hybrid.learning.enabled, learned.hybrid.llm_adapter) == (False, fusion.LEARNED_ADAPTER)
+    assert (learned.hybrid.learning.enabled, learned.hybrid.sidecar.adapter) == (False, fusion.LEARNED_ADAPTER)
     assert Path(fusion.LEARNED_ADAPTER, "adapter_config.json").exists()
     assert dataclasses.replace(shuffled.hybrid, shuffled=False) == learned.hybrid and shuffled.hybrid.shuffled
     assert (online.llm, online.hybrid.learning.enabled) == ("smollm2", True)
     # apart from the adapter and learning, the SmolLM2 arms train the same run
-    assert dataclasses.replace(learned.hybrid, llm_adapter="") == frozen.hybrid
+    assert dataclasses.replace(learned.hybrid, sidecar=dataclasses.replace(learned.hybrid.sidecar, adapter="")) == frozen.hybrid
     assert dataclasses.replace(online.hybrid, learning=frozen.hybrid.learning) == frozen.hybrid
     # the placebo is the online arm learning from permuted moves
     assert placebo.hybrid.learning == dataclasses.replace(online.hybrid.learning, placebo=True)

@@ -424,7 +424,7 @@ def test_a_model_folder_that_does_not_load_fails_with_one_line_and_no_run_folder
     model = tmp_path / "not_a_model"
     model.mkdir()
     before = shm_segments()
-    args = ["--llm", str(model), "--run-dir", str(tmp_path / "run"), *TINY_FLAGS, "--set", "hybrid.budget=4",
+    args = ["--llm", str(model), "--run-dir", str(tmp_path / "run"), *TINY_FLAGS, "--set", "hybrid.link.budget=4",
             "--set", "checkpoint.eval_every_updates=0"]
     assert train_main(args) == 2
     err = capfd.readouterr().err
@@ -485,7 +485,7 @@ def test_the_trainer_counts_bad_answers_as_parse_errors_and_keeps_training(tmp_p
     cfg = load_config(None, ["num_envs=16", "ppo.num_steps=10", "ppo.num_minibatches=2", "ppo.update_epochs=1",
                              "total_steps=320", "network.actor_hidden=[16]", "network.critic_hidden=[16]",
                              "data.source=synthetic:headlines", "data.synthetic_days=30", "llm=mock",
-                             "hybrid.budget=8", "log.progress=false", "log.tensorboard=false"])
+                             "hybrid.link.budget=8", "log.progress=false", "log.tensorboard=false"])
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     before = shm_segments()
@@ -588,8 +588,8 @@ def test_ctrl_c_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
 @pytest.mark.slow
 def test_kill_9_of_sidecar_and_trainer_leaves_nothing_and_the_run_resumes(tmp_path):
     hybrid = [*TINY_FLAGS, "--llm", "mock", "--set", "data.source=synthetic:headlines",
-              "--set", "data.synthetic_days=30", "--set", "hybrid.budget=4", "--set", "total_steps=6400",
-              "--set", "checkpoint.eval_every_updates=0", "--set", "hybrid.mock_reads=text"]
+              "--set", "data.synthetic_days=30", "--set", "hybrid.link.budget=4", "--set", "total_steps=6400",
+              "--set", "checkpoint.eval_every_updates=0", "--set", "hybrid.mock.reads=text"]
     run, log = tmp_path / "run", tmp_path / "trainer.log"
     trainer = start_trainer(["--run-dir", str(run), *hybrid], log)
     try:

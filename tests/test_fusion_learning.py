@@ -42,7 +42,7 @@ def best_val(summary: dict) -> float:
 def test_trust_rises_for_an_informed_advisor_and_falls_for_a_random_one(tmp_path):
     rl_only, _ = run(tmp_path, "rl_only", ["llm=none"])
     informed, informed_trust = run(tmp_path, "informed", [])
-    random, random_trust = run(tmp_path, "random", ["hybrid.mock_answers=random"])
+    random, random_trust = run(tmp_path, "random", ["hybrid.mock.answers=random"])
 
     early, late = slice(0, 5), slice(-5, None)
     assert np.mean(informed_trust[late]) > np.mean(informed_trust[early]) + 0.1  # the news reader earns trust ...

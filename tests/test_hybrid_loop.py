@@ -29,7 +29,7 @@ TIMING = ("steps_per_s", "achieved_gflops", "update_s", "compile_s")
 SMALL = ["num_envs=32", "ppo.num_steps=20", "ppo.num_minibatches=2", "ppo.update_epochs=1", "total_steps=1280",
          "network.actor_hidden=[32]", "network.critic_hidden=[32]", "data.source=synthetic:headlines",
          "data.synthetic_days=30", "checkpoint.eval_every_updates=0", "log.progress=false", "log.tensorboard=false",
-         "llm=mock", "hybrid.budget=256"]
+         "llm=mock", "hybrid.link.budget=256"]
 
 
 def shm_segments() -> set[str]:
@@ -71,13 +71,13 @@ def test_strict_mode_with_mock_advisor_is_reproducible(tmp_path):
 
 def test_the_mock_trains_the_same_from_fields_in_process_as_from_text_in_its_sidecar(tmp_path):
     (tmp_path / "loop").mkdir()
-    with hybrid_loop(["hybrid.log_llm=4"], tmp_path / "loop") as (loop, update, state):  # the default: no process, no memory
+    with hybrid_loop(["hybrid.link.log_llm=4"], tmp_path / "loop") as (loop, update, state):  # the default: no process, no memory
         for _ in range(2):
             state, _ = update(state)
         assert children(os.getpid()) == [] and shm_segments() == set()
     logged = [json.loads(line) for line in (tmp_path / "loop" / "llm_log.jsonl").read_text().splitlines()]
     assert logged and all(re.match(r"\d\d:\d\d [A-Z]+ \d+ ADX", row["prompt"]) and row["answer"] for row in logged)  # as text
-    runs = {reads: train(load_config(None, SMALL + ["seed=3", f"hybrid.mock_reads={reads}"]), tmp_path / reads)
+    runs = {reads: train(load_config(None, SMALL + ["seed=3", f"hybrid.mock.reads={reads}"]), tmp_path / reads)
             for reads in ("fields", "text")}
     for a, b in zip(*(jax.tree.leaves(r.state.params) for r in runs.values())):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -90,7 +90,7 @@ def test_the_mock_trains_the_same_from_fields_in_process_as_from_text_in_its_sid
 def test_every_update_gets_answers(tmp_path):
     """The keys asked at one update are answered into the table at the next, so advice keeps coming; a query step
     marks as asked exactly the keys it asks (at most B)."""
-    with hybrid_loop(["ppo.num_steps=64", "total_steps=2048", "hybrid.budget=8"], tmp_path) as (loop, update, state):
+    with hybrid_loop(["ppo.num_steps=64", "total_steps=2048", "hybrid.link.budget=8"], tmp_path) as (loop, update, state):
         for i in range(4):
             state, m = update(state)
             assert m["llm_prompts"] == 8 and (m["llm_ok"] == 8 or i == 0)
@@ -104,7 +104,7 @@ def test_every_update_gets_answers(tmp_path):
 def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arrive(tmp_path):
     """Async latency with an advisor that takes 0.2 s a batch: query steps never wait for it, the answers come some
     query steps later, and the keys are asked that many query steps further ahead, so they are read."""
-    overrides = ["hybrid.latency=async", "hybrid.mock_reads=text", "hybrid.mock_latency_s=0.2", "hybrid.budget=64"]
+    overrides = ["hybrid.link.latency=async", "hybrid.mock.reads=text", "hybrid.mock.latency_s=0.2", "hybrid.link.budget=64"]
     with hybrid_loop(overrides, tmp_path) as (loop, update, state):
         covered, deadline = 0.0, time.monotonic() + 60
         while covered == 0.0 and time.monotonic() < deadline:
@@ -117,7 +117,7 @@ def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arr
 
 def test_training_survives_a_killed_sidecar(tmp_path):
     # strict: collecting must notice the dead sidecar instead of waiting
-    cfg = load_config(None, SMALL + ["hybrid.mock_reads=text"])
+    cfg = load_config(None, SMALL + ["hybrid.mock.reads=text"])
     setup = make_env_setup(cfg)
     ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
     before = shm_segments()
@@ -158,7 +158,7 @@ def test_ctrl_c_stops_training_sidecars_and_all(tmp_path):
             for a in ("--set", o)]
     cmd = [sys.executable, str(root / "scripts" / "train.py"), "--llm", "mock", "--total-steps", "6400000",
            "--run-dir", str(tmp_path / "run"), *sets, "--set", "checkpoint.eval_every_updates=1",
-           "--set", "hybrid.mock_reads=text"]
+           "--set", "hybrid.mock.reads=text"]
     trainer = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:

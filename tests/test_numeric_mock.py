@@ -1,5 +1,5 @@
-"""The mock answering from numbers in the trainer's process (hybrid.mock_reads=fields, the default) answers every
-key as the mock reading its rendered prompt in a sidecar (hybrid.mock_reads=text) does."""
+"""The mock answering from numbers in the trainer's process (hybrid.mock.reads=fields, the default) answers every
+key as the mock reading its rendered prompt in a sidecar (hybrid.mock.reads=text) does."""
 
 import numpy as np
 import pytest
@@ -58,9 +58,9 @@ def test_the_numbers_shown_are_the_numbers_the_text_reads():
 
 
 def test_a_mock_with_latency_or_thoughts_runs_in_its_own_process():
-    for key in ("hybrid.mock_latency_s=0.1", "hybrid.reasoning.enabled=true"):
-        with pytest.raises(ConfigError, match="hybrid.mock_reads"):
+    for key in ("hybrid.mock.latency_s=0.1", "hybrid.reasoning.enabled=true"):
+        with pytest.raises(ConfigError, match="hybrid.mock.reads"):
             load_config(None, ["llm=mock", key])
-        load_config(None, ["llm=mock", "hybrid.mock_reads=text", key])
-    with pytest.raises(ConfigError, match="hybrid.mock_reads"):
-        load_config(None, ["hybrid.mock_reads=numbers"])
+        load_config(None, ["llm=mock", "hybrid.mock.reads=text", key])
+    with pytest.raises(ConfigError, match="hybrid.mock.reads"):
+        load_config(None, ["hybrid.mock.reads=numbers"])

@@ -238,7 +238,7 @@ def test_unreadable_thoughts_still_answer_through_the_sidecar_and_their_reason_r
     assert answers.status.tolist() == [STATUS_OK, STATUS_PARSE_ERROR, STATUS_OK, STATUS_PARSE_ERROR]
     assert (answers.action[[0, 2]] == MockBackend().advise([prompts[i].decode() for i in (0, 2)]).action).all()
     link = AdvisorLink.__new__(AdvisorLink)  # only the logging: no market, no sidecar of its own
-    link.h = load_config(None, ["llm=mock", "hybrid.log_llm=8"]).hybrid
+    link.h = load_config(None, ["llm=mock", "hybrid.link.log_llm=8"]).hybrid
     link.logged, link.interval = 0, 5
     link.fields = SimpleNamespace(rendered_bar=lambda keys: np.asarray(keys) // 3 * 5 + 4)  # a key's block's last bar
     with open(tmp_path / "llm_log.jsonl", "a") as link.llm_log:

@@ -68,7 +68,7 @@ def test_no_view_answers_cross_the_bridge_counted_and_cached():
     quiet = b"10:00 ES 4500 ADX40 RSI20 VWAP-0.2 mom-0.5 flat pnl+0 win50% loss0 bal50k"
     prompts = [quiet, quiet + b" News: stocks rally"]
     with SidecarClient(client_config()) as client:
-        client.start(backend="mock", mock_answers="news_pass")
+        client.start(backend="mock", answers="news_pass")
         for _ in range(2):
             client.submit(np.arange(2), prompts)
             answers = client.collect(timeout_s=10.0)

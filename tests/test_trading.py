@@ -36,7 +36,7 @@ TINY = ["num_envs=8", "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_e
         "log.tensorboard=false", "data.synthetic_days=30", "env.max_steps_in_episode=400",
         "checkpoint.every_updates=1", "checkpoint.eval_every_updates=0", "total_steps=256"]
 RUNS = {"rl": ["llm=none", "data.source=synthetic:signal"],
-        "mock": ["llm=mock", "hybrid.latency=strict", "hybrid.budget=128", "data.source=synthetic:headlines",
+        "mock": ["llm=mock", "hybrid.link.latency=strict", "hybrid.link.budget=128", "data.source=synthetic:headlines",
                  *(f"{k}={v}" for k, v in NEWS_SETTINGS.items())]}  # what a news file of the market needs
 STORE = "store"  # the mock run's advice store, in its run folder: a replay reads the answers an earlier one kept
 FILE_BARS = 1000  # bars of the validation split written as the file to trade: 536 decisions after the history

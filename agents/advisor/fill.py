@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="override one config key, e.g. --set hybrid.query.interval=10; repeatable")
     ap.add_argument("--splits", default="train,val,test",
                     help=f"comma-separated splits whose keys to fill, of {', '.join(SPLITS)} (default: all)")
-    ap.add_argument("--batch", type=int, help="prompts per submission (default hybrid.max_budget)")
+    ap.add_argument("--batch", type=int, help="prompts per submission (default hybrid.link.max_budget)")
     add_config_flags(ap)  # every config key a flag, as train.py's: --data, --llm, --llm-adapter, --store, ...
     return ap.parse_args(argv)
 
@@ -47,7 +47,7 @@ def split_keys(market, splits: list[str], interval: int, entries_only: bool) -> 
 def fill(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *config_overrides(args)]
     cfg = load_config(args.config, overrides)
-    if not any(o.startswith(("hybrid.sidecar_threads=", "hybrid.sidecar_nice=")) for o in overrides):
+    if not any(o.startswith(("hybrid.sidecar.threads=", "hybrid.sidecar.nice=")) for o in overrides):
         cfg = at_full_rate(cfg)  # nothing else runs beside a fill
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     bad = [s for s in splits if s not in SPLITS]
@@ -89,7 +89,7 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
            "stopped": False}
     if not len(todo):
         return {**out, "filled": 1.0}
-    batch = int(batch or cfg.hybrid.max_budget)
+    batch = int(batch or cfg.hybrid.link.max_budget)
     session = AdvisorSession(start_advisor(cfg, renderer, texts, batch), fields, renderer, texts, known, store)
     stopped = []
     previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batches in flight, save

@@ -50,16 +50,16 @@ SAVE_EVERY_S = 60.0  # the advice store gets a query step's new answers at most 
 
 
 def latency_mode(cfg) -> str:
-    """`hybrid.latency`, auto resolved: strict for the mock advisor (it answers in milliseconds, and tests need
+    """`hybrid.link.latency`, auto resolved: strict for the mock advisor (it answers in milliseconds, and tests need
     bit-reproducible runs), async for a model (on a CPU, waiting for it would cost most of the throughput)."""
-    if cfg.hybrid.latency != "auto":
-        return cfg.hybrid.latency
+    if cfg.hybrid.link.latency != "auto":
+        return cfg.hybrid.link.latency
     return "strict" if cfg.llm == "mock" else "async"
 
 
 def prompt_template(cfg) -> tuple[PromptRenderer, str]:
     """The run's prompt renderer and its template's text; refuses a template naming one account's fields."""
-    path = Path(cfg.hybrid.prompts or DEFAULT_PROMPTS_PATH)
+    path = Path(cfg.hybrid.link.prompts or DEFAULT_PROMPTS_PATH)
     renderer = PromptRenderer.from_yaml(path)
     account = sorted(renderer.fields_used & set(ACCOUNT_FIELDS))
     if account:
@@ -100,10 +100,10 @@ class AdvisorLink:
                               "off or train in one process (on all its local devices)")
         self.interval = self.h.query.interval
         self.num_keys = num_blocks(market.num_bars, self.interval) * SIDES
-        self.cap = min(self.h.max_budget, self.num_keys // self.processes)  # per process
+        self.cap = min(self.h.link.max_budget, self.num_keys // self.processes)  # per process
         # a walk asks every key it will read, a handful per query step: never fewer (budget auto could shrink B)
-        self.auto = self.h.budget == "auto" and not walk
-        self.budget = self.cap if walk else min(AUTO_START, self.cap) if self.auto else min(int(self.h.budget), self.cap)
+        self.auto = self.h.link.budget == "auto" and not walk
+        self.budget = self.cap if walk else min(AUTO_START, self.cap) if self.auto else min(int(self.h.link.budget), self.cap)
         self.renderer, template = prompt_template(cfg)
         self.fields = PromptFieldBuilder(market, list(self.renderer.markets), cfg.env.contracts_per_trade,
                                          self.interval, self.h.shuffled)
@@ -132,7 +132,7 @@ class AdvisorLink:
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
         self.picks = None  # the latest selection (device arrays), sent by send()
         self.last_step_at: float | None = None
-        self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.log_llm) else None
+        self.llm_log = open(run_dir / "llm_log.jsonl", "a") if (run_dir and self.h.link.log_llm) else None
         self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
         self.reset_counters()
         # training asks the keys its record lacks too (a walk asks every key its account reads before it reads it)
@@ -303,7 +303,7 @@ class AdvisorLink:
         """The oldest submission's answers as rows for the table (agents.advisor.session), with everything counted,
         logged and kept for learning."""
         t0 = time.perf_counter()
-        sent, answers, rows = self.session.collect(wait, self.h.strict_timeout_s)
+        sent, answers, rows = self.session.collect(wait, self.h.link.strict_timeout_s)
         self._took(sent, answers, rows, time.perf_counter() - t0, since_s)
         return rows
 
@@ -333,12 +333,12 @@ class AdvisorLink:
         return table_rows(taken, MAX_IN_FLIGHT * self.cap)
 
     def _log_llm(self, prompts, answers) -> None:
-        if not self.llm_log or self.logged >= self.h.log_llm:
+        if not self.llm_log or self.logged >= self.h.link.log_llm:
             return
         def text(x) -> str:
             return x.decode(errors="replace") if isinstance(x, bytes) else str(x)
 
-        n = min(len(answers), self.h.log_llm - self.logged)
+        n = min(len(answers), self.h.link.log_llm - self.logged)
         if np.asarray(prompts).dtype.kind == "f":  # prompt-field rows (the mock reading them): the prompts they stand for
             prompts = self.renderer.render(prompts[:n], self.texts)
         bars = self.fields.rendered_bar(answers.env_ids[:n])  # the bar each prompt was rendered from

@@ -1,8 +1,8 @@
-"""The mock advisor answering from numbers (`llm: mock`, hybrid.mock_reads=fields, the default): its rules
+"""The mock advisor answering from numbers (`llm: mock`, hybrid.mock.reads=fields, the default): its rules
 (llm_sidecar.mock_rules) applied to the keys' prompt fields as the prompt would show them, in the trainer's
 process. No prompt is sent or parsed, nor rendered but for the random answers' seeds, so an empty table costs a query
 step microseconds per key; the answers equal those of the mock reading the rendered text in a sidecar
-(hybrid.mock_reads=text), which is the one that exercises the bridge. It stands where AdvisorLink and the store's fill keep an AdvisorPool."""
+(hybrid.mock.reads=text), which is the one that exercises the bridge. It stands where AdvisorLink and the store's fill keep an AdvisorPool."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from llm_sidecar import mock_rules
 
 def reads_fields(cfg) -> bool:
     """Whether the run's advisor is the mock answering from the prompt fields in the trainer's process."""
-    return cfg.llm == "mock" and cfg.hybrid.mock_reads == "fields"
+    return cfg.llm == "mock" and cfg.hybrid.mock.reads == "fields"
 
 
 class NumericMock:
@@ -95,7 +95,7 @@ class NumericMock:
         return {}
 
     def command(self, op: str, timeout_s: float = 60.0, **args) -> dict:
-        raise ValueError(f"the mock answering from numbers takes no command ({op!r}): use hybrid.mock_reads=text")
+        raise ValueError(f"the mock answering from numbers takes no command ({op!r}): use hybrid.mock.reads=text")
 
     def close(self) -> None:
         self._pending.clear()

@@ -46,7 +46,7 @@ class QueryLoop:
         self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir if is_writer() else None, client,
                                 learn=self.learning is not None, adapter=adapter, shared=jax.process_count() > 1,
                                 ahead=update_ahead(self.num_steps, self.interval))
-        self.threads = cfg.hybrid.sidecar_threads  # the advisor's threads while training runs
+        self.threads = cfg.hybrid.sidecar.threads  # the advisor's threads while training runs
         self.mock = cfg.llm == "mock"
         self.rounds_seen = 0
         self.synced = False  # the run's advice table holds the store's answers (after the first query step)

@@ -18,8 +18,8 @@ from bridge import BridgeConfig, PromptRenderer
 def at_full_rate(cfg):
     """The run's config with its advisor at every core and normal priority: for work nothing else runs beside (a fill,
     an evaluation's walks); a training run's default is 1 thread at nice 19, the cores the trainer leaves."""
-    return dataclasses.replace(cfg, hybrid=dataclasses.replace(cfg.hybrid, sidecar_threads=os.cpu_count() or 1,
-                                                                sidecar_nice=0))
+    sidecar = dataclasses.replace(cfg.hybrid.sidecar, threads=os.cpu_count() or 1, nice=0)
+    return dataclasses.replace(cfg, hybrid=dataclasses.replace(cfg.hybrid, sidecar=sidecar))
 
 
 def learning_options(cfg) -> dict | None:
@@ -35,25 +35,25 @@ def sidecar_options(cfg, adapter: str | None = None) -> tuple[str, dict]:
     the run's starting adapter (a checkpoint's learned one)."""
     h = cfg.hybrid
     if cfg.llm == "mock":
-        return "mock", {"latency_s": h.mock_latency_s or None, "mock_answers": h.mock_answers}
+        return "mock", {"latency_s": h.mock.latency_s or None, "answers": h.mock.answers}
     model = "smollm2" if cfg.llm == "smollm2" else cfg.llm
     adapter = adapter or starting_adapter(cfg)
     if adapter and not Path(adapter).is_dir():
-        raise ConfigError(f"hybrid.llm_adapter: no LoRA adapter directory at {adapter}")
+        raise ConfigError(f"hybrid.sidecar.adapter: no LoRA adapter directory at {adapter}")
     return "transformers", {
         "model": model,
-        "mode": h.llm_mode,
-        "quantize": None if h.quantization == "none" else h.quantization,
+        "mode": h.sidecar.mode,
+        "quantize": None if h.sidecar.quantization == "none" else h.sidecar.quantization,
         "lora": adapter,
-        "threads": h.sidecar_threads,
-        "batch_size": h.sidecar_batch_size,
+        "threads": h.sidecar.threads,
+        "batch_size": h.sidecar.batch_size,
     }
 
 
 def worker_count(cfg, most: int) -> int:
-    """Advisor workers for a link that asks at most `most` prompts per query step: `hybrid.sidecar_workers`, where
+    """Advisor workers for a link that asks at most `most` prompts per query step: `hybrid.sidecar.workers`, where
     auto = one per GPU (1 on CPU, for the mock advisor, and when the advisor learns: one learner)."""
-    workers = cfg.hybrid.sidecar_workers
+    workers = cfg.hybrid.sidecar.workers
     if workers == "auto":
         n = 1 if cfg.llm == "mock" or cfg.hybrid.learning.enabled else max(visible_gpus(), 1)
     else:
@@ -66,7 +66,7 @@ def worker_options(cfg, n: int, adapter: str | None = None) -> list[tuple[str, d
     when there are GPUs, at the run's OS niceness."""
     backend, options = sidecar_options(cfg, adapter)
     gpus = visible_gpus() if backend == "transformers" else 0
-    nice = cfg.hybrid.sidecar_nice or None
+    nice = cfg.hybrid.sidecar.nice or None
     return [(backend, {**options, "nice": nice, **({"device": f"cuda:{i % gpus}"} if gpus else {})})
             for i in range(n)]
 
@@ -76,6 +76,6 @@ def start_advisor(cfg, renderer: PromptRenderer, texts: list[str] | None, capaci
     """The run's advisor, ready to answer submissions of up to `capacity` keys: the mock answering from the prompt
     fields in this process (reads_fields), or the sidecar workers answering rendered prompts over the bridge."""
     if reads_fields(cfg):
-        return NumericMock(cfg.hybrid.mock_answers, renderer, texts)
+        return NumericMock(cfg.hybrid.mock.answers, renderer, texts)
     options = worker_options(cfg, worker_count(cfg, capacity), adapter)
     return AdvisorPool.start(options, BridgeConfig(capacity=capacity), log_stem, prompts=renderer, learning=learning)

@@ -153,10 +153,10 @@ def identity(cfg, market, template: str, adapter: str | None, prompt_format: str
     h = cfg.hybrid
     advisor = {"llm": model_name(cfg.llm)}  # a local folder's one name, however cfg.llm spells its path
     if cfg.llm == "mock":
-        advisor["mock_answers"] = h.mock_answers
+        advisor["mock_answers"] = h.mock.answers
     else:
         gpu = visible_gpus() > 0  # the transformers backend answers in bfloat16 on a GPU, float32 on a CPU
-        advisor.update(mode=h.llm_mode, quantization=h.quantization, model=model_digest(cfg.llm, root),
+        advisor.update(mode=h.sidecar.mode, quantization=h.sidecar.quantization, model=model_digest(cfg.llm, root),
                        device="cuda" if gpu else "cpu", dtype="bfloat16" if gpu else "float32")
     if h.shuffled:  # named only when on: the stores of every other advisor keep their folders
         advisor["shuffled"] = True

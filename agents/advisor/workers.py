@@ -211,7 +211,7 @@ class AdvisorPool:
         return replies[0]
 
     def send_outcomes(self, rows: dict[str, np.ndarray], wait_s: float = 0.0) -> int:
-        """Outcomes for the learning advisor, which is one worker (a config rule: hybrid.sidecar_workers)."""
+        """Outcomes for the learning advisor, which is one worker (a config rule: hybrid.sidecar.workers)."""
         return self.workers[0].send_outcomes(rows, wait_s=wait_s)
 
     def reset_counters(self) -> None:

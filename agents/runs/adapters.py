@@ -15,7 +15,7 @@ def adapter_dir(run_dir: str | Path, update: int) -> Path:
 
 def starting_adapter(cfg) -> str | None:
     """The LoRA adapter the advisor starts from (--llm-adapter), or None for the base model."""
-    return cfg.hybrid.llm_adapter or None
+    return cfg.hybrid.sidecar.adapter or None
 
 
 def checkpoint_adapter(cfg, run_dir: str | Path, update: int) -> str | None:

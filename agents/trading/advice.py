@@ -128,7 +128,7 @@ class LiveAdvisor:
         """Collects answered submissions (with `wait`: every one, the queue included), refilling the advisor, each
         answer timed and kept for the table (and the store: the session keeps it there)."""
         while self.session.pending and (wait or self.session.client.oldest_done):
-            _, _, rows = self.session.collect(wait, self.cfg.hybrid.strict_timeout_s)
+            _, _, rows = self.session.collect(wait, self.cfg.hybrid.link.strict_timeout_s)
             now = time.perf_counter()
             got = np.asarray(answered(rows[3]))
             for k, ok in zip(rows[0].tolist(), got.tolist()):  # a key whose answer did not come: asked when needed

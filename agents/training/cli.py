@@ -44,10 +44,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def absolute_adapter(override: str) -> str:
-    """A `hybrid.llm_adapter=PATH` override with PATH made absolute, so the run's saved config finds it from anywhere;
+    """A `hybrid.sidecar.adapter=PATH` override with PATH made absolute, so the run's saved config finds it from anywhere;
     any other override as it is."""
     key, _, path = override.partition("=")
-    return f"{key}={Path(path).resolve()}" if key == "hybrid.llm_adapter" and path else override
+    return f"{key}={Path(path).resolve()}" if key == "hybrid.sidecar.adapter" and path else override
 
 
 def start(args: argparse.Namespace):
