@@ -72,7 +72,7 @@ def round_row(n: int, draw: int) -> dict:
     probs = np.concatenate([backend.advise(prompts[i:i + SCORE_BATCH]).probs
                             for i in range(0, len(prompts), SCORE_BATCH)])
     scoring_s = time.perf_counter() - t0
-    learner.memory.remember(0, prompts, probs)
+    learner.memory.remember(0, prompts, probs, learner.answers_are_base)  # as the sidecar remembers its answers
     learner.add_outcomes({"seq": np.zeros(len(prompts), np.int64), "row": np.arange(len(prompts), dtype=np.int32),
                           "move": moves.astype(np.float32)})
     started = learner.start_round()

@@ -17,6 +17,9 @@ on the validation share: after each epoch the held-out loss decides whether to g
 weights are the ones copied into "default" at the round's end, only if the held-out loss improved.
 
 A round runs as a generator, one minibatch per `step()`, so the server answers prompts between steps.
+What it computes once: the base model's log-probabilities of a prompt (an answer the base model gave holds them:
+answers before any adopted round, or with adapters off), and the held-out figures of the weights it adopts (those
+of their epoch).
 
 Reasoned answers (llm_sidecar.reasoning: a thought, then the labels scored after it) join outcomes like any other:
 their decision is always a distribution, even when the thought's steps are unreadable, and the experience holds
@@ -53,6 +56,7 @@ class Experience:
     prompt: str
     advice: np.ndarray  # float32 [6]: the answer's probabilities when it was given
     move: float  # the market's move over the following bars, in ATRs; NaN if unknown
+    from_base: bool = False  # the base model gave the answer (its score head): `advice` is the base's distribution
 
     def to_json(self) -> dict:
         return {"prompt": self.prompt, "advice": [round(float(p), 6) for p in self.advice],
@@ -71,10 +75,12 @@ class PromptMemory:
 
     def __init__(self, capacity: int = 256):
         self.capacity = capacity
-        self.entries: OrderedDict[int, tuple[list[str], np.ndarray]] = OrderedDict()
+        self.entries: OrderedDict[int, tuple[list[str], np.ndarray, np.ndarray]] = OrderedDict()
 
-    def remember(self, seq: int, prompts: list[str], probs: np.ndarray) -> None:
-        self.entries[seq] = (prompts, probs)
+    def remember(self, seq: int, prompts: list[str], probs: np.ndarray, from_base=False) -> None:
+        """`from_base` (bool or bool [n]): which rows' answers are the base model's score head (the learner's
+        `answers_are_base`, and not a reasoned answer)."""
+        self.entries[seq] = (prompts, probs, np.broadcast_to(np.asarray(from_base, bool), (len(prompts),)))
         while len(self.entries) > self.capacity:
             self.entries.popitem(last=False)
 
@@ -87,7 +93,7 @@ class PromptMemory:
             if entry is None or not 0 <= row < len(entry[0]) or not np.isfinite(entry[1][row]).all():
                 unknown += 1
                 continue
-            out.append(Experience(entry[0][row], entry[1][row], float(rows["move"][i])))
+            out.append(Experience(entry[0][row], entry[1][row], float(rows["move"][i]), bool(entry[2][row])))
         return out, unknown
 
 
@@ -162,6 +168,7 @@ class LoraLearner:
         self.options = options
         self.rng = np.random.default_rng(seed)
         model = backend.model
+        self.adapter_is_base = not isinstance(model, PeftModel)  # the serving adapter is new: its B matrices are 0
         if not isinstance(model, PeftModel):
             if backend.options.quantize != "none":  # QLoRA: a 4/8-bit base with float LoRA weights
                 model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -185,6 +192,17 @@ class LoraLearner:
         self._work: Iterator[None] | None = None
         self._base_logp: dict[str, np.ndarray] = {}
         self._last_started = -1
+
+    @property
+    def answers_are_base(self) -> bool:
+        """Whether the answers given now are the base model's: adapters off, or a serving adapter no round has
+        changed."""
+        return not self.backend.use_adapter or self.adapter_is_base
+
+    def adapter_loaded(self, path: str | None) -> None:
+        """The server loaded the adapter at `path` into the serving one (None: answers from the base model)."""
+        if path is not None:
+            self.adapter_is_base = False
 
     # ---- experience -----------------------------------------------------------------------------------
 
@@ -272,7 +290,11 @@ class LoraLearner:
         return contextlib.nullcontext()
 
     def _base_prepare(self, examples: list[Experience]) -> Iterator[None]:
-        """Base-model log-probabilities (all adapters off) of prompts not yet seen, a batch per yield."""
+        """Base-model log-probabilities (all adapters off) of prompts not yet seen, a batch per yield; an answer
+        the base model gave already holds them."""
+        for e in examples:
+            if e.from_base and e.prompt not in self._base_logp and (e.advice > 0).all():
+                self._base_logp[e.prompt] = np.log(e.advice)
         todo = list(dict.fromkeys(e.prompt for e in examples if e.prompt not in self._base_logp))
         for start in range(0, len(todo), self.options.batch_size):
             batch = todo[start : start + self.options.batch_size]
@@ -284,15 +306,14 @@ class LoraLearner:
     def _base(self, examples: list[Experience]):
         return self.torch.tensor(np.stack([self._base_logp[e.prompt] for e in examples]))
 
-    def _loss(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray):
-        """(loss, KL, log-probabilities [n, 6]) of a batch under the active adapter."""
+    def _objective(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray, logp):
+        """(loss, KL to the base model) of a batch whose log-probabilities [n, 6] are `logp`."""
         torch = self.torch
         base = self._base(examples)
-        logp = self._log_probs([e.prompt for e in examples]).cpu()
         actions = torch.tensor(actions)
         nll = -(torch.tensor(weights) * logp.gather(1, actions[:, None])[:, 0]).mean()
         kl = (base.exp() * (base - logp)).sum(-1).mean()
-        return nll + self.options.kl_coef * kl, kl, logp
+        return nll + self.options.kl_coef * kl, kl
 
     def _evaluate(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray,
                   adapter: str) -> Iterator[None]:
@@ -304,13 +325,20 @@ class LoraLearner:
         for start in range(0, len(examples), bs):
             batch = examples[start : start + bs]
             with self.torch.no_grad(), self._adapter(adapter):
-                loss, kl, logp = self._loss(batch, actions[start : start + bs], weights[start : start + bs])
+                logp = self._log_probs([e.prompt for e in batch]).cpu()
+                loss, kl = self._objective(batch, actions[start : start + bs], weights[start : start + bs], logp)
                 tops.append(logp.argmax(-1).numpy())
             self.model.set_adapter(SERVING_ADAPTER)
             total += float(loss) * len(batch)
             kl_total += float(kl) * len(batch)
-            yield None
+            yield
         self._result = (total / len(examples), kl_total / len(examples), np.concatenate(tops))
+
+    def _base_figures(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray) -> tuple:
+        """What _evaluate gives for the base model, from the log-probabilities _base_prepare holds."""
+        logp = self._base(examples)
+        loss, kl = self._objective(examples, actions, weights, logp)
+        return float(loss), float(kl), logp.argmax(-1).numpy()
 
     @staticmethod
     def direction_accuracy(examples: list[Experience], top_actions: np.ndarray) -> float:
@@ -326,9 +354,13 @@ class LoraLearner:
         a_train, a_val = move_targets(train), move_targets(val)
         yield from self._base_prepare(train + val)
         base_tops = self._base(val).argmax(-1).numpy()
-        yield from self._evaluate(val, a_val, w_val, SERVING_ADAPTER)
-        val_before, _, _ = self._result
-        best_loss, best_epoch, epochs, steps, train_loss = val_before, 0, 0, 0, float("nan")
+        if self.adapter_is_base:
+            best_result = self._base_figures(val, a_val, w_val)
+        else:
+            yield from self._evaluate(val, a_val, w_val, SERVING_ADAPTER)
+            best_result = self._result
+        val_before = best_loss = best_result[0]
+        best_epoch, epochs, steps, train_loss = 0, 0, 0, float("nan")
         params = [p for _, p in self.pairs]
         best = [p.detach().clone() for p in params]
         optimizer = torch.optim.Adam(params, lr=o.lr)
@@ -338,7 +370,9 @@ class LoraLearner:
             for start in range(0, len(order), o.batch_size):
                 idx = order[start : start + o.batch_size]
                 self.model.set_adapter(TRAINING_ADAPTER)
-                loss = self._loss([train[i] for i in idx], a_train[idx], w_train[idx])[0]
+                batch = [train[i] for i in idx]
+                logp = self._log_probs([e.prompt for e in batch]).cpu()
+                loss = self._objective(batch, a_train[idx], w_train[idx], logp)[0]
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
@@ -351,7 +385,7 @@ class LoraLearner:
             yield from self._evaluate(val, a_val, w_val, TRAINING_ADAPTER)
             val_loss = self._result[0]
             if val_loss < best_loss - 1e-4:
-                best_loss, best_epoch = val_loss, epoch
+                best_loss, best_epoch, best_result = val_loss, epoch, self._result
                 best = [p.detach().clone() for p in params]
             elif epoch - best_epoch > o.patience:
                 break
@@ -362,8 +396,9 @@ class LoraLearner:
             self._copy(to_training=False)
             self.backend.refresh_prefix_cache()
             self.version += 1
-        yield from self._evaluate(val, a_val, w_val, SERVING_ADAPTER)
-        val_after, kl_after, tops_after = self._result
+            self.adapter_is_base = False
+        # The serving adapter now holds the best epoch's weights, or those it had: their held-out figures are known.
+        val_after, kl_after, tops_after = best_result
         record = {
             "round": len(self.rounds) + 1, "train_examples": len(train), "val_examples": len(val),
             "epochs": epochs, "best_epoch": best_epoch, "steps": steps, "adopted": bool(best_epoch),

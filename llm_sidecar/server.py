@@ -193,8 +193,10 @@ def serve(args, make_backend) -> None:
             if request is not None:
                 t0 = time.perf_counter()
                 answered = answer_request(endpoint, backend, cache, request, args.batch_size, reasoner)
-                if learner:
-                    learner.memory.remember(request.seq, request.texts(), answered)
+                if learner:  # a reasoned answer's labels were scored after its thought, not the prompt's score head
+                    reasoned = request.think if reasoner is not None else np.zeros(len(request), bool)
+                    from_base = learner.answers_are_base & ~reasoned
+                    learner.memory.remember(request.seq, request.texts(), answered, from_base)
                 if args.verbose:
                     log(f"seq {request.seq}: {len(request)} prompts in {time.perf_counter() - t0:.3f} s")
             outcomes = endpoint.take_outcomes()
@@ -257,7 +259,10 @@ def run_command(command: dict, backend, learner) -> dict:
                 return {"error": "save: this sidecar has no learning adapter"}
             return {"saved": learner.save(command["path"])}
         if op == "load":
-            return load_adapter(backend, command.get("path"))
+            loaded = load_adapter(backend, command.get("path"))
+            if learner:
+                learner.adapter_loaded(command.get("path"))
+            return loaded
         if op == "threads":  # the cores the trainer leaves: all while it waits for a walk's answers, few while it runs
             return set_threads(backend, int(command["threads"]))
         return {"error": f"unknown command {op!r}"}

@@ -247,7 +247,7 @@ pytest.importorskip("peft")
 from llm_sidecar.backends import TransformersBackend, TransformersOptions  # noqa: E402
 from llm_sidecar.learning import LoraLearner  # noqa: E402
 from llm_sidecar.models import build_tiny_phi3  # noqa: E402
-from llm_sidecar.server import load_adapter  # noqa: E402
+from llm_sidecar.server import load_adapter, run_command  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -300,6 +300,44 @@ def test_a_new_adapter_answers_like_the_base_model_and_a_saved_one_reloads_exact
     record = learner.rounds[0]
     assert record["train_examples"] + record["val_examples"] == 96 and record["steps"] >= 1
     assert record["learn_s"] > 0 and np.isfinite(record["kl_to_base"])
+
+
+def test_a_round_reuses_the_base_models_answers_and_learns_as_if_it_scored_them(tiny_model, tmp_path):
+    """Answers given before any round was adopted are the base model's: a round reuses them instead of scoring
+    its prompts again, and its figures are those of a round that scores them. Once a round is adopted, answers are
+    the adapter's and are not taken for the base model's; nor are answers after a loaded adapter."""
+    fields, texts = example_fields(96, seed=6)
+    prompts = [p.decode() for p in RENDERER.render(fields, texts)]
+    move = np.random.default_rng(1).uniform(0.5, 2.0, 96)
+    records = []
+    for reuse in (False, True):
+        torch.manual_seed(0)
+        backend = tiny_backend(tiny_model)
+        learner = LoraLearner(backend, LearningOptions(lr=5e-3, min_examples=16, batch_size=16, max_epochs=1))
+        assert learner.answers_are_base
+        learner.memory.remember(1, prompts, backend.advise(prompts).probs, reuse and learner.answers_are_base)
+        learner.add_outcomes({"seq": np.ones(96), "row": np.arange(96), "move": move})
+        scored = []
+        score = backend.action_scores
+        backend.action_scores = lambda batch: scored.append(len(batch)) or score(batch)
+        assert learner.start_round()["started"]
+        learner.finish()
+        records.append(learner.rounds[-1])
+        scored_prompts = sum(scored)
+    before, after = records
+    assert after["adopted"] and not learner.answers_are_base
+    for key in ("val_loss_before", "val_loss", "kl_to_base", "direction_accuracy_base", "direction_accuracy"):
+        assert after[key] == pytest.approx(before[key], abs=1e-5, nan_ok=True), key
+    # Scored in the round: the training steps' prompts and the held-out ones once, after the epoch.
+    assert scored_prompts == after["train_examples"] + after["val_examples"]
+    learner.save(tmp_path / "adapter")
+    other = tiny_backend(tiny_model)
+    fresh = LoraLearner(other, LearningOptions())
+    path = str(tmp_path / "adapter")
+    assert run_command({"op": "load", "path": path}, other, fresh) == {"loaded": path}
+    assert not fresh.answers_are_base
+    run_command({"op": "load", "path": None}, other, fresh)  # answers from the base model, adapters off
+    assert fresh.answers_are_base
 
 
 def test_the_learner_learns_from_every_answered_prompt_which_way_the_market_went(tiny_model):
