@@ -315,6 +315,11 @@ class LoraLearner:
         kl = (base.exp() * (base - logp)).sum(-1).mean()
         return nll + self.options.kl_coef * kl, kl
 
+    def _loss(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray):
+        """(loss, KL, log-probabilities [n, 6]) of a batch under the active adapter."""
+        logp = self._log_probs([e.prompt for e in examples]).cpu()
+        return (*self._objective(examples, actions, weights, logp), logp)
+
     def _evaluate(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray,
                   adapter: str) -> Iterator[None]:
         """Loss, KL and top actions over `examples` under `adapter` (no gradients), a batch per yield; the
@@ -325,13 +330,12 @@ class LoraLearner:
         for start in range(0, len(examples), bs):
             batch = examples[start : start + bs]
             with self.torch.no_grad(), self._adapter(adapter):
-                logp = self._log_probs([e.prompt for e in batch]).cpu()
-                loss, kl = self._objective(batch, actions[start : start + bs], weights[start : start + bs], logp)
+                loss, kl, logp = self._loss(batch, actions[start : start + bs], weights[start : start + bs])
                 tops.append(logp.argmax(-1).numpy())
             self.model.set_adapter(SERVING_ADAPTER)
             total += float(loss) * len(batch)
             kl_total += float(kl) * len(batch)
-            yield
+            yield None
         self._result = (total / len(examples), kl_total / len(examples), np.concatenate(tops))
 
     def _base_figures(self, examples: list[Experience], actions: np.ndarray, weights: np.ndarray) -> tuple:
@@ -370,9 +374,7 @@ class LoraLearner:
             for start in range(0, len(order), o.batch_size):
                 idx = order[start : start + o.batch_size]
                 self.model.set_adapter(TRAINING_ADAPTER)
-                batch = [train[i] for i in idx]
-                logp = self._log_probs([e.prompt for e in batch]).cpu()
-                loss = self._objective(batch, a_train[idx], w_train[idx], logp)[0]
+                loss = self._loss([train[i] for i in idx], a_train[idx], w_train[idx])[0]
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
