@@ -1,13 +1,16 @@
 """The placebo battery of the one sequential test (agents.evidence.eprocess): how often it passes on no edge, and how
 soon on a real one, for the advice's record and the agent's gate alike.
 
-- `streams`: sessions drawn from nulls whose clipped mean is exactly 0 and whose shape is far from normal (+1 with
-  probability 0.95 and −19 otherwise, its mirror, a lognormal and its mirror, a normal), looked at after every session:
-  more looks than any run makes.
+- `streams`: sessions drawn from nulls whose mean is exactly 0 (or below) and whose shape is far from normal (+1 with
+  probability 0.95 and −19 otherwise, its mirror, a lognormal and its mirror, a normal; losses beyond the trailing
+  drawdown c: +250 / −4,750 with mean 0, +250 / −5,750 with mean −50, for c = $2,500; the committed default
+  walk-forward's out-of-sample sessions drawn again, recentred to 0 and to −100), looked at after every session: more
+  looks than any run makes.
 - `record`: advice on price paths of the default market's training split, its keys answered a few at a time in a random
   order (the record counts the complete sessions in time order): the rules mock's answers and `news_pass`'s moved
   along the path, a coin per key, and a constant side (always BUY) on the path with a drift that does not beat the
-  costs; and for reference the same side on a drift that beats them tenfold (it earns on paper: not a null). Informed advice (`news_pass` on
+  costs; and for reference the same side on a drift that beats them tenfold (it earns on paper: not a null, and how
+  often it binds says what counting its large losses in full costs the test's power). Informed advice (`news_pass` on
   `synthetic:headlines_then_trend`) on 20 paths, answered as a default run answers them: how soon it binds.
 - `policies`: the gate on a policy without an edge, random valid entries, walked on fresh paths of the default market.
 - `agents` (--agents, trains runs): the gate on agents trained on the default noise market (other seeds) and on
@@ -38,7 +41,7 @@ from agents.advice.table import SIDES, AdviceTable, num_blocks
 from agents.advisor.numeric_mock import NumericMock
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.config import load_config
-from agents.evidence.eprocess import ALPHA, prefix_log_e
+from agents.evidence.eprocess import ALPHA, LOSS_BOUND, prefix_log_e
 from bridge.prompts import DEFAULT_PROMPTS_PATH, PromptRenderer
 from bridge.protocol import BUY, NUM_ACTIONS, SELL, STATUS_OK
 from jaxenv.env import TradingEnv
@@ -67,22 +70,48 @@ def _lognormal(sigma: float, top: float, size, rng) -> np.ndarray:
     return (np.minimum(np.exp(sigma * rng.standard_normal(size)), top) - mean) / top
 
 
-NULLS = {  # name -> draw(size, rng): session P&L over the range c, clipped mean 0
+DEFAULT_WALK_FORWARD = Path("docs/results/walk-forward/default/walkforward.json")  # the noise market's sessions
+DOLLARS = 2_500.0  # c of the default account: the nulls in dollars are drawn over it
+
+
+def walk_forward_sessions(path: Path = DEFAULT_WALK_FORWARD) -> np.ndarray:
+    """Every out-of-sample session's P&L of a committed walk-forward (every fold, arm and seed), in dollars."""
+    runs = json.loads(path.read_text())["runs"]
+    return np.array([pnl for fold in runs.values() for arm in fold.values() for run in arm.values()
+                     for pnl in run["test"]["sessions"].values()], np.float64)
+
+
+def _resampled(mean: float):
+    """Sessions drawn with replacement from the default walk-forward's, recentred to `mean` dollars, over c."""
+    def draw(size, rng):
+        pool = walk_forward_sessions()
+        return (rng.choice(pool - pool.mean() + mean, size) / DOLLARS).astype(np.float32)
+    return draw
+
+
+NULLS = {  # name -> draw(size, rng): session P&L over the scale c, mean 0 (or below)
     "+1 (0.95) / -19": lambda size, rng: np.where(rng.random(size) < 0.95, 1 / 19, -1.0),
     "-1 (0.95) / +19": lambda size, rng: np.where(rng.random(size) < 0.95, -1 / 19, 1.0),
     "lognormal, right skew": lambda size, rng: _lognormal(1.0, 20.0, size, rng),
     "lognormal, left skew": lambda size, rng: -_lognormal(1.0, 20.0, size, rng),
     "normal, sd 0.3": lambda size, rng: np.clip(0.3 * rng.standard_normal(size), -1, 1),
+    # losses beyond c: the old test clipped them up to −c and passed on 81% and 83% of such paths
+    "+250 (0.95) / -4,750, mean 0": lambda size, rng: np.where(rng.random(size) < 0.95, 250.0, -4_750.0) / DOLLARS,
+    "+250 (0.95) / -5,750, mean -50": lambda size, rng: np.where(rng.random(size) < 0.95, 250.0, -5_750.0) / DOLLARS,
+    "default walk-forward sessions, recentred to 0": _resampled(0.0),
+    "default walk-forward sessions, recentred to -100": _resampled(-100.0),
 }
 
 
 def streams(paths: int, sessions: int, seed: int = 0) -> dict:
-    """Each null's share of `paths` runs of `sessions` sessions on which the test ever passes (a look per session)."""
+    """Each null's share of `paths` runs of `sessions` sessions on which the test ever passes (a look per session),
+    its mean, and its share of sessions beyond the test's exact range (a loss over LOSS_BOUND·c)."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, draw in NULLS.items():
         x = draw((paths, sessions), rng)
-        out[name] = {"passed": float(np.mean([ever_passes(row, 1.0) for row in x])), "mean": float(x.mean())}
+        out[name] = {"passed": float(np.mean([ever_passes(row, 1.0) for row in x])), "mean": float(x.mean()),
+                     "beyond_bound": float(np.mean(x < -LOSS_BOUND))}
     return out
 
 

@@ -14,8 +14,9 @@ overfitting over the arms and seeds (agents.evidence.overfitting).
     python scripts/walkforward.py --config configs/signal.yaml --data bars.csv --set data.contract=ES --out wf/es
 
 Writes to --out: walkforward.json, table.md, equity.png, in_vs_out.png, trials.jsonl (every trial any walk-forward
-in this folder ran: the deflated Sharpe ratio counts them) and runs/fold<K>/<arm>-s<seed>/. The same command resumes
-a stopped walk-forward: a finished run's scores are read back, an unfinished run resumes from its checkpoint.
+in this folder ran: the deflated Sharpe ratio counts them) and runs/fold<K>/<arm>-s<seed>/ (<arm>-s<seed>-warm/ with
+--warm-start: its own runs and trials, never a fresh walk-forward's read back). The same command resumes a stopped
+walk-forward: a finished run's scores are read back, an unfinished run resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class Plan:
     warm_start: bool = False  # each fold continues from the previous fold's agent (its best checkpoint)
 
     def run_dir(self, fold: Fold, arm: str, seed: int) -> Path:
-        return self.out / "runs" / f"fold{fold.index}" / f"{arm}-s{seed}"
+        # a warm start's folders are its own: in a fresh walk-forward's --out it would read the fresh runs back
+        return self.out / "runs" / f"fold{fold.index}" / f"{arm}-s{seed}{'-warm' if self.warm_start else ''}"
 
     def run_config(self, fold: Fold, arm: str, seed: int):
         overrides = [*ARMS[arm], f"seed={seed}", "log.progress=false", *self.overrides, f"data.splits={fold.spec()}"]
@@ -63,9 +65,12 @@ class Plan:
         return load_config(self.config, overrides)
 
     def trial(self, arm: str, seed: int) -> dict:
-        """A trial, as the ledger counts it: the arm's config (every key but the fold's and the seed) and the seed."""
+        """A trial, as the ledger counts it: the arm's config (every key but the fold's and the seed), whether each fold
+        starts from the previous fold's agent, and the seed."""
         cfg = flat_config(self.run_config(self.folds[0], arm, seed))
         kept = {k: v for k, v in cfg.items() if k not in ("seed", "data.splits", *REPORTING_KEYS)}
+        if self.warm_start:  # fold 0 has no transfer.init_from to tell; fresh walk-forwards' digests stay as they were
+            kept["warm_start"] = True
         digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return {"config": digest, "arm": arm, "seed": seed, "source": cfg["data.source"]}
 
@@ -191,8 +196,8 @@ def _finite(x: float) -> float | None:
 
 def gate_verdict(days: list[str], pnl: np.ndarray, scale: float) -> dict[str, Any]:
     """The agent's gate (agents.evidence.gate) fed one stitched out-of-sample path, a session at a time in time order:
-    whether it opened (and after how many sessions), and its state at the path's end (what trade.py would start from
-    were this path the agent's record)."""
+    whether it opened (and after how many sessions), and its state at the path's end. The path is each fold's agent on
+    its own test window, not one agent's record: trade.py gates one agent on that agent's own."""
     from agents.evidence.eprocess import ALPHA, prefix_log_e
     from agents.evidence.gate import Gate, OutOfSample
 
@@ -279,13 +284,16 @@ def table(summary: dict[str, Any], command: str) -> str:
         return f"{len(after)}/{len(gate)}" + (f" (after {min(after)}-{max(after)} sessions)" if after else "")
 
     s = summary["summary"]
+    agents = ("each fold's agent started from the previous fold's (--warm-start)" if summary.get("warm_start")
+              else "a fresh agent per fold")
     lines = [f"`{command}`", "",
              f"{len(summary['folds'])} folds, {s['sessions']} out-of-sample sessions ({s['first_day']} to "
              f"{s['last_day']}), seeds {summary['seeds']}; P&L summed over the stitched test windows, mean over seeds "
-             "[95% interval over seeds and sessions]; best checkpoint of each fold, chosen on its validation window.",
+             "[95% interval over seeds and sessions]; " + agents + "; best checkpoint of each fold, chosen on its "
+             "validation window.",
              "", "| arm | out-of-sample P&L (vs flat) | per session | vs rl_only | advice alone | vs advice alone | "
              "Sharpe (annualised, pooled) | max drawdown (pooled) | breaches | trades | PSR (pooled) | DSR (pooled) | "
-             "gate opened (seeds) |",
+             "gate on the stitched path (seeds opened) |",
              "|" + "---|" * 13]
     for arm, a in s["arms"].items():
         pooled = a["pooled"]
@@ -308,9 +316,11 @@ def table(summary: dict[str, Any], command: str) -> str:
               f"included; {pbo['blocks']} blocks of sessions, {pbo['combinations']} combinations"
               f"{', sampled' if pbo['sampled'] else ''}): **{pbo['pbo']:.2f}**; the chosen trial lost out of sample in "
               f"{pbo['prob_oos_loss']:.0%} of combinations.",
-              "The gate (agents.evidence.gate: the betting e-process on session P&L clipped to ± the trailing drawdown, "
-              "bar 1/α = 20) fed each seed's stitched out-of-sample path a session at a time: the seeds on which it "
-              "opened, i.e. on which trade.py would have sent this agent's orders to a broker.",
+              "The gate (agents.evidence.gate: the betting e-process on session P&L, gains counted up to the trailing "
+              "drawdown and losses in full, bar 1/α = 20) fed each seed's stitched out-of-sample path a session at a "
+              "time: the seeds on which it opened. The path is the folds' agents, one a fold, each on its own test "
+              "window, back to back: no one agent traded it, so this is not what `trade.py` would send for any of "
+              "them (it gates one agent on that agent's own out-of-sample record).",
               f"Trials counted for the deflated Sharpe ratio: {summary['trials']} (every arm × seed × config any "
               f"walk-forward in this folder ran: {TRIALS_FILE}).",
               time_line(summary["cost"])]

@@ -9,7 +9,9 @@ Drawdown (prop-firm trailing rule): each bar is first checked against the thresh
 peak, at the bar's worst mark (adverse extreme, floored at the stop); the peak then rises to the bar's best
 mark while the position is held (favourable extreme, or the exit price). The threshold trails the peak by
 `trailing_drawdown` and freezes at `starting_balance + trail_stop_offset`. A breach liquidates at the
-price where equity meets the threshold and terminates the episode.
+price where equity meets the threshold and terminates the episode. A walk goes on with a fresh account that takes no
+new entry until the next session (`entry_locked`, jaxenv.evaluate): a session's loss is bounded by the account's
+room at its start, plus a gap through the liquidation price (the evidence's bound, agents.evidence.eprocess).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class EnvState(environment.EnvState):
     session_start_equity: jax.Array
     trades_today: jax.Array
     commissions: jax.Array  # paid this episode
+    entry_locked: jax.Array  # bool: no new entry until the next session (the account replaced a breached one)
 
 
 def recent_win_rate(state: EnvState) -> jax.Array:
@@ -304,13 +307,14 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
             session_start_equity=balance,
             trades_today=zero_i,
             commissions=zero_f,
+            entry_locked=jnp.zeros((), bool),
         )
 
     # ------------------------------------------------------------------------------------------- mask
     def action_mask(self, state: EnvState, params: EnvParams) -> jax.Array:
         bar = params.bars[state.t]
         flat = state.side == 0
-        can_enter = flat & (bar[CAN_ENTER] > 0) & (state.t + 1 < params.end_bar - 1)
+        can_enter = flat & (bar[CAN_ENTER] > 0) & (state.t + 1 < params.end_bar - 1) & ~state.entry_locked
         in_pos = ~flat
         profit_atr = state.side * (bar[CLOSE] - state.entry_price) / bar[ATR]
         stop_behind_entry = jnp.where(state.side > 0, state.stop < state.entry_price, state.stop > state.entry_price)
@@ -475,6 +479,7 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
             session_start_equity=jnp.where(new_session, state.equity, state.session_start_equity),
             trades_today=trades_today,
             commissions=commissions,
+            entry_locked=state.entry_locked & ~new_session,
         )
         reward = (equity - state.equity - jnp.where(terminated, params.breach_penalty, 0.0)) * params.reward_scale
         info: dict[str, Any] = {

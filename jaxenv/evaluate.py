@@ -1,7 +1,9 @@
 """Walking a whole split bar by bar with one account, for validation, baselines and evaluation.
 
-A drawdown breach does not end the walk: it is counted and a fresh account continues from the next bar,
-so every policy is scored on the same bars.
+A drawdown breach does not end the walk: it is counted and a fresh account continues from the next bar, so every
+policy is scored on the same bars. The fresh account takes no new entry until the next session, as a prop firm's
+breached account trades no more that day: a session never loses more than the room its account had at its start, plus
+a gap through the liquidation price.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def trace_step(state, action, next_state, terminated, info: dict, params: EnvPar
 
 
 def continue_after_breach(env: TradingEnv, next_state, terminated, key: jax.Array, params: EnvParams):
-    """A breached account is replaced by a fresh one at the next bar, so the walk covers every bar."""
-    fresh = env.initial_state(key, params, bar=next_state.t)
+    """A breached account is replaced by a fresh one at the next bar, so the walk covers every bar; it enters nothing
+    until the next session."""
+    fresh = env.initial_state(key, params, bar=next_state.t).replace(entry_locked=jnp.ones((), bool))
     return jax.tree.map(lambda f, s: jax.lax.select(terminated, f, s), fresh, next_state)
 
 

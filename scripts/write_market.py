@@ -28,7 +28,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="the seed the market is drawn with (data.synthetic_seed)")
     ap.add_argument("--contract", default="NQ", help="the built-in instrument whose tick and zone the bars use")
     ap.add_argument("--split", choices=["train", "val", "test"],
-                    help="only this split's bars, after the history the first decision needs (for trade.py, evaluate.py)")
+                    help="only this split's bars, after the history the first decision needs (test: for trade.py and "
+                    "evaluate.py out of sample; a run trained on this market never counts its train or val sessions as "
+                    "evidence)")
     ap.add_argument("--out", required=True, metavar="DIR", help="the folder to write bars.csv (and news.csv) to")
     return ap.parse_args(argv)
 
@@ -44,8 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.split:
+        use = ("Trade a run on it" if args.split == "test" else
+               "A run trained on this market trained or was chosen on these sessions: trade.py trades them but its gate "
+               "never counts them. Trade a run on it")
         print(f"wrote {bars}: the {args.split} split of --data synthetic:{args.preset} (data.synthetic_days={args.days}, "
-              f"data.synthetic_seed={args.seed}) after its history. Trade a run on it:\n  python scripts/trade.py "
+              f"data.synthetic_seed={args.seed}) after its history. {use}:\n  python scripts/trade.py "
               f"--run-dir RUN --data {bars}")
         return 0
     command = f"python scripts/train.py --data {bars} --set data.contract={args.contract.upper()}"

@@ -81,6 +81,31 @@ def test_breach_liquidates_at_threshold_and_terminates():
     assert float(state.balance) == pytest.approx(47_520.0)
 
 
+@pytest.mark.nojit
+def test_a_walk_after_a_breach_enters_nothing_until_the_next_session():
+    """The fresh account a walk continues with after a breach takes no new entry in the breach's session (a prop firm's
+    breached account trades no more that day), so a session loses at most its account's room plus a gap; entries
+    come back at the next session's first bar."""
+    from jaxenv.evaluate import advance_step
+
+    m = HandMarket("NQ")
+    t0 = bar_at(2, 10, 0)
+    m.set_bar(t0 + 2, 17990, 17991, 17800, 17850)  # the breach of test_breach_liquidates_at_threshold_and_terminates
+    market = m.build()
+    env = TradingEnv(EnvConfig(stop_atr_mult=20.0, **NO_COSTS))
+    params = env.make_params(market, (0, market.num_bars))
+    state = env.initial_state(jax.random.PRNGKey(0), params, bar=t0)
+    advance = jax.jit(lambda s, a, k: advance_step(env, params, s, a, k))
+    entries, breaches = [], []
+    while int(state.t) < bar_at(3, 10, 0):  # BUY on every bar: an entry wherever the mask allows one
+        state, row = advance(state, BUY, jax.random.PRNGKey(1))
+        entries.append(int(row["entry_side"]))
+        breaches.append(bool(row["breach"]))
+    assert breaches.index(True) == 1 and entries[:2] == [1, 0]  # entered at t0, breached on t0 + 2
+    assert not any(entries[2:bar_at(3, 9, 30) - t0])  # the rest of day 2: nothing entered
+    assert entries[bar_at(3, 9, 30) - t0] == 1  # day 3's first bar: entries allowed again
+
+
 def closed_trades_reason(infos):
     return [EXIT_REASONS[int(i["exit_reason"])] for i in infos if i["exit_reason"] > 0]
 

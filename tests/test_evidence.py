@@ -16,13 +16,15 @@ from agents.evidence.gate import Gate, OutOfSample, gated_trace
 
 
 @pytest.mark.nojit
-def test_the_evidence_is_the_mixture_of_betting_wealths_on_clipped_sessions():
+def test_the_evidence_is_the_mixture_of_betting_wealths_counting_losses_in_full():
     pnl = np.array([50.0, -20.0, 300.0, -300.0, 10.0])
     e = Evidence.zero().add(pnl, 100.0)
-    x = np.clip(pnl / 100.0, -1, 1)
-    wealth = [np.prod(1 + lam * x) for lam in BET_FRACTIONS]
+    x = np.minimum(pnl / 100.0, 1)  # gains up to the scale, losses in full: −3 takes all of the ½ bet's capital
+    wealth = [np.prod(np.maximum(1 + lam * x, 0.0)) for lam in BET_FRACTIONS]
+    assert wealth[0] == 0.0 and wealth[1] > 0.0
     assert float(e.log_e()) == pytest.approx(math.log(np.mean(wealth)), rel=1e-5)
-    assert int(e.sessions) == 5 and int(e.clipped) == 2 and float(e.pnl) == pytest.approx(40.0)
+    # clipped: the sessions beyond the test's exact range (a loss over twice the scale)
+    assert int(e.sessions) == 5 and int(e.clipped) == 1 and float(e.pnl) == pytest.approx(40.0)
     # every prefix, as counted one session at a time; two runs of sessions add
     assert np.allclose(prefix_log_e(pnl, 100.0), [0.0] + [float(Evidence.zero().add(pnl[:i], 100.0).log_e())
                                                          for i in range(1, 6)], atol=1e-5)
@@ -42,6 +44,18 @@ def test_a_skewed_null_looked_at_after_every_session_passes_rarely(draw):
     simulation bound the old normal-mixture rule on 51% of such paths."""
     rng = np.random.default_rng(0)
     passed = [(prefix_log_e(draw(rng, 300), 19.0) >= math.log(1 / ALPHA)).any() for _ in range(400)]
+    assert np.mean(passed) <= ALPHA
+
+
+@pytest.mark.nojit
+@pytest.mark.parametrize("loss, mean", [(-4_750.0, 0.0), (-5_750.0, -50.0)])
+def test_a_null_losing_beyond_the_trailing_drawdown_passes_rarely(loss, mean):
+    """+$250 a session, and now and then a loss beyond the trailing drawdown ($2,500): mean 0, and mean −$50. Clipping
+    those losses up to −$2,500 passed the test on 81% and 83% of such paths."""
+    p = (mean - loss) / (250.0 - loss)  # the share of +250 sessions that gives the mean
+    rng = np.random.default_rng(0)
+    passed = [(prefix_log_e(np.where(rng.random(500) < p, 250.0, loss), 2_500.0) >= math.log(1 / ALPHA)).any()
+              for _ in range(400)]
     assert np.mean(passed) <= ALPHA
 
 
@@ -68,6 +82,24 @@ def test_the_gate_trades_on_paper_until_its_record_passes_and_switches_only_whil
     before = gate.sessions
     gate.settle("2024-01-06", 0.0)  # completes 2024-01-05: before the last day counted
     assert gate.sessions == before
+    assert Gate.restored(gate.state()) == gate
+
+
+@pytest.mark.nojit
+def test_the_gate_never_counts_a_session_at_or_before_the_end_of_the_runs_training_and_validation():
+    """The record's test-split sessions count; a traded session at or before in_sample_end (the run trained or was
+    chosen on it) is counted as in sample, never as evidence; without a record (the run's sessions unknown) none is."""
+    record = OutOfSample(["2024-03-04", "2024-03-05"], [100.0, 100.0], "test", in_sample_end="2024-02-29")
+    gate = Gate.start(record, 100.0)
+    assert gate.sessions == 2 and gate.in_sample == 0
+    for day in ("2024-02-27", "2024-02-28", "2024-02-29", "2024-03-06", "2024-03-07"):
+        gate.settle(day, 100.0)
+    assert gate.in_sample == 3 and gate.sessions == 3  # 2024-03-06 completed; 2024-03-07 is in progress
+    assert "3 sessions not counted: at or before 2024-02-29" in gate.reason()
+    unknown = Gate.start(None, 100.0)
+    for day in ("2030-01-01", "2030-01-02", "2030-01-03"):
+        unknown.settle(day, 100.0)
+    assert unknown.sessions == 0 and unknown.in_sample == 2 and "cannot be known" in unknown.reason()
     assert Gate.restored(gate.state()) == gate
 
 
@@ -104,7 +136,9 @@ def check_battery(out: dict, placebo_bar: float) -> None:
         assert rates["passed"] <= ALPHA, (name, rates)
     for name, rates in out["record"]["no_edge"].items():
         assert rates["bound"] <= placebo_bar, (name, rates)
-    assert out["record"]["always BUY, drift 10 × costs"]["bound"] == 1.0  # not a null: its paper earns
+    # not a null (its paper earns), reported only: its sessions' losses, counted in full, reach 4× the scale, and it no
+    # longer binds within the split's sessions, as it did while they were clipped to the scale
+    assert 0.0 <= out["record"]["always BUY, drift 10 × costs"]["bound"] <= 1.0
     assert out["record"]["informed"]["bound_within_tenth"] >= 0.9
     assert out["policies"]["opened"] <= ALPHA
 

@@ -86,17 +86,21 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         path = tmp_path_factory.mktemp("trade") / name
         store = [f"hybrid.store={path / STORE}"] if name == "mock" else []
         train(load_config(None, TINY + extra + store), path)
-        market = load_run(path, "latest").market
-        a = market.splits["val"][0]
-        rows = slice(a, a + FILE_BARS)
-        frame = pd.DataFrame({"timestamp": [t.isoformat() for t in market.timestamps[rows]],
-                              "open": market.open[rows], "high": market.high[rows], "low": market.low[rows],
-                              "close": market.close[rows], "volume": market.volume[rows]})
-        if name == "mock":
-            frame["headline"] = [market.text_table[i] if i >= 0 else "" for i in market.text_index[rows]]
-        frame.to_csv(path / "F.csv", index=False)
+        split_file(load_run(path, "latest").market, "val", FILE_BARS, path / "F.csv", headlines=name == "mock")
         out[name] = path
     return out
+
+
+def split_file(market, split: str, bars: int, path: Path, headlines: bool = False) -> None:
+    """The first `bars` bars of the market's `split` as a CSV file to trade (with each bar's headline)."""
+    a = market.splits[split][0]
+    rows = slice(a, a + bars)
+    frame = pd.DataFrame({"timestamp": [t.isoformat() for t in market.timestamps[rows]],
+                          "open": market.open[rows], "high": market.high[rows], "low": market.low[rows],
+                          "close": market.close[rows], "volume": market.volume[rows]})
+    if headlines:
+        frame["headline"] = [market.text_table[i] if i >= 0 else "" for i in market.text_index[rows]]
+    frame.to_csv(path, index=False)
 
 
 def trade(run: Path, out: Path, *extra: str) -> int:
@@ -269,9 +273,11 @@ def test_the_gate_sends_orders_to_the_broker_only_while_the_agents_out_of_sample
 
     run = tmp_path / "run"
     shutil.copytree(runs["rl"], run)
-    bars = tmp_path / "bars.csv"  # 236 decisions: the file's first two sessions and a half
-    pd.read_csv(run / "F.csv").iloc[:700].to_csv(bars, index=False)
-    label = load_run(run, "latest").saved.label
+    bars = tmp_path / "bars.csv"  # 236 decisions: the test split's first two sessions and a half (out of sample)
+    walked = load_run(run, "latest")
+    split_file(walked.market, "test", 700, bars)
+    label = walked.saved.label
+    walked.close()
     scale = load_config(run / "config.yaml").env.prop_firm.trailing_drawdown
     days = [f"2001-01-{d:02d}" for d in range(1, 13)]  # sessions before the file's
 
@@ -290,15 +296,69 @@ def test_the_gate_sends_orders_to_the_broker_only_while_the_agents_out_of_sample
     taken, summary, orders = traded("failed", [-0.1 * scale] * 12)
     assert {d["mode"] for d in taken} == {"paper"} and set(orders["mode"]) == {"paper"} and summary["pnl"] == 0
     assert taken[-1]["gate"].startswith("no edge shown out of sample") and summary["gate"]["mode"] == "paper"
-    assert [d["action"] for d in taken] == [d["action"] for d in decisions(replays["rl"])][: len(taken)]  # as ever
+    paper = taken
     taken, summary, _ = traded("off", [-0.1 * scale] * 12, "--gate", "off")
     assert {d["mode"] for d in taken} == {"live"} and summary["pnl"] == pytest.approx(summary["pnl_ungated"])
+    assert [d["action"] for d in paper] == [d["action"] for d in taken]  # the gate changes where orders go, not them
     taken, summary, _ = traded("short", [scale] * 10)  # E = 14.7, the bar is 20
     assert evaluate_main(["--run-dir", str(run), "--data", str(bars), "--checkpoint", "latest", "--json",
                           str(tmp_path / "eval.json"), "--out", str(tmp_path / "eval"), "--no-progress"]) == 0
     evaluation = json.loads((tmp_path / "eval.json").read_text())
     assert summary["pnl"] == pytest.approx(evaluation["gated"]["net_pnl"], abs=1e-3)
     assert summary["gate"]["changes"] == evaluation["gate"][0]["changes"]
+
+
+def test_sessions_the_agent_trained_or_was_chosen_on_are_never_evidence(runs, tmp_path, capsys):
+    """F.csv holds validation sessions (the checkpoint was chosen on them): trade.py trades them as ever but its gate
+    counts none of them, says so once, and names them in summary.json; evaluate.py's gated walk of the file counts
+    none either. Before the fix both counted them after the record."""
+    from agents.evaluation.cli import main as evaluate_main
+    from agents.evaluation.saved_run import EVIDENCE_DIR, in_sample_end, load_run
+    from agents.evidence.gate import OutOfSample
+    from agents.trading.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["rl"], run)
+    walked = load_run(run, "latest")
+    label, end = walked.saved.label, in_sample_end(walked.market)
+    walked.close()
+    scale = load_config(run / "config.yaml").env.prop_firm.trailing_drawdown
+    OutOfSample([f"2001-01-{d:02d}" for d in range(1, 11)], [scale] * 10, "test").save(run / EVIDENCE_DIR
+                                                                                       / f"{label}.json")
+    out = tmp_path / "in-sample"
+    capsys.readouterr()
+    assert main(["--run-dir", str(run), "--data", str(run / "F.csv"), "--checkpoint", "latest", "--out", str(out),
+                 "--no-progress"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "never counted as out-of-sample" in line]
+    assert len(said) == 1 and end in said[0]
+    gate = json.loads((out / "summary.json").read_text())["gate"]
+    assert gate["sessions"] == 10 and gate["in_sample_sessions"] >= 1 and gate["in_sample_end"] == end
+    assert "not counted" in gate["reason"]
+    assert evaluate_main(["--run-dir", str(run), "--data", str(run / "F.csv"), "--checkpoint", "latest", "--json",
+                          str(tmp_path / "eval.json"), "--out", str(tmp_path / "eval"), "--no-progress"]) == 0
+    evaluated = json.loads((tmp_path / "eval.json").read_text())["gate"][0]
+    assert evaluated["sessions"] == 10 and evaluated["in_sample_sessions"] == gate["in_sample_sessions"]
+
+
+def test_a_resume_with_another_checkpoint_or_gate_mode_is_refused_with_one_line(runs, tmp_path, capsys):
+    """The gate's record is one checkpoint's, under one mode: resuming a folder with another checkpoint (update 1 where
+    it traded update 2, `latest`) or another --gate stops with one line naming the folder, what it traded and what
+    was asked, and leaves the folder as it was. Before the fix both resumed, on the old checkpoint's record."""
+    from agents.trading.cli import main
+    from agents.trading.journal import STATE_DIR
+
+    out = tmp_path / "traded"
+    args = ["--run-dir", str(runs["rl"]), "--data", str(runs["rl"] / "F.csv"), "--out", str(out), "--no-progress"]
+    assert main([*args, "--checkpoint", "latest"]) == 0
+    before = {p: p.read_bytes() for p in (out / STATE_DIR).rglob("*") if p.is_file()}
+    capsys.readouterr()
+    for extra, says in ((["--checkpoint", "1"], "asked: checkpoint latest-1"),
+                        (["--checkpoint", "latest", "--gate", "off"], "with --gate off")):
+        assert main([*args, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(out) in err[0] and "traded checkpoint latest-2" in err[0] and says in err[0], err
+        assert {p: p.read_bytes() for p in (out / STATE_DIR).rglob("*") if p.is_file()} == before
+    assert main([*args, "--checkpoint", "latest"]) == 0  # the same checkpoint and mode resume
 
 
 def test_a_second_trader_on_a_folder_in_use_exits_with_one_line_naming_the_holder(runs, tmp_path, capsys):

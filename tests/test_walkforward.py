@@ -114,5 +114,6 @@ def test_the_gate_on_a_stitched_path_opens_on_an_edge_and_not_on_none():
     first = edge["opened_after_sessions"]  # the first prefix on which the gate itself passes
     assert not Gate.start(OutOfSample(days[:first - 1], [1000.0] * (first - 1), "t"), 2500.0).passing
     assert Gate.start(OutOfSample(days[:first], [1000.0] * first, "t"), 2500.0).passing
-    churn = gate_verdict(days, np.tile([3000.0, -3000.0], 20), 2500.0)  # clipped to ±1: no edge, however large
-    assert not churn["opened"] and churn["opened_after_sessions"] is None and churn["clipped"] == 40
+    # gains count up to +c, losses in full: no edge, however large; −6,000 is beyond 2c, the test's exact range
+    churn = gate_verdict(days, np.tile([3000.0, -6000.0], 20), 2500.0)
+    assert not churn["opened"] and churn["opened_after_sessions"] is None and churn["clipped"] == 20

@@ -14,8 +14,9 @@ in time order to the betting e-process (agents.evidence.eprocess), which binds a
 RELEASE. A session is counted once it is complete: every block in it whose call would count has its flat key
 answered and every call settled; the record counts the complete sessions up to the first that is not, so a session's
 sum is final when counted (answers of a fixed advisor do not change) and keys answered in any order give the same
-evidence as answered in time order. The null, in one line: the advice's paper P&L per session after costs, clipped to
-± the account's trailing drawdown times the calls open at once (H / k, `record_scale`), has mean ≤ 0. Advice without
+evidence as answered in time order. The null, in one line: the advice's paper P&L per session after costs has mean
+≤ 0, its gains counted up to the account's trailing drawdown times the calls open at once (H / k, `record_scale`) and
+its losses in full (exact while no session loses more than twice that: agents.evidence.eprocess). Advice without
 information on a market whose drift beats the costs (an always-BUY advisor on a rising market) does not fit it: its
 paper does earn, and it binds. Training asks the advisor for the keys the first incomplete session lacks where no env
 reads them (`wanted`), so the count moves on.
@@ -76,8 +77,8 @@ def market_calls(table: AdviceTable, params, interval: int, horizon: int) -> Cal
 
 
 def record_scale(params, interval: int, horizon: int) -> jax.Array:
-    """The range the record's session P&L is clipped to: a call is a contract held `horizon` bars and one starts every
-    `interval`, so up to horizon / interval are open at once; each gets the account's range (scale_of)."""
+    """The scale of the record's session P&L: a call is a contract held `horizon` bars and one starts every `interval`,
+    so up to horizon / interval are open at once; each gets the account's scale (scale_of)."""
     return scale_of(params) * (horizon / interval)
 
 

@@ -179,21 +179,31 @@ def key_demand(table: AdviceTable, cfg: QueryConfig, bar: jax.Array, side: jax.A
     return demand
 
 
+RECORD_SHARE = 0.25  # of a training query step's budget, at least one key: the keys the advice's record lacks first
+
+
 def select_keys(table: AdviceTable, cfg: QueryConfig, cap: int, bar: jax.Array, side: jax.Array, first: jax.Array,
-                count: int, all_sides: bool = False, wanted: jax.Array | None = None):
+                count: int, all_sides: bool = False, wanted: jax.Array | None = None, budget: jax.Array | None = None):
     """The at most `cap` keys most in demand (`key_demand`) that have no answer from the advisor's current version
     and are not in flight: missing keys before stale ones. `wanted` [2]: the blocks [b0, b1) whose flat keys the
-    advice's record lacks, each wanted as if one env read it. Returns (keys [cap], valid [cap]) in priority order."""
+    advice's record lacks; the first RECORD_SHARE of `budget` (the keys this step will ask, at least one) goes to
+    the earliest of them, ahead of every other key, so the record's count moves on however small the budget; the rest
+    are wanted as if one env read them. Returns (keys [cap], valid [cap]) in priority order."""
     demand = key_demand(table, cfg, bar, side, first, count, all_sides)
+    n = bar.shape[0]
+    has = answered(table.status)
+    askable = (~has | (table.version < table.current)) & (table.status != STATUS_ASKED)
+    reserved = jnp.zeros(table.num_keys, bool)
     if wanted is not None:
         block = key_block(jnp.arange(table.num_keys))
-        demand += ((key_side(jnp.arange(table.num_keys)) == 0) & (block >= wanted[0]) & (block < wanted[1]))
-    has = answered(table.status)
-    stale = has & (table.version < table.current)
-    wanted = (demand > 0) & (~has | stale) & (table.status != STATUS_ASKED)
-    # a missing key outranks any stale one; within each, the envs that will read it
-    missing_first = jnp.where(has, 0.0, bar.shape[0] + 1.0)  # above any key's demand (at most one per env)
-    priority = jnp.where(wanted, demand + missing_first, -1.0)
+        record_keys = (key_side(jnp.arange(table.num_keys)) == 0) & (block >= wanted[0]) & (block < wanted[1])
+        demand += record_keys
+        share = jnp.maximum(jnp.floor(RECORD_SHARE * (cap if budget is None else budget)), 1)
+        reserved = record_keys & askable & (jnp.cumsum(record_keys & askable) <= share)  # the earliest blocks
+    # a reserved key outranks the rest, a missing key any stale one; within each, the envs that will read it
+    missing_first = jnp.where(has, 0.0, n + 1.0)  # above any key's demand (at most one per env)
+    priority = demand + missing_first + jnp.where(reserved, 2.0 * n + 4.0, 0.0)
+    priority = jnp.where((demand > 0) & askable, priority, -1.0)
     score, keys = jax.lax.top_k(priority, min(cap, table.num_keys))
     return keys.astype(jnp.int32), score > 0.0
 
@@ -211,7 +221,8 @@ def query_program(cfg: QueryConfig, cap: int, processes: int, count: int, all_si
         table = hy.advice.write(*rows).replace(current=version)
         state = carry.env_state
         wanted = hy.record.wanted if record_asks and hy.record is not None else None
-        keys, valid = select_keys(table, cfg, cap * processes, state.t, state.side, first, count, all_sides, wanted)
+        keys, valid = select_keys(table, cfg, cap * processes, state.t, state.side, first, count, all_sides, wanted,
+                                  budgets.sum())
         rank = jnp.arange(keys.shape[0])
         valid &= rank // processes < budgets[rank % processes]
         table = table.mark_asked(keys, valid)

@@ -134,17 +134,25 @@ def out_of_sample(run_dir: str | Path, checkpoint: str = "best") -> OutOfSample:
     its gate's evidence starts (agents.evidence.gate). Walked once, then read from RUN/evidence/<label>.json."""
     run = load_run(run_dir, checkpoint)
     path = Path(run_dir) / EVIDENCE_DIR / f"{run.saved.label}.json"
+    end = in_sample_end(run.market)
     try:
         if path.exists():
-            return OutOfSample.load(path)
+            return dataclasses.replace(OutOfSample.load(path), in_sample_end=end)
         trace = agent_walk(run)(walk_bounds(run.market, "test"), jax.random.PRNGKey(0))
     finally:
         run.close()
     daily = daily_pnl(trace, run.market.timestamps, run.market.sessions.day)
     record = OutOfSample([str(d) for d in daily.index], daily.astype(float).tolist(),
-                         f"test split of {run.cfg.data.source}")
+                         f"test split of {run.cfg.data.source}", end)
     record.save(path)
     return record
+
+
+def in_sample_end(market: Market) -> str:
+    """The last session a run on `market` was trained or chosen on: the later end of its train and validation splits
+    (OutOfSample.in_sample_end)."""
+    last = max(end - 1 for name, (start, end) in market.splits.items() if name in ("train", "val") and end > start)
+    return str(market.sessions.day[last])
 
 
 def gated_walk(run: LoadedRun, trace: Trace, record: OutOfSample | None) -> tuple[Trace, Gate]:
@@ -324,6 +332,7 @@ def evaluate(runs: list[LoadedRun], options: EvalOptions) -> Evaluation:
                     gated, gate = gated_walk(run, trace, records[id(run)])
                     result.walks["gated"].setdefault(GATED, []).append(walk_metrics(gated, timestamps, rules, days))
                     result.gates.append({"mode": gate.mode, "reason": gate.reason(), "log_e": gate.log_e,
-                                         "sessions": gate.sessions, "changes": gate.history})
+                                         "sessions": gate.sessions, "in_sample_sessions": gate.in_sample,
+                                         "in_sample_end": gate.in_sample_end, "changes": gate.history})
                 progress.advance(task)
     return result

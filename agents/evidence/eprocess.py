@@ -1,17 +1,26 @@
 """The one sequential test behind every claim of an edge here (the advice's record, the agent's gate): a betting
 e-process on session P&L, fed whole sessions in time order.
 
-A session's P&L X (after costs, in dollars) is clipped to a fixed range ±c and scaled to x = clip(X, −c, c) / c in
-[−1, 1]. Betting a fixed fraction λ of one's capital on every session grows it to W_λ = Π (1 + λ·x); where each
-session's clipped P&L has conditional mean ≤ 0 given the sessions before it, W_λ is a nonnegative supermartingale,
-whatever the P&L's distribution (skewed, all its mass in a few losses) and however it depends on the past. The
+A session's P&L X (after costs, in dollars) is scaled to x = X / c (c: `scale_of`, the account's trailing drawdown).
+Betting a fixed fraction λ of one's capital on every session grows it to W_λ = Π (1 + λ·x); where each session's P&L
+has conditional mean ≤ 0 given the sessions before it, W_λ is a nonnegative supermartingale, whatever the P&L's
+distribution (skewed, all its mass in a few losses) and however it depends on the past, as long as 1 + λ·x ≥ 0. The
 evidence E is the mean of W_λ over a fixed grid of fractions (a mixture of test supermartingales is one), so by
 Ville's inequality P(E ever ≥ 1/α) ≤ α, however often E is looked at (Waudby-Smith & Ramdas 2023, "Estimating means of
 bounded random variables by betting"). The grid halves from ½: a bet near the best fraction in hindsight, within a
 factor √2, at the price of log(len(grid)) in log E.
 
-The null, in one line: the session P&L clipped to ±c has mean ≤ 0 (c: the account's trailing drawdown, `scale_of`).
-An edge proved is an edge after costs; a P&L beyond ±c counts as ±c (the share of sessions clipped is reported).
+Gains count up to +c (x ≤ 1: counting less than was won only makes the test harder to pass). Losses count in full:
+the bet of fraction λ absorbs any loss down to −c/λ, and a larger loss takes all of that bet's capital (W_λ = 0 from
+then on; the smaller bets count the loss exactly). So the test is exact while no session loses more than 2c (the
+largest bet's range, `LOSS_BOUND` scales); `clipped` counts the sessions that did. No test can do without some bound
+on losses: a null that loses a fortune once in a long while and gains a little every other session cannot be told
+from a sure gain in any finite record. The account's rules give the bound: a session never loses more than the room
+its account had at its start (≤ c until the threshold freezes), because a breached account enters nothing more that
+session (jaxenv.evaluate), plus a gap through the liquidation price; what the walks showed is in docs/evaluation.md.
+
+The null, in one line: the session P&L has mean ≤ 0, its gains counted up to +c and no session losing more than 2c.
+An edge proved is an edge after costs.
 
 Works on jax arrays inside jitted programs and on numpy arrays on the host alike.
 """
@@ -27,11 +36,12 @@ from flax import struct
 BET_FRACTIONS = (1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32)  # λ: at most half the capital on a session
 ALPHA = 0.05  # the most often the test may pass on no edge, over all its looks
 RELEASE = 1.0  # passed evidence is lost once E falls below this: no evidence left either way
+LOSS_BOUND = 1 / max(BET_FRACTIONS)  # in units of the scale: the loss beyond which the largest bet loses everything
 
 
 def scale_of(params) -> jax.Array:
-    """c, the range session P&L is clipped to: the account's trailing drawdown (EnvParams or PropFirmRules), the most
-    a session may lose before the account is breached."""
+    """c, the scale of session P&L: the account's trailing drawdown (EnvParams or PropFirmRules), a fresh account's
+    room before a breach. Gains count up to +c, losses in full down to −LOSS_BOUND·c."""
     return params.trailing_drawdown
 
 
@@ -41,8 +51,8 @@ class Evidence:
 
     log_wealth: jax.Array  # [len(BET_FRACTIONS)] log W_λ
     sessions: jax.Array  # [] sessions counted
-    clipped: jax.Array  # [] of them, sessions whose P&L lay beyond ±c
-    pnl: jax.Array  # [] their P&L summed, unclipped
+    clipped: jax.Array  # [] of them, sessions that lost more than LOSS_BOUND·c: beyond the test's exact range
+    pnl: jax.Array  # [] their P&L summed, as it was
 
     @classmethod
     def zero(cls) -> Evidence:
@@ -53,12 +63,10 @@ class Evidence:
         not all)."""
         pnl = jnp.asarray(pnl, jnp.float32)
         counted = jnp.ones(pnl.shape, bool) if counted is None else jnp.asarray(counted, bool)
-        x = jnp.clip(pnl / scale, -1.0, 1.0)
-        bets = jnp.log1p(jnp.asarray(BET_FRACTIONS, jnp.float32)[None, :] * x[:, None])  # [S, J]
         return Evidence(
-            log_wealth=self.log_wealth + jnp.where(counted[:, None], bets, 0.0).sum(0),
+            log_wealth=self.log_wealth + jnp.where(counted[:, None], session_bets(pnl, scale), 0.0).sum(0),
             sessions=self.sessions + counted.sum(),
-            clipped=self.clipped + (counted & (jnp.abs(pnl) > scale)).sum(),
+            clipped=self.clipped + (counted & (pnl < -LOSS_BOUND * scale)).sum(),
             pnl=self.pnl + jnp.where(counted, pnl, 0.0).sum(),
         )
 
@@ -71,11 +79,18 @@ class Evidence:
         return jax.nn.logsumexp(self.log_wealth) - math.log(len(BET_FRACTIONS))
 
 
+def session_bets(pnl, scale) -> jax.Array:
+    """[S, len(BET_FRACTIONS)] log(1 + λ·x) of each session and bet: gains up to +scale, losses in full; a loss beyond
+    a bet's range (x < −1/λ) takes all of its capital (−inf)."""
+    x = jnp.minimum(jnp.asarray(pnl, jnp.float32) / scale, 1.0)
+    stake = jnp.asarray(BET_FRACTIONS, jnp.float32)[None, :] * x[:, None]
+    return jnp.log1p(jnp.maximum(stake, -1.0))
+
+
 def prefix_log_e(pnl, scale) -> jax.Array:
     """[S + 1] log E after each prefix of the sessions' P&L [S] in time order (0 before the first): the evidence at
     every look a session at a time, as Evidence.add counts it."""
-    x = jnp.clip(jnp.asarray(pnl, jnp.float32) / scale, -1.0, 1.0)
-    bets = jnp.log1p(jnp.asarray(BET_FRACTIONS, jnp.float32)[None, :] * x[:, None])
+    bets = session_bets(pnl, scale)
     wealth = jnp.concatenate([jnp.zeros((1, len(BET_FRACTIONS))), jnp.cumsum(bets, 0)])
     return jax.nn.logsumexp(wealth, axis=1) - math.log(len(BET_FRACTIONS))
 

@@ -2,7 +2,9 @@
 
 Its evidence is the betting e-process (agents.evidence.eprocess) on the agent's own session P&L against flat (flat
 makes 0), fed whole sessions in time order: first the sessions it was neither trained on nor chosen on before the bars
-it trades (its run's test split, `OutOfSample`), then every session it trades as they complete. While the test has
+it trades (its run's test split, `OutOfSample`), then every session it trades as they complete, except those at or
+before the last session it was trained or chosen on (`in_sample_end`: the end of its run's train and validation
+splits), which are never evidence, whatever file they come from. While the test has
 not passed, the agent trades on paper: its decisions, orders and P&L are what they would be, and nothing reaches the
 broker. Once it passes, orders go to the broker from the next moment the account is flat; once the evidence is lost
 (E below RELEASE), back to paper from the next flat moment. A position is never split between the two.
@@ -30,6 +32,7 @@ from agents.evidence.eprocess import ALPHA, Evidence, passes
 from jaxenv.env import NO_EXIT
 
 GATE_MODES = ("evidence", "off")  # trade.py --gate: the gate decides, or every order goes to the broker
+UNKNOWN_IN_SAMPLE = "9999-12-31"  # in_sample_end where the run's sessions cannot be known: no session is evidence
 
 
 @dataclass
@@ -40,12 +43,15 @@ class OutOfSample:
     days: list[str]  # ISO dates (a session is labelled by the day it closes on)
     pnl: list[float]
     source: str  # what was walked ("test split of synthetic:default", ...)
+    # the last session of the run's train and validation splits: a session at or before it is never evidence (None:
+    # no such sessions, for a path of fresh agents)
+    in_sample_end: str | None = None
 
     def before(self, day: str | None) -> OutOfSample:
         """The sessions that closed before `day` (all, for None): a walk is never given evidence from its own bars or
         later ones."""
         keep = [i for i, d in enumerate(self.days) if day is None or d < day]
-        return OutOfSample([self.days[i] for i in keep], [self.pnl[i] for i in keep], self.source)
+        return OutOfSample([self.days[i] for i in keep], [self.pnl[i] for i in keep], self.source, self.in_sample_end)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,15 +79,20 @@ class Gate:
     day_pnl: float = 0.0
     last_counted: str | None = None  # the last day counted: a day at or before it is not counted again
     history: list[dict] = field(default_factory=list)  # each change of mode: day, mode, log E
+    in_sample_end: str | None = None  # OutOfSample.in_sample_end: a session at or before it is never counted
+    in_sample: int = 0  # sessions completed at or before in_sample_end, not counted
 
     @classmethod
     def start(cls, out_of_sample: OutOfSample | None, scale: float) -> Gate:
-        """A gate whose evidence is `out_of_sample`'s sessions (none: it starts on paper with no evidence)."""
+        """A gate whose evidence is `out_of_sample`'s sessions (none: it starts on paper with no evidence, and as the
+        run's own sessions cannot be told from others, it counts none)."""
         gate = cls(scale=float(scale), log_wealth=Evidence.zero().log_wealth.tolist())
         if out_of_sample is not None:
             for day, pnl in zip(out_of_sample.days, out_of_sample.pnl):
                 gate._count(day, pnl)
             gate.live = gate.passing  # the account starts flat
+        # from here on: the record's sessions were out of sample by construction, a traded one may not be
+        gate.in_sample_end = out_of_sample.in_sample_end if out_of_sample is not None else UNKNOWN_IN_SAMPLE
         return gate
 
     # ------------------------------------------------------------------------------------------------ evidence
@@ -94,8 +105,16 @@ class Gate:
     def log_e(self) -> float:
         return float(self.evidence.log_e())
 
+    def in_sample_day(self, day: str) -> bool:
+        """Whether the session of `day` is one the agent was trained or chosen on (or may have been)."""
+        return self.in_sample_end is not None and day <= self.in_sample_end
+
     def _count(self, day: str, pnl: float) -> None:
-        """One whole session into the evidence, unless it was counted already (its day is not after the last)."""
+        """One whole session into the evidence, unless it was counted already (its day is not after the last) or the
+        agent was trained or chosen on it."""
+        if self.in_sample_day(day):
+            self.in_sample += 1
+            return
         if self.last_counted is not None and day <= self.last_counted:
             return
         e = self.evidence.add(np.array([pnl]), self.scale)
@@ -130,12 +149,22 @@ class Gate:
         e, bar = math.exp(self.log_e), 1 / ALPHA
         held = f"E = {e:.3g} over {self.sessions} out-of-sample sessions"
         if self.live:
-            return f"an edge shown out of sample ({held}; the bar is {bar:.0f})"
-        if self.passing:
-            return f"an edge shown out of sample ({held}): live from the next flat moment"
-        if self.sessions == 0:
-            return "no out-of-sample record yet"
-        return f"no edge shown out of sample ({held} < {bar:.0f})"
+            why = f"an edge shown out of sample ({held}; the bar is {bar:.0f})"
+        elif self.passing:
+            why = f"an edge shown out of sample ({held}): live from the next flat moment"
+        elif self.sessions == 0:
+            why = "no out-of-sample record yet"
+        else:
+            why = f"no edge shown out of sample ({held}; E must reach {bar:.0f})"
+        return why + (f"; {self.in_sample_note()}" if self.in_sample else "")
+
+    def in_sample_note(self) -> str:
+        """What the gate did with sessions the agent was trained or chosen on, in a few words."""
+        if self.in_sample_end == UNKNOWN_IN_SAMPLE:
+            return (f"{self.in_sample} sessions not counted: the run's training and validation sessions cannot be "
+                    "known, so no traded session is evidence")
+        return (f"{self.in_sample} sessions not counted: at or before {self.in_sample_end}, the end of the run's "
+                "training and validation splits")
 
     def state(self) -> dict:
         return dataclasses.asdict(self)

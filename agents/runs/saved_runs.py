@@ -12,6 +12,7 @@ code builds from the run's config, and a mismatch fails with a message saying wh
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from agents.config import RUN_CONFIG_FILE, ConfigError, TrainConfig, load_config
@@ -44,6 +46,19 @@ class SavedPolicy:
     @property
     def label(self) -> str:
         return f"{self.kind}-{self.step}"
+
+    @property
+    def digest(self) -> str:
+        """The first 16 hex digits of a SHA-256 over the policy's arrays (parameters and observation normaliser):
+        which weights act, whatever label (best, latest, a step) named them."""
+        h = hashlib.sha256()
+        for leaf in jax.tree.leaves((self.params, self.obs_norm)):
+            h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+        return h.hexdigest()[:16]
+
+    def identity(self) -> dict:
+        """The checkpoint as a trading state records it: its label and its weights' digest."""
+        return {"label": self.label, "digest": self.digest}
 
     @property
     def adapter(self) -> str | None:

@@ -18,7 +18,11 @@ NOT_A_TRIAL = ("seed", "log", "devices", "checkpoint", "transfer")  # what a run
 
 
 def _trial(run_dir: Path, cfg) -> dict:
-    tried = {k: v for k, v in to_dict(cfg).items() if k not in NOT_A_TRIAL}
+    settings = to_dict(cfg)
+    tried = {k: v for k, v in settings.items() if k not in NOT_A_TRIAL}
+    if cfg.transfer.init_from:  # started from another run's agent: another trial than a fresh start (where that
+        # run lies is not tried); a fresh run's digest stays as it was
+        tried["transfer"] = {k: v for k, v in settings["transfer"].items() if k != "init_from"}
     digest = hashlib.sha256(json.dumps(tried, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return {"run": Path(run_dir).name, "config": digest, "seed": cfg.seed, "data": cfg.data.source}
 

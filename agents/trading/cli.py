@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from agents.evidence.gate import GATE_MODES, UNKNOWN_IN_SAMPLE
+
 TRADE_DIR = "trade"  # RUN/trade/<file name>: the default --out
-GATE_MODES = ("evidence", "off")  # --gate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,6 +104,7 @@ class Session:
         self.status_every = args.status_every if args.status_every is not None else (1 if args.follow else 0)
         self.total = None  # a replay's rows (the progress bar's total)
         self.bar = None
+        self.said_in_sample = False  # the line saying that sessions the agent trained or was chosen on are not evidence
 
     @classmethod
     def open(cls, args) -> Session:
@@ -211,6 +213,14 @@ class Session:
         if state["run"] != str(self.args.run_dir) or state["data"] != str(self.args.data):
             raise ValueError(f"{self.journal.out}: its state is of --run-dir {state['run']} --data {state['data']}; "
                              "resume with those, or give another --out")
+        # the gate's record is one checkpoint's under one mode: another checkpoint or mode would trade on it
+        asked = {**self.agent.saved.identity(), "gate": self.args.gate}
+        saved = {**state["checkpoint"], "gate": state["gate_mode"]}
+        if saved != asked:
+            raise ValueError(f"{self.journal.out}: its state traded checkpoint {saved['label']} (weights "
+                             f"{saved['digest']}) with --gate {saved['gate']}; asked: checkpoint {asked['label']} "
+                             f"(weights {asked['digest']}) with --gate {asked['gate']}; resume with those "
+                             "(--checkpoint STEP names one), or give another --out")
         self.journal.open(state["sizes"])
         self.agent.restore(arrays)
         self.broker.restore(state["broker"])
@@ -228,7 +238,8 @@ class Session:
 
     def _save(self) -> None:
         self.journal.save(self.agent.book, {
-            "run": str(self.args.run_dir), "data": str(self.args.data), "rows_done": self.rows_done,
+            "run": str(self.args.run_dir), "data": str(self.args.data), "checkpoint": self.agent.saved.identity(),
+            "gate_mode": self.args.gate, "rows_done": self.rows_done,
             "refused": self.refused, "decisions": self.decisions, "latencies": self.latencies,
             "entry_order": self.entry_order and dataclasses.asdict(self.entry_order), "broker": self.broker.state(),
             "paper": self.paper.state(), "live": self.live, "gate": self.gate.state() if self.gate else None,
@@ -242,6 +253,7 @@ class Session:
         from agents.trading.bars import BarRefused
 
         a = self.args
+        self._say(rules_line(self.agent.cfg.env.prop_firm))
         self.bar = tqdm(total=self.total, initial=self.rows_done, unit="bar", desc="trading", file=sys.stderr,
                         disable=a.no_progress or a.follow, mininterval=1.0)
         for line, item in self.feed.rows(self.rows_done, a.follow, a.poll, a.idle_exit):
@@ -295,6 +307,7 @@ class Session:
                 day = str(agent.book.days[decision.bar])
                 self.gate = Gate.start(self.record.before(day) if self.record else None,
                                        scale_of(agent.cfg.env.prop_firm))
+            self._say_in_sample(str(agent.book.days[decision.bar]))
             self.live = self.gate.decide(flat=decision.position == 0)
         book, other = (self.broker, self.paper) if self.live else (self.paper, self.broker)
         if decision.order is not None:
@@ -314,6 +327,20 @@ class Session:
             self._say(status_line(decision, self.mode))
         self.bar.set_postfix_str(f"{self.mode} pos {decision.position:+d} equity {decision.equity:,.0f}", refresh=False)
         self._save()
+
+    def _say_in_sample(self, day: str) -> None:
+        """Once a run: the line saying that this bar's session is one the agent trained or was chosen on (or may
+        have been), so it is never evidence."""
+        if self.said_in_sample or not self.gate.in_sample_day(day):
+            return
+        self.said_in_sample = True
+        if self.gate.in_sample_end == UNKNOWN_IN_SAMPLE:
+            self._say(f"{self.args.data}: the run's training and validation sessions cannot be known: no session "
+                      "traded counts as out-of-sample evidence, and the gate stays on paper")
+        else:
+            self._say(f"{self.args.data}: sessions up to {self.gate.in_sample_end} are the run's training and "
+                      f"validation sessions (this bar's is {day}): they are traded as usual but never counted as "
+                      "out-of-sample evidence")
 
     @property
     def mode(self) -> str:
@@ -341,7 +368,8 @@ class Session:
                        trades_ungated=ungated["trades"])  # bars: the bars the account moved over, as evaluate.py's
         if self.gate is not None:
             out["gate"] = {"mode": self.mode, "reason": self.gate.reason(), "log_e": self.gate.log_e,
-                           "sessions": self.gate.sessions, "changes": self.gate.history}
+                           "sessions": self.gate.sessions, "in_sample_sessions": self.gate.in_sample,
+                           "in_sample_end": self.gate.in_sample_end, "changes": self.gate.history}
         lat = np.array(self.latencies or [np.nan])
         out["latency_p50_ms"] = float(np.nanpercentile(lat, 50)) if self.latencies else None
         out["latency_p99_ms"] = float(np.nanpercentile(lat, 99)) if self.latencies else None
@@ -365,6 +393,14 @@ class Session:
                 self.advisor.close()
         finally:
             self.lock.release(discard=self.discard)
+
+
+def rules_line(rules) -> str:
+    """The run's first line: which account rules it enforces, and whose call live orders to such an account are."""
+    return (f"rules: {rules.version} (trailing drawdown {rules.trailing_drawdown:,.0f}, at most {rules.max_contracts} "
+            "contracts) are enforced here; whether a prop firm allows automated orders to its accounts, or positions "
+            "on correlated markets, is that firm's rule and your call (public summaries of Apex's rules say it allows "
+            "neither): docs/trading.md")
 
 
 def status_line(d, mode: str) -> str:

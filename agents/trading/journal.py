@@ -35,7 +35,7 @@ STATE_DIR = "state"
 STATE_FILE = "state.json"
 ARRAYS_FILE = "arrays.{}.npz"  # the agent's arrays, numbered by the decisions they follow
 BARS_FILE = "bars.bin"
-FORMAT = 2  # 2: arrays and JSON (1: a pickle, refused)
+FORMAT = 3  # 3: arrays and JSON, with the checkpoint traded and the gate mode (2: without them; 1: a pickle)
 FORMAT_1_FILE = "state.pkl"  # format 1's state, recognised only to be refused
 
 # One placed bar of a BarBook, as bars.bin stores it.
