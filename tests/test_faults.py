@@ -252,6 +252,13 @@ def test_a_checkpoint_of_per_env_advice_is_refused_with_what_still_works():
     new_record = {"hybrid": {"record": {"tally": {"calls": jax.ShapeDtypeStruct((), np.float32)}}}}
     with pytest.raises(CheckpointMismatch, match="saved before the advice record counted one call per key"):
         check_shapes(old_record, new_record, "latest/4 of runs/old")
+    # env states from before a breached account's successor was locked out of entries (issue 74): refused the same
+    # way, not blamed on num_envs
+    old_env = {"env_state": {"side": np.zeros(8, np.int32)}}
+    new_env = {"env_state": {"side": jax.ShapeDtypeStruct((8,), np.int32),
+                             "entry_locked": jax.ShapeDtypeStruct((8,), bool)}}
+    with pytest.raises(CheckpointMismatch, match="saved before a breached account's successor entered nothing"):
+        check_shapes(old_env, new_env, "latest/4 of runs/old")
 
 
 def test_a_run_from_before_manifests_restores_unverified_with_a_note(stopped_run, tmp_path, capsys):

@@ -17,7 +17,7 @@ largest bet's range, `LOSS_BOUND` scales); `clipped` counts the sessions that di
 on losses: a null that loses a fortune once in a long while and gains a little every other session cannot be told
 from a sure gain in any finite record. The account's rules give the bound: a session never loses more than the room
 its account had at its start (≤ c until the threshold freezes), because a breached account enters nothing more that
-session (jaxenv.evaluate), plus a gap through the liquidation price; what the walks showed is in docs/evaluation.md.
+session (jaxenv.evaluate), plus a gap through the liquidation price; what the walks showed is in docs/findings.md.
 
 The null, in one line: the session P&L has mean ≤ 0, its gains counted up to +c and no session losing more than 2c.
 An edge proved is an edge after costs.

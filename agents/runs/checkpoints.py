@@ -331,11 +331,15 @@ _SHAPE_KEYS = (("params/params/actor", "network.actor_hidden or the observation 
                ("hybrid", "llm / hybrid.*"), ("", "num_envs"))
 
 
-# Layouts of earlier versions of the training state that no config builds now: (an array only they hold, the change)
+# Layouts of earlier versions of the training state that no config builds now: (an array only they hold, or "*" and
+# the end of one only today's hold, the change)
 LEGACY_LAYOUTS = (
     ("hybrid/advice/age", "advice was keyed by market context (its per-env advice cannot become the advice table)"),
     ("hybrid/record/calls/weight", "the advice record counted one call per key (its tally of every env's calls "
                                    "cannot become one of keys)"),
+    # "*": an array the layouts of today have and earlier ones lacked, at the end of its path
+    ("*/entry_locked", "a breached account's successor entered nothing until the next session (its env states lack "
+                       "the flag)"),
 )
 
 
@@ -354,7 +358,8 @@ def check_shapes(stored: Any, abstract_state: Any, label: str) -> None:
         elif have[path] != want[path]:
             problems.append((path, f"{path} has shape {have[path]} in the checkpoint, {want[path]} with the config"))
     for path, change in LEGACY_LAYOUTS:
-        if path in have and path not in want:
+        if path in have and path not in want or path.startswith("*") and any(
+                p.endswith(path[1:]) for p in set(want) - set(have)):
             raise CheckpointMismatch(f"checkpoint {label} was saved before {change}: it cannot be resumed; evaluate it "
                                      "(scripts/evaluate.py --run-dir RUN_DIR) or start a new run from its networks "
                                      "(scripts/train.py --init-from RUN_DIR)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ class SavedPolicy:
     def label(self) -> str:
         return f"{self.kind}-{self.step}"
 
-    @property
+    @cached_property
     def digest(self) -> str:
         """The first 16 hex digits of a SHA-256 over the policy's arrays (parameters and observation normaliser):
         which weights act, whatever label (best, latest, a step) named them."""
