@@ -603,7 +603,7 @@ def test_the_advice_record_counts_one_call_per_key_held_for_the_advice_lifetime(
 
 
 def test_the_record_binds_on_a_betting_e_process_over_sessions_and_lets_go_without_evidence():
-    """query.bind_on=record: the envs are bound once the betting e-process over the sessions' clipped P&L reaches
+    """query.bind_on=record: the envs are bound once the betting e-process over the sessions' P&L reaches
     E >= 1/ALPHA, and let go once E < 1. However strong the sessions, it takes eleven of them. A walk from a
     checkpoint starts from the record saved in it, bound."""
     from agents.advice.record import AdviceRecord
