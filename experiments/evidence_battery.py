@@ -44,6 +44,7 @@ from agents.config import load_config
 from agents.evidence.eprocess import ALPHA, LOSS_BOUND, prefix_log_e
 from bridge.prompts import DEFAULT_PROMPTS_PATH, PromptRenderer
 from bridge.protocol import BUY, NUM_ACTIONS, SELL, STATUS_OK
+from jaxenv.config import PropFirmRules
 from jaxenv.env import TradingEnv
 from jaxenv.market import load_market
 
@@ -70,8 +71,9 @@ def _lognormal(sigma: float, top: float, size, rng) -> np.ndarray:
     return (np.minimum(np.exp(sigma * rng.standard_normal(size)), top) - mean) / top
 
 
-DEFAULT_WALK_FORWARD = Path("docs/results/walk-forward/default/walkforward.json")  # the noise market's sessions
-DOLLARS = 2_500.0  # c of the default account: the nulls in dollars are drawn over it
+# the noise market's out-of-sample sessions, committed beside the docs
+DEFAULT_WALK_FORWARD = Path(__file__).resolve().parents[1] / "docs/results/walk-forward/default/walkforward.json"
+DOLLARS = PropFirmRules().trailing_drawdown  # c of the default account: the nulls in dollars are drawn over it
 
 
 def walk_forward_sessions(path: Path = DEFAULT_WALK_FORWARD) -> np.ndarray:
