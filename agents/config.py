@@ -18,7 +18,7 @@ import yaml
 from bridge.field_comments import field_comments
 from bridge.learning import LearningOptions
 from bridge.protocol import MOCK_ANSWERS
-from jaxenv.config import DataConfig, EnvConfig, check_rules, resolve_data_config
+from jaxenv.config import DataConfig, EnvConfig, PropFirmRules, check_rules, resolve_data_config, rules_fields
 
 MOCK_READS = ("fields", "text")  # hybrid.mock.reads
 
@@ -425,6 +425,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
         (item_tp,) = typing.get_args(tp)
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is PropFirmRules and (isinstance(value, str) or (isinstance(value, dict) and "base" in value)):
+        try:  # account rules by name, or a named set with some of its fields changed
+            value = rules_fields(value)
+        except ValueError as error:
+            raise ConfigError(f"{key}: {error}") from None
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {type(value).__name__}")
@@ -523,10 +528,16 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             arms = [arm for arm in typing.get_args(tp) if dataclasses.is_dataclass(arm)]
             named_section = arms[0] if len(arms) == 1 and str in typing.get_args(tp) else None
             if depth == len(parts) - 1:
+                changed = node.get(part)
+                if tp is PropFirmRules:  # account rules by name: env.prop_firm=plain
+                    if isinstance(changed, dict):
+                        changed["base"] = text  # the fields already set stay set, whichever --set came first
+                    else:
+                        node[part] = text
+                    continue
                 if dataclasses.is_dataclass(tp):
                     raise ConfigError(f"{key}: is a section; set one of its fields, e.g. {key}.<field>=...")
                 value = _parse_scalar(text, tp, key)
-                changed = node.get(part)
                 if named_section and isinstance(value, str) and isinstance(changed, dict) and "base" in changed:
                     changed["base"] = value  # the fields already set stay set, whichever --set came first
                 else:
@@ -536,6 +547,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                     current = node.get(part, getattr(cls(), part))
                     node[part] = current if isinstance(current, dict) else {"base": current}
                     tp = named_section
+                elif tp is PropFirmRules and isinstance(node.get(part), str):
+                    node[part] = {"base": node[part]}  # a named set, some of its fields changed
                 if not dataclasses.is_dataclass(tp):
                     raise ConfigError(f"unknown key '{key}' ('{'.'.join(parts[:depth + 1])}' is not a section)")
                 node = node.setdefault(part, {})

@@ -11,7 +11,6 @@ r"""Throughput benchmarks. Each suite prints a Markdown table; `--json` writes t
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib
 import json
@@ -45,6 +44,7 @@ SUITES = {  # suite name -> module exposing run(opts) -> list[dict]; `all` runs 
     "phi3": "benchmarks.phi3",
     "market": "benchmarks.market",
     "learning": "benchmarks.learning",
+    "walk": "benchmarks.walk",
 }
 INSTALL_HINTS = {  # a suite's missing module -> what installs it
     "sb3_contrib": 'pip install -e ".[sb3]"',
@@ -284,7 +284,9 @@ def write_outputs(report: dict, sections: dict[str, str], plot_path: Path | None
 def main(argv: list[str] | None = None) -> int:
     """scripts/benchmark.py: runs the named suites (or re-renders a saved report); 1 when a suite failed."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from agents.command_line import CommandParser
+
+    parser = CommandParser(description=__doc__)
     parser.add_argument("suites", nargs="*", metavar="SUITE",  # checked below: choices reject an empty list
                         help=f"one or more of {', '.join(SUITES)}; `all` runs every suite")  # fmt: skip
     parser.add_argument("--envs", type=str, default=None, help="comma-separated env counts to sweep, e.g. 1024,4096")

@@ -21,7 +21,7 @@ Public API (what the hybrid training loop uses):
 
 from bridge.client import ECHO_PEER_COMMAND, SIDECAR_COMMAND, Answers, BridgeConfig, SidecarClient, SidecarError
 from bridge.parsing import DEFAULT_CONFIDENCE, ParsedAnswer, answer_probabilities, parse_answer
-from bridge.prompts import DEFAULT_PROMPTS_PATH, PromptRenderer
+from bridge.prompts import DEFAULT_PROMPTS_PATH, PromptInstrument, PromptRenderer
 from bridge.protocol import (
     ACTIONS,
     NUM_ACTIONS,
@@ -37,6 +37,6 @@ from bridge.protocol import (
 __all__ = [
     "ACTIONS", "NUM_ACTIONS", "PROMPT_FIELDS", "STATUS_OK", "STATUS_PARSE_ERROR", "STATUS_TIMEOUT",
     "STATUS_BACKEND_ERROR", "STATUS_NO_VIEW", "STATUS_NAMES", "BridgeConfig", "SidecarClient", "SidecarError", "Answers",
-    "PromptRenderer", "DEFAULT_PROMPTS_PATH", "parse_answer", "ParsedAnswer", "answer_probabilities",
+    "PromptRenderer", "PromptInstrument", "DEFAULT_PROMPTS_PATH", "parse_answer", "ParsedAnswer", "answer_probabilities",
     "DEFAULT_CONFIDENCE", "SIDECAR_COMMAND", "ECHO_PEER_COMMAND",
 ]  # fmt: skip

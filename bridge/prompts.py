@@ -41,14 +41,32 @@ DEFAULT_REASONING_TIME_S = 30.0  # well inside hybrid.link.strict_timeout_s (120
 _REASONING_KEYS = {"system", "steps", "max_new_tokens", "max_time_s"}
 
 
+PRICE_SIGNIFICANT = 5  # digits of a price in a prompt (18234, 5012.3, 1.0871): every digit is a token to SmolLM2
+
+
+@dataclass(frozen=True)
+class PromptInstrument:
+    """What the prompts say about the run's instrument: `symbol` (added to the `markets` the `market` field indexes
+    where the template's list lacks it), `kind_words` for `{kind}` in the system prompts ("futures", "spot FX",
+    "stock"), and `price_decimals`, the most decimals a price is written with (the tick's): a `price` field without a
+    format of its own is written with PRICE_SIGNIFICANT digits, never more decimals than that. The defaults are the
+    default contract's (NQ), for renderers built without a run."""
+
+    symbol: str = ""
+    kind_words: str = "futures"
+    price_decimals: int = 2
+
+
 @dataclass(frozen=True)
 class NumberFormat:
-    """How a numeric field is written: fixed decimals, optional forced sign, optional percent or thousands."""
+    """How a numeric field is written: fixed decimals, optional forced sign, optional percent or thousands; with
+    `significant`, each number gets as many of `decimals` as keep it to that many digits (a price's format)."""
 
     decimals: int = 2
     sign: bool = False
     percent: bool = False  # value is a fraction; written x100 with a trailing '%'
     thousands: bool = False  # written /1000 with a trailing 'k' (52k: two digit tokens fewer than 51937)
+    significant: int = 0  # > 0: digits per number, decimals dropped from the right (never more than `decimals`)
 
     @classmethod
     def parse(cls, spec: str, where: str) -> "NumberFormat":
@@ -92,24 +110,30 @@ def _digits(values: np.ndarray) -> np.ndarray:
     return words.view(np.uint8)
 
 
-def _written(values: np.ndarray, fmt: NumberFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(finite, negative, digits) of a float column as `fmt` writes it: the digits an int64 (the number times
-    10**decimals, after the percent or thousands scaling), negative only where a digit is not 0 (no "-0.00")."""
+def _written(values: np.ndarray, fmt: NumberFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(finite, negative, digits, decimals) of a float column as `fmt` writes it: the digits an int64 (the number
+    times 10**decimals, after the percent or thousands scaling), negative only where a digit is not 0 (no "-0.00"),
+    the decimals per number."""
     finite = np.isfinite(values)
     v = np.where(finite, values, 0.0).astype(np.float64)
     if fmt.percent:
         v *= 100.0
     if fmt.thousands:
         v /= 1000.0
-    scaled = np.rint(np.minimum(np.abs(v), _MAX_ABS) * 10**fmt.decimals).astype(np.int64)
-    return finite, (v < 0) & (scaled > 0), scaled
+    v = np.minimum(np.abs(v), _MAX_ABS) * np.sign(v)
+    decimals = np.full(len(v), fmt.decimals, np.int64)
+    if fmt.significant:
+        whole = np.floor(np.log10(np.maximum(np.abs(v), 1.0))).astype(np.int64) + 1  # digits before the point
+        decimals = np.clip(fmt.significant - whole, 0, fmt.decimals)
+    scaled = np.rint(np.abs(v) * 10.0**decimals).astype(np.int64)
+    return finite, (v < 0) & (scaled > 0), scaled, decimals
 
 
 def written_numbers(values: np.ndarray, fmt: NumberFormat) -> np.ndarray:
     """The numbers a reader of `format_numbers`' text reads (float64; NaN for "n/a"): 31.46 as `.0f` is 31.0, 0.5
     as `.0%` is 50.0."""
-    finite, negative, scaled = _written(values, fmt)
-    return np.where(finite, np.where(negative, -1.0, 1.0) * scaled / 10**fmt.decimals, np.nan)
+    finite, negative, scaled, decimals = _written(values, fmt)
+    return np.where(finite, np.where(negative, -1.0, 1.0) * scaled / 10.0**decimals, np.nan)
 
 
 def format_numbers(values: np.ndarray, fmt: NumberFormat) -> list[np.ndarray]:
@@ -117,12 +141,16 @@ def format_numbers(values: np.ndarray, fmt: NumberFormat) -> list[np.ndarray]:
 
     Non-finite values are written as 'n/a'."""
     n = len(values)
-    finite, negative, scaled = _written(values, fmt)
+    finite, negative, scaled, decimals = _written(values, fmt)
     sign = np.where(negative, np.uint8(ord("-")), np.uint8(ord("+") if fmt.sign else 0))
-    pieces = [sign[:, None], _digits(scaled // 10**fmt.decimals)]
+    unit = 10**decimals
+    pieces = [sign[:, None], _digits(scaled // unit)]
     if fmt.decimals:
-        fraction = _ZERO_PADDED32[scaled % 10**fmt.decimals][:, None].view(np.uint8)[:, 4 - fmt.decimals :]
-        pieces += [_literal(b".", n), fraction]
+        # the fraction's digits left-aligned in `fmt.decimals` columns, those beyond a number's own decimals NUL
+        most = fmt.decimals
+        fraction = _ZERO_PADDED32[(scaled % unit) * 10 ** (most - decimals)][:, None].view(np.uint8)[:, 4 - most :]
+        fraction = np.where(np.arange(most)[None, :] < decimals[:, None], fraction, np.uint8(0))
+        pieces += [np.where(decimals[:, None] > 0, _literal(b".", n), np.uint8(0)), fraction]
     if fmt.percent:
         pieces.append(_literal(b"%", n))
     if fmt.thousands:
@@ -197,10 +225,17 @@ class PromptRenderer:
         formats: dict[str, str] | None = None,
         reasoning: dict | None = None,
         source: str = "<arguments>",
+        instrument: PromptInstrument = PromptInstrument(),
     ):
-        self.system = system
+        """`instrument`: the run's (agents.advisor.prompt_fields.prompt_instrument): its symbol is one of the
+        `markets`, its kind's words replace `{kind}` in the system prompts, its tick bounds a price's decimals."""
+        self.instrument = instrument
+        self.system = system.replace("{kind}", instrument.kind_words)
         self.context = context
-        self.markets = tuple(markets)  # symbols the `market` field indexes
+        markets = tuple(markets)
+        if instrument.symbol and instrument.symbol not in markets:
+            markets += (instrument.symbol,)
+        self.markets = markets  # symbols the `market` field indexes
         self.answer_prefix = answer_prefix
         self.source = source
         labels = tuple(action_labels)
@@ -209,6 +244,8 @@ class PromptRenderer:
             raise ValueError(f"{source}: action_labels must be {NUM_ACTIONS} distinct non-empty strings naming "
                              f"{', '.join(ACTIONS)} in that order, got {action_labels!r}")
         self.action_labels = labels
+        if isinstance(reasoning, dict) and isinstance(reasoning.get("system"), str):
+            reasoning = {**reasoning, "system": reasoning["system"].replace("{kind}", instrument.kind_words)}
         self.reasoning = None if reasoning is None else check_reasoning(reasoning, source)
         words = {"long": "long", "short": "short", "flat": "flat", **(position_words or {})}
         unknown_words = set(words) - {"long", "short", "flat"}
@@ -237,7 +274,9 @@ class PromptRenderer:
                 if name not in FIELD_INDEX:
                     raise ValueError(f"{source}: context: unknown field {{{name}}}; known fields: {list(PROMPT_FIELDS)}")
                 field = name
-                if name not in _TEXT_FIELDS:
+                if name == "price" and not (spec or "price" in formats):  # the instrument's precision
+                    fmt = NumberFormat(decimals=min(instrument.price_decimals, 4), significant=PRICE_SIGNIFICANT)
+                elif name not in _TEXT_FIELDS:
                     fmt = NumberFormat.parse(spec or formats.get(name, ".2f"), f"{source}: context field {name}")
                 elif spec:
                     raise ValueError(f"{source}: context: field {name} is text and takes no format ({spec!r})")
@@ -249,23 +288,25 @@ class PromptRenderer:
         return {name for _, name, _ in self._parts if name is not None}
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "<dict>") -> "PromptRenderer":
+    def from_dict(cls, data: dict, source: str = "<dict>",
+                  instrument: PromptInstrument = PromptInstrument()) -> "PromptRenderer":
         unknown = set(data) - _TEMPLATE_KEYS
         if unknown:
             raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TEMPLATE_KEYS)}")
         for key in ("system", "context"):
             if not isinstance(data.get(key), str):
                 raise ValueError(f"{source}: key {key!r} is required and must be a string")
-        return cls(**data, source=source)
+        return cls(**data, source=source, instrument=instrument)
 
     @classmethod
-    def from_yaml(cls, path: str | Path = DEFAULT_PROMPTS_PATH) -> "PromptRenderer":
+    def from_yaml(cls, path: str | Path = DEFAULT_PROMPTS_PATH,
+                  instrument: PromptInstrument = PromptInstrument()) -> "PromptRenderer":
         path = Path(path)
         with open(path) as f:
             data = yaml.safe_load(f)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of template keys, got {type(data).__name__}")
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(data, source=str(path), instrument=instrument)
 
     def render(self, fields: np.ndarray, texts: Sequence[str] | None = None) -> np.ndarray:
         """Renders one context prompt per row of `fields` ([N, len(PROMPT_FIELDS)] float32).

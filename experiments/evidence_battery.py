@@ -40,8 +40,9 @@ from agents.advice.record import market_calls, record_scale
 from agents.advice.table import SIDES, AdviceTable, num_blocks
 from agents.advisor.numeric_mock import NumericMock
 from agents.advisor.prompt_fields import PromptFieldBuilder
+from agents.command_line import CommandParser
 from agents.config import load_config
-from agents.evidence.eprocess import ALPHA, LOSS_BOUND, prefix_log_e
+from agents.evidence.eprocess import ALPHA, LOSS_BOUND, prefix_log_e, scale_of
 from bridge.prompts import DEFAULT_PROMPTS_PATH, PromptRenderer
 from bridge.protocol import BUY, NUM_ACTIONS, SELL, STATUS_OK
 from jaxenv.config import PropFirmRules
@@ -73,7 +74,7 @@ def _lognormal(sigma: float, top: float, size, rng) -> np.ndarray:
 
 # the noise market's out-of-sample sessions, committed beside the docs
 DEFAULT_WALK_FORWARD = Path(__file__).resolve().parents[1] / "docs/results/walk-forward/default/walkforward.json"
-DOLLARS = PropFirmRules().trailing_drawdown  # c of the default account: the nulls in dollars are drawn over it
+DOLLARS = float(scale_of(PropFirmRules()))  # c of the default account: the nulls in dollars are drawn over it
 
 
 def walk_forward_sessions(path: Path = DEFAULT_WALK_FORWARD) -> np.ndarray:
@@ -267,7 +268,7 @@ def random_policies(walks: int, days: int = FRESH_DAYS) -> dict:
                                                 f"data.synthetic_seed={2000 + i}"]).data)
         trace = walk_split(env, market, (0, market.num_bars), random_valid_policy, jax.random.PRNGKey(i), ())
         daily = session_pnl(trace, market)
-        opened.append(ever_passes(daily, cfg.env.prop_firm.trailing_drawdown))
+        opened.append(ever_passes(daily, float(scale_of(cfg.env.prop_firm))))
         pnl.append(float(daily.mean()))
     return {"walks": walks, "days": days, "opened": float(np.mean(opened)), "mean_session_pnl": float(np.mean(pnl))}
 
@@ -295,7 +296,7 @@ def trained_agents(runs: Path, noise_seeds: list[int], signal_seeds: list[int], 
                            walked.market)
         fresh = load_run(run, "best", data=fresh_market(walked.cfg.data, FRESH_DAYS))
         later = session_pnl(agent_walk(fresh)(walk_bounds(fresh.market, "all"), jax.random.PRNGKey(0)), fresh.market)
-        scale = walked.cfg.env.prop_firm.trailing_drawdown
+        scale = float(scale_of(walked.cfg.env.prop_firm))
         log_e = np.asarray(prefix_log_e(np.r_[test, later], scale))
         first = int(np.argmax(log_e >= BAR)) if (log_e >= BAR).any() else None
         return {"opened": first is not None, "opened_after_sessions": first, "test_sessions": len(test),
@@ -326,7 +327,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap = CommandParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--paths", type=int, default=2000, help="streams: paths of each null (default 2000)")
     ap.add_argument("--sessions", type=int, default=500, help="streams: sessions a path (default 500)")
     ap.add_argument("--placebos", type=int, default=200, help="record: placebo advisors of each kind (default 200)")

@@ -658,9 +658,10 @@ def plan_from_args(args) -> Plan:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from agents.command_line import CommandParser
+
+    ap = CommandParser(description=__doc__)
     ap.add_argument("--config", default="configs/headlines.yaml", help="the runs' config (default: %(default)s)")
     ap.add_argument("--arms", default="rl_only,news,random,shuffled",
                     help=f"comma-separated arms from {', '.join(ARMS)}; rl_only is always added (default: %(default)s)")

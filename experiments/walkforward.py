@@ -38,8 +38,9 @@ from experiments.fusion import ARMS, BASELINE, flat_config, parse_seeds, seeds_a
 from jaxenv.folds import Fold, FoldPlan, plan_folds, session_starts
 
 FLAT = "flat"  # never trades: 0 on every session, no run
+BUY_AND_HOLD = "buy_and_hold"  # the market's own move on each test window (jaxenv.evaluate.buy_and_hold), no run
 SCORE_FILE = "walkforward_eval.json"  # a run's scores: its presence means the run is finished
-SCORE_VERSION = 1
+SCORE_VERSION = 2  # 2: buy-and-hold's sessions on the test window
 TRIALS_FILE = "trials.jsonl"
 REPORTING_KEYS = ("log.progress", "transfer.init_from")  # a run's config may differ from the plan's in these only
 
@@ -103,11 +104,13 @@ def session_pnl(trace: dict, market) -> dict[str, float]:
 
 def score_run(run_dir: Path) -> dict[str, Any]:
     """The run's best checkpoint (chosen on its fold's validation window), greedy, walked on its test window (out of
-    sample) and its training window (in sample); a hybrid run's advice alone on the test window too."""
+    sample) and its training window (in sample); a hybrid run's advice alone on the test window too; buy-and-hold's
+    P&L per session on the test window."""
     import jax
 
     from agents.advice.usage import walk_advice_metrics
     from agents.evaluation.saved_run import ablation_walks, agent_walk, load_run
+    from jaxenv.evaluate import buy_and_hold
     from jaxenv.metrics import walk_metrics
 
     run = load_run(run_dir, "best")
@@ -122,7 +125,8 @@ def score_run(run_dir: Path) -> dict[str, Any]:
     try:
         agent = agent_walk(run)
         scores = {"version": SCORE_VERSION, "checkpoint": run.saved.label,
-                  "test": walked(agent, "test"), "train": walked(agent, "train")}
+                  "test": walked(agent, "test"), "train": walked(agent, "train"),
+                  BUY_AND_HOLD: {"sessions": session_pnl(buy_and_hold(run.env, run.market, "test"), run.market)}}
         if run.advised:
             scores["advice_alone"] = walked(ablation_walks(run)["llm_only"].walk, "test")
     finally:
@@ -170,9 +174,11 @@ def stitched(results: dict, plan: Plan, arm: str, seed: int, walk: str = "test")
     """(days, P&L per session) of the test windows back to back: one out-of-sample path."""
     days, pnl = [], []
     for fold in plan.folds:
-        sessions = results[fold.index][BASELINE if arm == FLAT else arm][seed][walk]["sessions"]
+        scores = results[fold.index][arm if arm in plan.arms else BASELINE][seed]
+        sessions = scores[walk]["sessions"]
+        held = scores[BUY_AND_HOLD]["sessions"] if arm == BUY_AND_HOLD else {}
         days += list(sessions)
-        pnl += [0.0 if arm == FLAT else v for v in sessions.values()]
+        pnl += [0.0 if arm == FLAT else held.get(d, 0.0) if arm == BUY_AND_HOLD else v for d, v in sessions.items()]
     return days, np.asarray(pnl, np.float64)
 
 
@@ -220,36 +226,40 @@ def summarize(plan: Plan, results: dict, trials: int) -> dict[str, Any]:
     from agents.evidence.eprocess import scale_of
     from agents.evidence.overfitting import deflated_sharpe_ratio, pbo_cscv
 
-    arms = [*plan.arms, FLAT]
+    arms = [*plan.arms, FLAT, BUY_AND_HOLD]
+    benchmarks = (FLAT, BUY_AND_HOLD)  # walked, not trained
     scale = float(scale_of(plan.run_config(plan.folds[0], BASELINE, plan.seeds[0]).env.prop_firm))
     paths = {(arm, seed): stitched(results, plan, arm, seed) for arm in arms for seed in plan.seeds}
     days = paths[BASELINE, plan.seeds[0]][0]
     matrix = {arm: np.stack([paths[arm, s][1] for s in plan.seeds]) for arm in arms}
-    trial_sharpe = [p.mean() / p.std(ddof=1) for (arm, _), (_, p) in paths.items() if arm != FLAT and p.std() > 0]
+    trial_sharpe = [p.mean() / p.std(ddof=1) for (arm, _), (_, p) in paths.items()
+                    if arm not in benchmarks and p.std() > 0]
     variance = float(np.var(trial_sharpe, ddof=1)) if len(trial_sharpe) > 1 else None
     out: dict[str, Any] = {"sessions": len(days), "first_day": days[0], "last_day": days[-1], "arms": {}}
     for arm in arms:
-        fold_metrics = {s: [results[f.index][BASELINE if arm == FLAT else arm][s]["test"]["metrics"] for f in plan.folds]
-                        for s in plan.seeds}
-        if arm == FLAT:
+        if arm in benchmarks:  # flat never trades; buy-and-hold's breaches are counted, not enforced: not shown
             fold_metrics = {s: [{"breaches": 0.0, "trades": 0.0}] * len(plan.folds) for s in plan.seeds}
+        else:
+            fold_metrics = {s: [results[f.index][arm][s]["test"]["metrics"] for f in plan.folds] for s in plan.seeds}
         per_seed = {s: path_figures(paths[arm, s][1], fold_metrics[s]) for s in plan.seeds}
         pooled = matrix[arm].mean(0)
         # flat makes 0 on every session: the out-of-sample P&L is the arm against flat
         a: dict[str, Any] = {"per_seed": per_seed, "oos": interval(matrix[arm]),
                              "pooled": path_figures(pooled, fold_metrics[plan.seeds[0]])}
         if arm != FLAT:
+            a["vs_buy_and_hold"] = interval(matrix[arm] - matrix[BUY_AND_HOLD]) if arm != BUY_AND_HOLD else None
+        if arm not in benchmarks:
             a["dsr"] = {s: deflated_sharpe_ratio(paths[arm, s][1], trials, variance) for s in plan.seeds}
             a["dsr_pooled"] = deflated_sharpe_ratio(pooled, trials, variance)
             a["gate"] = {s: gate_verdict(*paths[arm, s], scale) for s in plan.seeds}
             a["gate_opened"] = float(np.mean([g["opened"] for g in a["gate"].values()]))
-        if arm not in (BASELINE, FLAT):
+        if arm not in (BASELINE, *benchmarks):
             a["vs_rl_only"] = interval(matrix[arm] - matrix[BASELINE])
-        if arm != FLAT and "advice_alone" in results[plan.folds[0].index][arm][plan.seeds[0]]:
+        if arm not in benchmarks and "advice_alone" in results[plan.folds[0].index][arm][plan.seeds[0]]:
             alone = np.stack([stitched(results, plan, arm, s, "advice_alone")[1] for s in plan.seeds])
             a["advice_alone"] = interval(alone)
             a["vs_advice_alone"] = interval(matrix[arm] - alone)
-        if arm != FLAT:  # the memorising, as a number: P&L per session in sample and out of sample, per fold
+        if arm not in benchmarks:  # the memorising, as a number: P&L per session in sample and out of sample, per fold
             a["in_vs_out"] = []
             for fold in plan.folds:
                 runs = [results[fold.index][arm][s] for s in plan.seeds]
@@ -259,7 +269,7 @@ def summarize(plan: Plan, results: dict, trials: int) -> dict[str, Any]:
                                        "out_of_sample_per_session": float(np.mean(outs)),
                                        "gap": float(np.mean(np.subtract(ins, outs)))})
         out["arms"][arm] = a
-    columns = [(arm, s) for arm in arms for s in plan.seeds]
+    columns = [(arm, s) for arm in arms if arm != BUY_AND_HOLD for s in plan.seeds]  # the trials, flat included
     performance = np.stack([paths[c][1] for c in columns], axis=1)
     blocks = min(16, len(days) - len(days) % 2)
     out["pbo"] = {**pbo_cscv(performance, blocks=blocks), "columns": [f"{a}-s{s}" for a, s in columns]}
@@ -291,15 +301,16 @@ def table(summary: dict[str, Any], command: str) -> str:
              f"{s['last_day']}), seeds {summary['seeds']}; P&L summed over the stitched test windows, mean over seeds "
              "[95% interval over seeds and sessions]; " + agents + "; best checkpoint of each fold, chosen on its "
              "validation window.",
-             "", "| arm | out-of-sample P&L (vs flat) | per session | vs rl_only | advice alone | vs advice alone | "
-             "Sharpe (annualised, pooled) | max drawdown (pooled) | breaches | trades | PSR (pooled) | DSR (pooled) | "
-             "gate on the stitched path (seeds opened) |",
-             "|" + "---|" * 13]
+             "", "| arm | out-of-sample P&L (vs flat) | per session | vs buy-and-hold | vs rl_only | advice alone | "
+             "vs advice alone | Sharpe (annualised, pooled) | max drawdown (pooled) | breaches | trades | PSR (pooled) "
+             "| DSR (pooled) | gate on the stitched path (seeds opened) |",
+             "|" + "---|" * 14]
     for arm, a in s["arms"].items():
         pooled = a["pooled"]
         dsr = a.get("dsr_pooled", {}).get("dsr")
         per_seed = a["per_seed"].values()
-        lines.append(f"| {arm} | {cell(a['oos'])} | {a['oos']['per_session']:,.0f} | {cell(a.get('vs_rl_only'))} | "
+        lines.append(f"| {arm} | {cell(a['oos'])} | {a['oos']['per_session']:,.0f} | "
+                     f"{cell(a.get('vs_buy_and_hold'))} | {cell(a.get('vs_rl_only'))} | "
                      f"{cell(a.get('advice_alone'))} | {cell(a.get('vs_advice_alone'))} | "
                      f"{num(pooled['sharpe_daily'])} | {pooled['max_drawdown']:,.0f} | "
                      f"{np.mean([p['breaches'] for p in per_seed]):.1f} | {np.mean([p['trades'] for p in per_seed]):,.0f} | "
@@ -350,7 +361,7 @@ def plot(plan: Plan, summary: dict, results: dict, path: Path, in_vs_out: Path) 
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     edges = np.cumsum([len(results[f.index][BASELINE][plan.seeds[0]]["test"]["sessions"]) for f in plan.folds])
-    for i, arm in enumerate([*plan.arms, FLAT]):
+    for i, arm in enumerate([*plan.arms, FLAT, BUY_AND_HOLD]):
         color = f"C{i}"
         paths = np.stack([np.cumsum(stitched(results, plan, arm, s)[1]) for s in plan.seeds])
         for p in paths:
@@ -359,7 +370,10 @@ def plot(plan: Plan, summary: dict, results: dict, path: Path, in_vs_out: Path) 
     for e in edges[:-1]:
         ax.axvline(e - 0.5, color="grey", lw=0.5, ls="--")
     ax.axhline(0, color="black", lw=0.5)
-    ax.set_xlabel("out-of-sample session (test windows back to back; dashed: a new fold)")
+    days = stitched(results, plan, BASELINE, plan.seeds[0])[0]
+    starts = [0, *edges[:-1]]
+    ax.set_xticks(starts, [days[i] for i in starts])  # each fold's first session, by date
+    ax.set_xlabel("out-of-sample session (test windows back to back; dashed: a new fold, labelled by its first day)")
     ax.set_ylabel("cumulative P&L, $")
     ax.legend()
     ax.set_title("walk-forward: the stitched out-of-sample path")
@@ -458,7 +472,8 @@ def plan_from_args(args) -> Plan:
                          "walked)")
     arms = list(dict.fromkeys([BASELINE, *arms]))
     overrides = [*args.overrides, *([f"data.source={args.data}"] if args.data else []),
-                 *([f"total_steps={args.total_steps}"] if args.total_steps else [])]
+                 *([f"total_steps={args.total_steps}"] if args.total_steps else []),
+                 *([f"num_envs={args.envs}"] if args.envs else [])]
     cfg = load_config(args.config, [*ARMS[BASELINE], *overrides])
     market = load_market(cfg.data)  # a file that does not fit the run's instrument stops here, in one line
     sessions = len(session_starts(market.sessions.session_id)) - 1
@@ -471,11 +486,12 @@ def plan_from_args(args) -> Plan:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
 
     from jaxenv.data import DataValidationError
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from agents.command_line import CommandParser
+
+    ap = CommandParser(description=__doc__)
     ap.add_argument("--config", default="configs/signal.yaml", help="the runs' config (default: %(default)s)")
     ap.add_argument("--data", help="the market: a CSV/Parquet file or synthetic:PRESET (default: the config's)")
     ap.add_argument("--arms", default="rl_only", help=f"comma-separated arms from {', '.join(ARMS)}; rl_only is "
@@ -493,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-start", action="store_true", help="each fold starts from the previous fold's agent (its "
                     "best checkpoint) instead of a fresh one")
     ap.add_argument("--total-steps", type=int, help="env steps per run instead of the config's total_steps")
+    ap.add_argument("--envs", type=int, help="environments per run instead of the config's num_envs (as train.py's)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config key of every run (after the arm's), as in train.py; repeatable")
     ap.add_argument("--out", default="results/walk-forward", help="the output folder (default: %(default)s)")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -13,11 +16,13 @@ from jaxenv.contracts import ContractSpec, InstrumentError, get_contract, is_hhm
 
 @dataclass
 class PropFirmRules:
-    """Prop-firm account rules. `version` names the rule set so a run records which one it used."""
+    """An account's rules. `version` names the rule set so a run records which one it used; ACCOUNT_RULES holds the
+    sets a config may name."""
 
     version: str = "apex-50k-2025"  # names the rule set, so a run records which one it used
     starting_balance: float = 50_000.0  # the account's balance at the start of each episode
-    trailing_drawdown: float = 2_500.0  # the account is breached when equity falls this far below its peak
+    # The account is breached when equity falls this far below its peak (.inf = no trailing drawdown: never breached).
+    trailing_drawdown: float = 2_500.0
     # The threshold trails the peak until it reaches starting_balance + trail_stop_offset, then freezes.
     trail_stop_offset: float = 100.0
     profit_target: float = 3_000.0  # an evaluation passes when equity reaches starting_balance + this (reports only)
@@ -27,6 +32,15 @@ class PropFirmRules:
     flat_by: str = "16:59"
     timezone: str = "America/New_York"  # the zone of flat_by
     no_entry_minutes_before_close: int = 15  # no new entries this close to the session's last bar
+
+
+# The rule sets env.prop_firm may name (--set env.prop_firm=plain); the default account's comes first.
+ACCOUNT_RULES = {rules.version: rules for rules in (
+    PropFirmRules(),
+    # A plain brokerage account: never breached, no flat-by time (the instrument's flat_at_close still binds), entries
+    # until the close.
+    PropFirmRules(version="plain", trailing_drawdown=math.inf, flat_by="", no_entry_minutes_before_close=0),
+)}
 
 
 @dataclass
@@ -44,6 +58,8 @@ class EnvConfig:
     max_steps_in_episode: int = 0
     reward_scale: float = 0.01  # reward = change of equity in dollars × this
     breach_penalty: float = 0.0  # extra dollars subtracted on a drawdown breach (before scaling)
+    # The account's rules: the name of a set (apex-50k-2025, plain: jaxenv.config.ACCOUNT_RULES), or a mapping of
+    # their fields (with `base: NAME`, that set's fields with the given ones changed; without, the default set's).
     prop_firm: PropFirmRules = field(default_factory=PropFirmRules)
 
 
@@ -111,8 +127,32 @@ def news_max_age(cfg: DataConfig) -> pd.Timedelta:
     return age
 
 
+def rules_fields(value: str | Mapping[str, Any]) -> dict[str, Any]:
+    """Every field of the rule set a config names: ACCOUNT_RULES[value], or for a mapping that names a `base` set, its
+    fields with the mapping's others changed. A ValueError names the known sets."""
+    base = value if isinstance(value, str) else value["base"]
+    if not isinstance(base, str) or base not in ACCOUNT_RULES:
+        raise ValueError(f"unknown account rules {base!r} (known: {', '.join(ACCOUNT_RULES)})")
+    changed = {} if isinstance(value, str) else {key: item for key, item in value.items() if key != "base"}
+    return {**dataclasses.asdict(ACCOUNT_RULES[base]), **changed}
+
+
+def rules_text(rules: PropFirmRules) -> str:
+    """The rules in words, for reports: "balance 50,000, trailing drawdown 2,500, futures flat by 16:59
+    America/New_York, no entries in the last 15 minutes, at most 10 contracts"."""
+    drawdown = (f"trailing drawdown {rules.trailing_drawdown:,.0f}" if math.isfinite(rules.trailing_drawdown)
+                else "no trailing drawdown")
+    flat = f"futures flat by {rules.flat_by} {rules.timezone}" if rules.flat_by else "no flat-by time"
+    minutes = rules.no_entry_minutes_before_close
+    entries = f"no entries in the last {minutes} minutes" if minutes else "entries until the close"
+    return (f"balance {rules.starting_balance:,.0f}, {drawdown}, {flat}, {entries}, "
+            f"at most {rules.max_contracts} contracts")
+
+
 def check_rules(rules: PropFirmRules) -> None:
     """A ValueError names the key of a prop-firm rule that cannot be read."""
+    if not rules.trailing_drawdown > 0:
+        raise ValueError(f"env.prop_firm.trailing_drawdown: must be > 0 (.inf: none), got {rules.trailing_drawdown!r}")
     if rules.flat_by and not is_hhmm(rules.flat_by):
         raise ValueError(f"env.prop_firm.flat_by: expected HH:MM or \"\" (no rule), got {rules.flat_by!r}")
     if not known_zone(rules.timezone):

@@ -16,6 +16,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 KINDS = ("future", "spot_fx", "equity")
+KIND_WORDS = {"future": "futures", "spot_fx": "spot FX", "equity": "stock"}  # a kind in prose (the advisor's prompt)
 LOT_SIZES = {"future": 1.0, "spot_fx": 100_000.0, "equity": 100.0}  # a traded unit when lot_size is not given
 _HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 
@@ -226,6 +227,11 @@ def _complete(spec: ContractSpec) -> ContractSpec:
 def price_text(x: float) -> str:
     """A price or tick without float noise or exponents: 0.00005, 0.015625, 0.25."""
     return f"{x:.10f}".rstrip("0").rstrip(".")
+
+
+def price_decimals(spec: ContractSpec) -> int:
+    """The decimals the instrument's prices are quoted with: its tick's (0.25: 2, 0.00001: 5, 1/64: 6)."""
+    return len(price_text(spec.tick_size).partition(".")[2])
 
 
 def describe(spec: ContractSpec) -> str:

@@ -8,10 +8,12 @@ instrument or the prop firm asks for flat positions at the session's end; the ca
 Drawdown (prop-firm trailing rule): each bar is first checked against the threshold set by the previous
 peak, at the bar's worst mark (adverse extreme, floored at the stop); the peak then rises to the bar's best
 mark while the position is held (favourable extreme, or the exit price). The threshold trails the peak by
-`trailing_drawdown` and freezes at `starting_balance + trail_stop_offset`. A breach liquidates at the
-price where equity meets the threshold and terminates the episode. A walk goes on with a fresh account that takes no
-new entry until the next session (`entry_locked`, jaxenv.evaluate): a session's loss is bounded by the account's
-room at its start, plus a gap through the liquidation price (the evidence's bound, agents.evidence.eprocess).
+`trailing_drawdown` and freezes at `starting_balance + trail_stop_offset`; an account without a trailing drawdown
+(`trailing_drawdown` inf: the plain account of jaxenv.config.ACCOUNT_RULES) has the threshold −inf, which no equity
+reaches. A breach liquidates at the price where equity meets the threshold and terminates the episode. A walk goes
+on with a fresh account that takes no new entry until the next session (`entry_locked`, jaxenv.evaluate): a session's
+loss is bounded by the account's room at its start, plus a gap through the liquidation price (the evidence's bound,
+agents.evidence.eprocess).
 """
 
 from __future__ import annotations
@@ -113,8 +115,10 @@ def bracket_distances(params: EnvParams, atr):
 
 
 def drawdown_room(state: EnvState, params: EnvParams) -> jax.Array:
-    """The account's room before a breach, as a share of the trailing drawdown (1 for a fresh account)."""
-    return (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
+    """The account's room before a breach, as a share of the trailing drawdown (1 for a fresh account, and always 1
+    for an account without a trailing drawdown)."""
+    room = (state.equity - drawdown_threshold(state.peak, params)) / params.trailing_drawdown
+    return jnp.where(jnp.isinf(params.trailing_drawdown), 1.0, room)  # there room is inf / inf
 
 
 @lru_cache(maxsize=1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxenv.config import EnvConfig
+from jaxenv.config import ACCOUNT_RULES, EnvConfig, PropFirmRules, rules_text
 from jaxenv.contracts import describe
 from jaxenv.env import flattens_at_session_end, prop_flat_by, session_rules
 from jaxenv.market import SPLITS, Market
@@ -24,6 +24,12 @@ def dropped_text(market: Market) -> str:
     if not market.dropped_rows:
         return "0 rows"
     return f"{market.dropped_rows:,} rows (data.drop_invalid_rows): {market.dropped_note}"
+
+
+def account_text(rules: PropFirmRules) -> str:
+    """The account rules in force and the flag that trades under another set: the load report's account line."""
+    others = ", ".join(f"--set env.prop_firm={name}" for name in ACCOUNT_RULES if name != rules.version)
+    return f"{rules.version} (env.prop_firm): {rules_text(rules)}; other account rules: {others}"
 
 
 def load_report(market: Market, env: EnvConfig | None = None) -> str:
@@ -74,6 +80,7 @@ def load_report(market: Market, env: EnvConfig | None = None) -> str:
         ("scale", ranges),
         ("time zones", f"stamps {market.stamps_note}; exchange time {spec.timezone}"),
         ("sessions", f"{sessions.num_sessions:,} sessions ({kind}); {holding}"),
+        ("account", account_text(rules)),
         ("splits", f"{', '.join(split_text)}; the first {market.first_decision_bar} bars are feature warm-up"),
         ("dropped", dropped_text(market)),
         *([("news", market.news_note)] if market.news_note else []),

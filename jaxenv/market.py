@@ -67,6 +67,7 @@ class Market:
     dropped_rows: int = 0
     dropped_note: str = ""  # which rows data.drop_invalid_rows dropped, and why
     stamps_note: str = ""  # how the file's stamps were read: their zone, or dates
+    stamps_zone: str = ""  # the zone naive stamps were read in (auto's pick included); "" for offsets or dates
     scale: Scale | None = None  # the bars in the instrument's ticks
     news_note: str = ""  # data.news: the items read, shown and never shown (and why), the bars with news
 
@@ -256,7 +257,7 @@ def market_from_frame(
     refusal = Refusal(source)
     index = pd.DatetimeIndex(frame.index)
     naive = index.tz is None and not is_dates(index)
-    note = ""
+    note, stamps_zone = "", ""
     # the zone of naive stamps in the news file: the bars' ("" = the exchange's), or the one auto finds for them
     news_zone = None if cfg.source_timezone == "auto" else cfg.source_timezone
     if not naive:
@@ -292,8 +293,10 @@ def market_from_frame(
                                                            column)
             if fit is None:
                 refusal.add(as_other + advice)
-            elif cfg.source_timezone == "auto":
-                news_zone = fit.zone
+            else:
+                stamps_zone = fit.zone
+                if cfg.source_timezone == "auto":
+                    news_zone = fit.zone
         else:
             outside, schedule = outside_sessions(index, calendar, interval)
             fit, advice, must_change = ZoneFit(calendar.timezone, index, outside, 0, schedule), OTHER_HOURS, False
@@ -341,6 +344,7 @@ def market_from_frame(
         dropped_rows=len(bad) - len(frame),
         dropped_note="; ".join(dropped),
         stamps_note="; ".join(filter(None, [read_note, stamps_note or note])),
+        stamps_zone=stamps_zone,
         scale=scale,
         news_note=news_note,
     )

@@ -263,22 +263,10 @@ def run_command(command: dict, backend, learner) -> dict:
             if learner:
                 learner.adapter_loaded(command.get("path"))
             return loaded
-        if op == "threads":  # the cores the trainer leaves: all while it waits for a walk's answers, few while it runs
-            return set_threads(backend, int(command["threads"]))
         return {"error": f"unknown command {op!r}"}
     except Exception as error:  # a bad command must not take the sidecar down
         log(f"command {op!r} failed: {error!r}")
         return {"error": repr(error)}
-
-
-def set_threads(backend, threads: int) -> dict:
-    """The model's intra-op threads from now on (torch's); the mock has none to set."""
-    if backend.name != "transformers":
-        return {"threads": None}
-    import torch
-
-    torch.set_num_threads(max(threads, 1))
-    return {"threads": torch.get_num_threads()}
 
 
 def load_adapter(backend, path: str | None) -> dict:

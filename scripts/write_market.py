@@ -16,13 +16,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from agents.command_line import CommandParser
 from jaxenv.contracts import InstrumentError
 from jaxenv.market_files import NEWS_SETTINGS, write_market
 from jaxenv.synthetic import PRESETS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(description=__doc__)
     ap.add_argument("--preset", default="headlines", help=f"the synthetic preset: {', '.join(PRESETS)}")
     ap.add_argument("--days", type=int, default=120, help="trading days (sessions of 390 minute bars) to write")
     ap.add_argument("--seed", type=int, default=0, help="the seed the market is drawn with (data.synthetic_seed)")

@@ -55,7 +55,8 @@ def test_default_template_renders_the_market_and_the_side():
     text = renderer.render(row[None], ["ignored", "Fed cuts rates"])[0].decode()
     # Compact: every digit is a token for SmolLM2, so units and meanings live in the shared system prompt.
     # An advice key's prompt: the market and the position side, no account's figures (shared by every account).
-    assert text == "14:05 NQ 4521 ADX27 RSI62 VWAP-0.1 mom+0.8 short 2 News: Fed cuts rates"
+    # the price at the instrument's precision: 5 digits, never finer than its tick (NQ: 0.25), halves to even
+    assert text == "14:05 NQ 4521.2 ADX27 RSI62 VWAP-0.1 mom+0.8 short 2 News: Fed cuts rates"
     assert "system" not in text and renderer.system.startswith("You advise")
     for meaning in ("time", "symbol", "price", "ADX", "RSI", "VWAP", "momentum", "position", "headline"):
         assert meaning in renderer.system  # the system prompt says what each compact field is
@@ -103,7 +104,7 @@ def test_4096_prompts_render_in_milliseconds():
     renderer.render(fields, texts)
     best = min(_timed(lambda: renderer.render(fields, texts)) for _ in range(5))
     prompts = renderer.render(fields, texts)
-    assert len(prompts) == 4096 and all(re.match(rb"\d\d:\d\d (ES|NQ|YM|RTY) \d+ ADX", p) for p in prompts)
+    assert len(prompts) == 4096 and all(re.match(rb"\d\d:\d\d (ES|NQ|YM|RTY) \d+(\.\d)? ADX", p) for p in prompts)
     assert best < 0.05, f"rendering 4096 prompts took {best * 1e3:.1f} ms"  # ~5 ms measured; loose for shared CPUs
 
 

@@ -83,6 +83,7 @@ def test_cli_writes_the_json_table_trades_and_plots(run_dir, tmp_path, capsys):
     assert trades["advice_action"].isna().all()  # no advisor: empty
     assert trades["pnl"].sum() == pytest.approx(numbers["agent"]["net_pnl"], abs=1.0)  # walks end flat here
     assert "| net P&L |" in (out / "table.md").read_text()
+    assert "| advice coverage |" not in (out / "table.md").read_text()  # no advisor: no rows of zeros
     for png in ("equity.png", "underwater.png", "training.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 

@@ -6,6 +6,7 @@ while flat; and the battery (experiments/evidence_battery.py) in its short form.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -173,8 +174,43 @@ def test_the_main_commands_end_says_what_the_agent_shows_out_of_sample(tmp_path,
     out = capsys.readouterr().out.splitlines()
     [verdict] = [line for line in out if line.startswith("out of sample (test split of synthetic:signal, ")]
     assert "best checkpoint): P&L" in verdict and "against flat's 0 [" in verdict
+    assert " and buy-and-hold's " in verdict and "(the difference " in verdict  # the market's own move beside
     assert verdict.endswith("over 1 trial on this data")  # the folder of runs holds this run alone
     [gate] = [line for line in out if line.startswith("gate: ")]
     assert gate.endswith(("trade.py will paper-trade this agent until its record passes",
                           "trade.py will send its orders to the broker"))
     assert len((runs / "trials.jsonl").read_text().splitlines()) == 1
+    # scripts/runs.py lists the runs side by side with the same figures as their ends
+    from agents.evaluation.runs_table import main as runs_main
+
+    assert runs_main([str(runs), "--json", str(tmp_path / "runs.json")]) == 0
+    [row] = json.loads((tmp_path / "runs.json").read_text())
+    assert f"P&L {row['pnl'][0]:,.0f} against flat's 0 [{row['pnl'][1]:,.0f}, {row['pnl'][2]:,.0f}]" in verdict
+    assert f"buy-and-hold's {row['buy_and_hold']:,.0f} " in verdict and row["trials"] == 1
+    assert runs_main([str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip().endswith("nowhere: no such folder")
+    # evaluate.py's gated walk of the same checkpoint and split ends with the gate train.py's end reported: its last
+    # session counts too (before: one session short, another E)
+    from agents.evaluation.cli import main as evaluate_main
+
+    assert evaluate_main(["--run-dir", str(runs / "a"), "--json", str(tmp_path / "eval.json")]) == 0
+    [walked] = json.loads((tmp_path / "eval.json").read_text())["gate"]
+    assert walked["reason"] == gate.removeprefix("gate: ").rsplit(": trade.py", 1)[0]
+
+
+def test_the_verdict_says_when_an_agent_that_clears_flat_has_not_beaten_buy_and_hold():
+    """A long-biased agent on a rising market clears the gate's bar (flat) without beating the market: the verdict
+    shows buy-and-hold beside flat and says the gate's bar is flat; an agent that beats buy-and-hold gets no note."""
+    from agents.evaluation.report import verdict_lines
+    from agents.evidence.gate import OutOfSample
+
+    rng = np.random.default_rng(0)
+    market = rng.normal(300.0, 400.0, 40)  # a rising market's sessions
+    days = [f"2024-01-{d:02d}" for d in range(1, 41)]
+    long_only = OutOfSample(days, (market - 20.0).tolist(), "test split of F.csv", "2023-12-31", market.tolist())
+    lines = verdict_lines(long_only, 1, 2500.0, "best")
+    assert f"buy-and-hold's {market.sum():,.0f} (the difference " in lines[0]
+    assert lines[-1].startswith("note: the agent has not shown that it beats buy-and-hold here; the gate's bar is flat")
+    edge = OutOfSample(days, (market + 600.0 + rng.normal(0, 50, 40)).tolist(), "test split of F.csv", "2023-12-31",
+                       market.tolist())
+    assert not any(line.startswith("note:") for line in verdict_lines(edge, 1, 2500.0, "best"))

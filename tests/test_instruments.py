@@ -198,4 +198,11 @@ def test_train_prints_the_load_report_before_training(tmp_path, capsys, monkeypa
                  "dropped     0 rows"]:
         assert line in report, line
     assert len(report.splitlines()) <= 12 and seen["market"].contract.symbol == "EURUSD"
+    assert "advisor     " not in report  # no advisor, no keys to ask
+    # a model advisor's walks ask every key they read: the first advised run says so up front, with how many
+    advised = [a if a != "none" else "smollm2" for a in argv] + ["--run-dir", str(tmp_path / "advised")]
+    assert cli_main()(advised) == 130
+    report = capsys.readouterr().err
+    assert ("advisor     the walks ask smollm2 up to 90 validation keys (the first validation walk, training waits) "
+            "and 87 test keys (the end-of-run comparison)") in report
     assert np.all(np.bincount(seen["market"].sessions.session_id) == 24)

@@ -92,7 +92,8 @@ def test_a_killed_walk_forward_resumes_where_it_was(tmp_path, monkeypatch):
     assert (first / wf.SCORE_FILE).read_text() == kept  # read back, not trained or scored again
     summary = json.loads((out / "walkforward.json").read_text())
     arms = summary["summary"]["arms"]
-    assert set(arms) == {"rl_only", "flat"} and summary["summary"]["sessions"] == 6
+    assert set(arms) == {"rl_only", "flat", "buy_and_hold"} and summary["summary"]["sessions"] == 6
+    assert "vs_buy_and_hold" in arms["rl_only"] and "gate" not in arms["buy_and_hold"]
     assert arms["flat"]["oos"]["mean"] == 0 and len(arms["rl_only"]["in_vs_out"]) == 2
     assert summary["trials"] == 1 and 0 <= summary["summary"]["pbo"]["pbo"] <= 1
     gate = arms["rl_only"]["gate"]["0"]

@@ -67,7 +67,10 @@ def made_up_summary(p: Plan) -> dict:
                 pnl = rng.normal(2000.0 if seed == 0 else 0.0, 300.0, span[1] - span[0])
                 return {"metrics": {"breaches": 0.0, "trades": 20.0},
                         "sessions": dict(zip(days[span[0]:span[1]], pnl.tolist()))}
-            results[fold.index]["rl_only"][seed] = {"test": walk(fold.test), "train": walk(fold.train)}
+            test = walk(fold.test)
+            results[fold.index]["rl_only"][seed] = {
+                "test": test, "train": walk(fold.train),
+                "buy_and_hold": {"sessions": {d: 500.0 for d in test["sessions"]}}}  # a steadily rising market
     summary = {"command": "walkforward", "seeds": p.seeds, "warm_start": p.warm_start, "trials": 2,
                "folds": [{"index": f.index, "splits": f.spec()} for f in p.folds],
                "cost": {"wall_s": 1.0, "runs_s": 0.0, "all_runs_train_s": 60.0, "all_runs_score_s": 6.0}}
@@ -81,7 +84,11 @@ def test_the_report_says_the_gate_ran_on_a_stitched_path_not_what_trade_py_sent(
         report = table(summary, "walkforward")
         assert "would have sent" not in report and "would have" not in report
         header = next(line for line in report.splitlines() if line.startswith("| arm | out-of-sample"))
-        assert "gate on the stitched path" in header
+        assert "gate on the stitched path" in header and "vs buy-and-hold" in header
+        held = summary["summary"]["arms"]["buy_and_hold"]
+        assert held["oos"]["per_session"] == 500.0 and "gate" not in held  # a benchmark, not a trial
+        assert summary["summary"]["arms"]["rl_only"]["vs_buy_and_hold"]["per_session"] < 1500.0
+        assert any(line.startswith("| buy_and_hold | ") for line in report.splitlines())
         assert "not what `trade.py` would send" in report  # it gates one agent on that agent's own record
         assert ("a fresh agent per fold" in report) != warm_start
         assert ("each fold's agent started from the previous fold's" in report) == warm_start

@@ -19,6 +19,7 @@ from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.advisor.session import AdvisorSession
 from agents.advisor.sidecar import at_full_rate, start_advisor
 from agents.advisor.store import open_market_store, store_root
+from agents.command_line import CommandParser
 from agents.config import ConfigError, add_config_flags, config_overrides, load_config
 from agents.runs.adapters import starting_adapter
 
@@ -27,7 +28,7 @@ SPLITS = ("train", "val", "test")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(description=__doc__)
     ap.add_argument("--config", help="YAML config file, as for train.py (its data, advisor, template, interval)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config key, e.g. --set hybrid.query.interval=10; repeatable")

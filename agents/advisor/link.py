@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agents.advice.table import SIDES, WALK_AHEAD, key_side, num_blocks, query_program
-from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder
+from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder, prompt_instrument
 from agents.advisor.session import MAX_IN_FLIGHT, AdvisorSession, table_rows
 from agents.advisor.sidecar import learning_options, start_advisor
 from agents.advisor.store import AdviceStore, Answers, identity, open_store, prompt_format_digest, store_root
@@ -42,6 +42,7 @@ from agents.devices.parallel import gather_processes, is_writer, to_host
 from bridge import STATUS_NAMES, STATUS_OK, PromptRenderer, SidecarClient
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from bridge.protocol import STATUS_BACKEND_ERROR, STATUS_TIMEOUT
+from jaxenv.contracts import resolve_contract
 
 AUTO_START = 16  # budget `auto`: B of the first query step (async takes a submission once all of it is answered) ...
 AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
@@ -58,9 +59,10 @@ def latency_mode(cfg) -> str:
 
 
 def prompt_template(cfg) -> tuple[PromptRenderer, str]:
-    """The run's prompt renderer and its template's text; refuses a template naming one account's fields."""
+    """The run's prompt renderer for the run's instrument and its template's text; refuses a template naming one
+    account's fields."""
     path = Path(cfg.hybrid.link.prompts or DEFAULT_PROMPTS_PATH)
-    renderer = PromptRenderer.from_yaml(path)
+    renderer = PromptRenderer.from_yaml(path, prompt_instrument(resolve_contract(cfg.data.contract)))
     account = sorted(renderer.fields_used & set(ACCOUNT_FIELDS))
     if account:
         raise ConfigError(f"{path}: context names {', '.join(account)}: advice is keyed by market context (bar block "
@@ -77,11 +79,10 @@ class AdvisorLink:
     def __init__(self, cfg, market, n_envs: int, run_dir: Path | None = None, client: SidecarClient | None = None,
                  latency: str | None = None, learn: bool = False, adapter: str | None = None,
                  log_stem: Path | None = None, shared: bool = False, ahead: tuple[int, int] = (0, 2),
-                 walk: bool = False, lent=None):
+                 walk: bool = False):
         """`learn`: the sidecar learns from outcomes (training's link; never a validation walk's). `adapter`: the
         LoRA adapter to start from instead of the run's (a resumed run's learned one). `client`: one started
-        sidecar to use instead of starting the run's workers. `lent`: the workers of another link (training's, lent
-        to its validation walk while training waits), not stopped by this one. `log_stem`: worker i logs to
+        sidecar to use instead of starting the run's workers. `log_stem`: worker i logs to
         {log_stem}_w{i}.log
         (default RUN_DIR/advisor). `shared`: the carry is global over several processes (training); each
         process asks its own workers about its share of the keys, and B is per process. `ahead`: (first block, how
@@ -122,13 +123,12 @@ class AdvisorLink:
         self.lag = 0  # async: query steps its answers took beyond one (they are asked that much further ahead)
         log_stem = log_stem or (run_dir and run_dir / "advisor")
         # the advisor's workers (an AdvisorPool, or the mock reading prompt fields)
-        self.workers = lent or (AdvisorPool([client]) if client else start_advisor(
-            cfg, self.renderer, self.texts, self.cap, adapter, log_stem, self.learning))
+        self.workers = AdvisorPool([client]) if client else start_advisor(
+            cfg, self.renderer, self.texts, self.cap, adapter, log_stem, self.learning)
         # the one round trip of keys to the advisor and back; the host's copy holds answers of every advisor version
         self.session = AdvisorSession(self.workers, self.fields, self.renderer, self.texts, self._known(store), store,
-                                      self.reasoning, owns_client=lent is None)
+                                      self.reasoning)
         self.written: list[tuple[int, np.ndarray, np.ndarray]] = []  # (seq, answer rows, keys) written, ok only
-        self.held: list = []  # rows collected while the workers were lent, written at the next query step
         self.query_steps_total = 0  # never reset: pending submissions are ordered by it across updates
         self.picks = None  # the latest selection (device arrays), sent by send()
         self.last_step_at: float | None = None
@@ -220,8 +220,7 @@ class AdvisorLink:
                 self.session.pending[0].late = True  # the advisor was busy with it for at least a whole chunk
                 break
             taken.append(self._collect(wait=self.latency == "strict", since_s=since))
-        rows = self._rows(self.held + taken)
-        self.held = []
+        rows = self._rows(taken)
         if now - self.saved_at > SAVE_EVERY_S:  # a run killed later keeps what it was told until now
             self.save_store()
         # Training goes on while a dead worker restarts (the others answer; its pending rows are backend errors).
@@ -275,13 +274,6 @@ class AdvisorLink:
                               save_every_s=SAVE_EVERY_S,
                               on_collect=lambda sent, answers, rows: self._took(sent, answers, rows, 0.0, None))
         self.n_prompts += len(missing)
-
-    def hold(self) -> None:
-        """Collects every pending answer now (waiting for them), to be written at the next query step: the workers
-        are then free for another link (a validation walk's) while training waits."""
-        self.send()
-        while self.session.pending:
-            self.held.append(self._collect(wait=True))
 
     def take_written(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """The (seq, answer rows, keys) of ok answers written into the advice table since the last call."""

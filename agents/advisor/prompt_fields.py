@@ -6,12 +6,19 @@ from __future__ import annotations
 import numpy as np
 
 from agents.advice.table import block_last_bar, key_block, key_side, num_blocks
+from bridge.prompts import PromptInstrument
 from bridge.protocol import FIELD_INDEX, NUM_ACTIONS, NUM_PROMPT_FIELDS, STATUS_NO_VIEW
+from jaxenv.contracts import KIND_WORDS, ContractSpec, price_decimals
 from jaxenv.market import Market
 
 # Prompt fields of one account (bridge.PROMPT_FIELDS): a key's answer is shared by every env with its side, so its
 # prompt cannot hold them.
 ACCOUNT_FIELDS = ("unrealized_pnl", "win_rate", "consecutive_losses", "balance")
+
+
+def prompt_instrument(spec: ContractSpec) -> PromptInstrument:
+    """What the advisor's prompts say of the run's instrument: its symbol, its kind in words, its tick's decimals."""
+    return PromptInstrument(spec.symbol, KIND_WORDS[spec.kind], price_decimals(spec))
 
 
 class PromptFieldBuilder:

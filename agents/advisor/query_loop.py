@@ -6,10 +6,8 @@ M updates, and each finished round is a new advisor version whose answers replac
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import jax
@@ -46,7 +44,6 @@ class QueryLoop:
         self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir if is_writer() else None, client,
                                 learn=self.learning is not None, adapter=adapter, shared=jax.process_count() > 1,
                                 ahead=update_ahead(self.num_steps, self.interval))
-        self.threads = cfg.hybrid.sidecar.threads  # the advisor's threads while training runs
         self.mock = cfg.llm == "mock"
         self.rounds_seen = 0
         self.synced = False  # the run's advice table holds the store's answers (after the first query step)
@@ -71,32 +68,6 @@ class QueryLoop:
         if self.learning:
             self.save_adapter(run_dir, update)
             prune_adapters(run_dir, kept | {update})
-
-    @property
-    def lendable(self):
-        """The advisor's workers, for the run's validation walks while training waits for them (`lending`); None for an
-        advisor that learns (its workers learn between answers: its walks keep a sidecar of their own) and for the
-        mock (it answers in microseconds: its walks keep their own, and training's budget its own measurements)."""
-        return None if self.learning or self.mock else self.link.workers
-
-    @contextmanager
-    def lending(self):
-        """While training waits for a walk: the answers training is waiting for collected first (written at the next
-        query step), and every core to the advisor; its usual threads after."""
-        if self.lendable is None:
-            yield
-            return
-        self.link.hold()
-        self._threads(os.cpu_count() or 1)
-        try:
-            yield
-        finally:
-            self._threads(self.threads)
-
-    def _threads(self, n: int) -> None:
-        for worker in getattr(self.client, "workers", []):  # the mock reading prompt fields has no process
-            if worker.alive:
-                worker.command("threads", threads=n)
 
     def before(self, rs):
         """The query step before an update's program: the answers that came in, the keys to ask next."""

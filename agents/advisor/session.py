@@ -45,20 +45,18 @@ class AdvisorSession:
     host's copy of the table, and the store."""
 
     def __init__(self, client, fields, renderer, texts: list[str] | None, known: Answers | None,
-                 store: AdviceStore | None = None, reasoning: bool = False, owns_client: bool = True):
+                 store: AdviceStore | None = None, reasoning: bool = False):
         """`fields`: anything that builds keys' prompt fields (the market's agents.advisor.prompt_fields
         .PromptFieldBuilder); `known`: the host's copy of the table it keeps (None: the caller keeps none); `store`:
-        the store of the advisor as it started; `owns_client`: close() stops the workers (else they are lent, e.g.
-        training's to its validation walk)."""
+        the store of the advisor as it started. close() stops the workers."""
         self.client, self.fields, self.renderer, self.texts = client, fields, renderer, texts
-        self.known, self.store, self.reasoning, self.owns_client = known, store, reasoning, owns_client
+        self.known, self.store, self.reasoning = known, store, reasoning
         self.pending: list[Submitted] = []  # oldest first
 
     def close(self) -> None:
         if self.store is not None:
             self.store.save()
-        if self.owns_client:
-            self.client.close()
+        self.client.close()
 
     @property
     def can_take(self) -> bool:

@@ -77,6 +77,14 @@ def advised_summary(trace: dict, timestamps, rules, days=None) -> dict:
     return out
 
 
+def walk_link(cfg, market, client=None, log_dir: Path | None = None) -> AdvisorLink:
+    """The link every advised walk asks through: one account, strict latency (a walk must be reproducible, whatever
+    the run's training latency), its own sidecar at every core and normal priority (at_full_rate), logging to
+    log_dir/advisor_eval_w0.log where a log_dir is given."""
+    return AdvisorLink(at_full_rate(cfg), market, 1, client=client, latency="strict",
+                       log_stem=log_dir and log_dir / "advisor_eval", walk=True)
+
+
 @struct.dataclass
 class WalkCarry:
     env_state: EnvState  # leaves [1, ...]: one account, batched so the hybrid machinery applies unchanged
@@ -87,16 +95,15 @@ class WalkCarry:
 class AdvisedWalker:
     """Walks splits with a hybrid run's network and the run's advisor (one sidecar, started on first use)."""
 
-    def __init__(self, cfg, ppo, env, market, client=None, log_dir: Path | None = None, progress: bool = False,
-                 lent=None):
-        """`lent`: training's advisor workers, lent while training waits for the walk (QueryLoop.lending); else the
-        walker starts a sidecar of its own, at every core (nothing runs beside a walk). `log_dir`: the sidecar's log
+    def __init__(self, cfg, ppo, env, market, client=None, log_dir: Path | None = None, progress: bool = False):
+        """The walker starts a sidecar of its own at its first advised walk and keeps it, asleep, between walks: at
+        every core and normal priority, never at training's niceness (training waits for its walks, and a niced
+        advisor would crawl beside any other work on the machine). `log_dir`: the sidecar's log
         lines go to log_dir/advisor_eval_w0.log (a run folder during training: they would break the progress bar)
         instead of stderr. `progress`: an advised walk shows its own progress line (the keys it asks ahead, blocks
         walked, ETA) under the training bar: a walk whose keys the advisor must answer first takes minutes on a
         CPU."""
         self.cfg, self.ppo, self.env, self.market = cfg, ppo, env, market
-        self._lent = lent
         self.log_dir = log_dir
         self.progress = progress
         self.acting = dataclasses.replace(acting_of(cfg, env), greedy=cfg.checkpoint.eval_deterministic)
@@ -117,11 +124,8 @@ class AdvisedWalker:
 
     @property
     def link(self) -> AdvisorLink:
-        if self._link is None:  # strict: a walk must be reproducible, whatever the run's training latency
-            cfg = self.cfg if self._lent is not None else at_full_rate(self.cfg)
-            self._link = AdvisorLink(cfg, self.market, 1, client=self._client, latency="strict",
-                                     log_stem=self.log_dir and self.log_dir / "advisor_eval", walk=True,
-                                     lent=self._lent)
+        if self._link is None:
+            self._link = walk_link(self.cfg, self.market, self._client, self.log_dir)
         return self._link
 
     def close(self) -> None:

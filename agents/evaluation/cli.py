@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     timestamps = first.market.timestamps
     agent = result.first_traces["agent"]
-    trades = write_trades(agent, timestamps, first.cfg.env.contracts_per_trade, out / "trades.csv")
+    trades = write_trades(agent, timestamps, first.cfg.env.contracts_per_trade, first.market.contract,
+                          out / "trades.csv")
     first_walk = "" if len(result.bars) == 1 and args.seeds == 1 else " (first walk)"
     plot_equity(agent, timestamps, out / "equity.png",
                 f"{first.saved.run_dir.name} {first.saved.label} on {split}{first_walk}: {len(trades)} trades")

@@ -19,6 +19,7 @@ from rich.table import Table  # noqa: E402
 from agents.advice.risk_veto import RULES  # noqa: E402
 from agents.advice.usage import ADVICE_METRICS  # noqa: E402
 from agents.evaluation.saved_run import GATED, OVERFITTING_METRICS  # noqa: E402
+from jaxenv.contracts import ContractSpec, price_decimals  # noqa: E402
 from jaxenv.env import NO_EXIT  # noqa: E402
 from jaxenv.metrics import METRICS, Trace, trades_table, underwater  # noqa: E402
 
@@ -75,9 +76,11 @@ def columns(summary: dict[str, Any]) -> dict[str, dict]:
 
 
 def rows(summary: dict[str, Any]) -> list[str]:
-    """The metrics shown: every one of METRICS, then how advice was used when any column walked with advice, then the
-    agent's overfitting figures."""
-    extra = [m for m in (*ADVICE_METRICS, *OVERFITTING_METRICS) if any(m in c for c in columns(summary).values())]
+    """The metrics shown: every one of METRICS, then how advice was used when any column walked with advice (a run
+    without an advisor shows no rows of zeros), then the agent's overfitting figures."""
+    cols = columns(summary).values()
+    advised = any(c.get(m) for c in cols for m in ADVICE_METRICS)
+    extra = [m for m in (*(ADVICE_METRICS if advised else ()), *OVERFITTING_METRICS) if any(m in c for c in cols)]
     return [*METRICS, *extra]
 
 
@@ -112,25 +115,55 @@ def markdown_table(summary: dict[str, Any]) -> str:
     return "\n".join([*lines, "", *gate_lines(summary)]) + "\n"
 
 
-def verdict_lines(record, trials: int, scale: float, checkpoint: str) -> list[str]:
-    """What a run shows out of sample, in two lines: its P&L against flat on its test split with an interval over the
-    sessions and the deflated Sharpe ratio over the trials on its data; and the gate's verdict for trade.py."""
+def summed_interval(pnl: np.ndarray) -> tuple[float, float, float]:
+    """(sum, low, high) of per-session P&L: the sum with its 95% t-interval over the sessions."""
     from scipy import stats
 
+    n = len(pnl)
+    half = float(stats.t.ppf(0.975, n - 1) * pnl.std(ddof=1) * np.sqrt(n)) if n > 1 else float("nan")
+    return float(pnl.sum()), float(pnl.sum()) - half, float(pnl.sum()) + half
+
+
+def verdict(record, trials: int, scale: float) -> dict[str, Any]:
+    """What a checkpoint's out-of-sample record shows: its sessions' P&L summed against flat and against buy-and-hold
+    (None where the record has no buy-and-hold), each with a 95% interval over the sessions; the deflated Sharpe ratio
+    over `trials`; and its gate (agents.evidence.gate.Gate) as trade.py would start it."""
     from agents.evidence.gate import Gate
     from agents.evidence.overfitting import deflated_sharpe_ratio
 
     pnl = np.asarray(record.pnl, np.float64)
-    n = len(pnl)
-    half = float(stats.t.ppf(0.975, n - 1) * pnl.std(ddof=1) * np.sqrt(n)) if n > 1 else float("nan")
-    dsr = deflated_sharpe_ratio(pnl, trials)["dsr"] if n > 2 else float("nan")
-    gate = Gate.start(record, scale)
+    out: dict[str, Any] = {"sessions": len(pnl), "pnl": summed_interval(pnl), "buy_and_hold": None,
+                           "vs_buy_and_hold": None, "trials": trials,
+                           "dsr": deflated_sharpe_ratio(pnl, trials)["dsr"] if len(pnl) > 2 else float("nan"),
+                           "gate": Gate.start(record, scale)}
+    if record.buy_and_hold is not None:
+        held = np.asarray(record.buy_and_hold, np.float64)
+        out["buy_and_hold"], out["vs_buy_and_hold"] = float(held.sum()), summed_interval(pnl - held)
+    return out
+
+
+def verdict_lines(record, trials: int, scale: float, checkpoint: str) -> list[str]:
+    """What a run shows out of sample (`verdict`), in words: its P&L on its test split against flat and against
+    buy-and-hold with their intervals and the deflated Sharpe ratio; the gate's verdict for trade.py; and, where the
+    agent did not beat buy-and-hold, that the gate's bar is flat."""
+    v = verdict(record, trials, scale)
+    total, lo, hi = v["pnl"]
+    gate = v["gate"]
     trade = ("trade.py will send its orders to the broker" if gate.live else
              "trade.py will paper-trade this agent until its record passes")
-    return [f"out of sample ({record.source}, {n} sessions, {checkpoint} checkpoint): P&L {pnl.sum():,.0f} against "
-            f"flat's 0 [{pnl.sum() - half:,.0f}, {pnl.sum() + half:,.0f}] (95% interval over sessions); deflated "
-            f"Sharpe ratio {dsr:.2f} over {trials} trial{'s' if trials > 1 else ''} on this data",
-            f"gate: {gate.reason()}: {trade}"]
+    against = f"against flat's 0 [{lo:,.0f}, {hi:,.0f}]"
+    if v["vs_buy_and_hold"] is not None:
+        gap, gap_lo, gap_hi = v["vs_buy_and_hold"]
+        against += (f" and buy-and-hold's {v['buy_and_hold']:,.0f} (the difference {gap:,.0f} [{gap_lo:,.0f}, "
+                    f"{gap_hi:,.0f}])")
+    lines = [f"out of sample ({record.source}, {v['sessions']} sessions, {checkpoint} checkpoint): P&L {total:,.0f} "
+             f"{against} (95% intervals over sessions); deflated Sharpe ratio {v['dsr']:.2f} over {trials} "
+             f"trial{'s' if trials > 1 else ''} on this data",
+             f"gate: {gate.reason()}: {trade}"]
+    if v["vs_buy_and_hold"] is not None and not v["vs_buy_and_hold"][1] > 0:
+        lines.append("note: the agent has not shown that it beats buy-and-hold here; the gate's bar is flat, which an "
+                     "agent that only holds long on a rising market can clear")
+    return lines
 
 
 def write_json(summary: dict[str, Any], path: Path) -> None:
@@ -138,9 +171,13 @@ def write_json(summary: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(summary, indent=2, allow_nan=False))
 
 
-def write_trades(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int, path: Path) -> pd.DataFrame:
+def write_trades(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int, contract: ContractSpec,
+                 path: Path) -> pd.DataFrame:
+    """trades.csv: prices at the instrument's tick precision (EURUSD's 1.18713), the rest (money) at 2 decimals."""
     trades = trades_table(trace, timestamps, contracts)
-    trades.to_csv(path, index=False, float_format="%.2f")
+    price = f"{{:.{price_decimals(contract)}f}}".format
+    written = trades.assign(entry_price=trades["entry_price"].map(price), exit_price=trades["exit_price"].map(price))
+    written.to_csv(path, index=False, float_format="%.2f")
     return trades
 
 

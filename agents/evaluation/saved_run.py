@@ -20,6 +20,7 @@ once per set of bars, so repeating identical walks over seeds never narrows an i
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -48,16 +49,18 @@ from jaxenv.config import DataConfig
 from jaxenv.contracts import describe
 from jaxenv.evaluate import buy_and_hold
 from jaxenv.metrics import METRICS, Trace, daily_pnl, step_days, walk_metrics
+from jaxenv.sessions import DAILY, SessionInfo
 
 Bars = tuple[int, int]  # [start, end) bar indices of one walk
 WalkFn = Callable[[Bars, jax.Array], Trace]
 GROUPS = ("agent", "gated", "ablations", "baselines")
 GATED = "agent (gated)"  # the agent as trade.py's gate would have traded it (agents.evidence.gate)
 EVIDENCE_DIR = "evidence"  # RUN/evidence/<checkpoint label>.json: a checkpoint's out-of-sample P&L per session
+RUN_DATA_FILE = "data.json"  # RUN/data.json: what loading the run's data resolved, written beside config.yaml
 # an agent walk's overfitting figures (agents.evidence.overfitting), per session
 OVERFITTING_METRICS = {"psr": "P(true Sharpe per session > 0): the probabilistic Sharpe ratio",
                        "dsr": "the deflated Sharpe ratio: the PSR against the best of the trials on this data",
-                       "trials": "training runs on this data in the run's folder of runs (its trials.jsonl)"}
+                       "trials": "runs trained on this data in the run's folder of runs (its trials.jsonl)"}
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,20 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | DataConf
                      walker=walker)
 
 
+def save_run_data(run_dir: str | Path, market: Market) -> None:
+    """What loading the run's data resolved, which its config does not say: the zone its naive stamps were read in
+    (data.source_timezone=auto's pick included; "" where they carried offsets or were dates) and the bar interval.
+    trade.py reads a file as training read the run's data, and refuses one of another interval."""
+    record = {"source_timezone": market.stamps_zone, "interval_minutes": market.interval_minutes}
+    (Path(run_dir) / RUN_DATA_FILE).write_text(json.dumps(record, indent=1))
+
+
+def run_data(run_dir: str | Path) -> dict:
+    """The run's RUN_DATA_FILE; {} for a run trained before it was written (its files are read as before)."""
+    path = Path(run_dir) / RUN_DATA_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def restore_agent(saved: SavedPolicy, env: TradingEnv, env_params) -> tuple[HybridActing, PPO]:
     """A saved policy as it acts, the one restore evaluate.py, trade.py and the Agent API share: how it acts
     (agents.advice.acting.acting_of: with its advisor, or the policy alone) and its network (the one it trained, the
@@ -135,15 +152,22 @@ def out_of_sample(run_dir: str | Path, checkpoint: str = "best") -> OutOfSample:
     run = load_run(run_dir, checkpoint)
     path = Path(run_dir) / EVIDENCE_DIR / f"{run.saved.label}.json"
     end = in_sample_end(run.market)
+    bounds = walk_bounds(run.market, "test")
     try:
-        if path.exists():
-            return dataclasses.replace(OutOfSample.load(path), in_sample_end=end)
-        trace = agent_walk(run)(walk_bounds(run.market, "test"), jax.random.PRNGKey(0))
+        saved = OutOfSample.load(path) if path.exists() else None
+        if saved is not None and saved.buy_and_hold is not None:
+            return dataclasses.replace(saved, in_sample_end=end)
+        trace = None if saved is not None else agent_walk(run)(bounds, jax.random.PRNGKey(0))
     finally:
         run.close()
-    daily = daily_pnl(trace, run.market.timestamps, run.market.sessions.day)
-    record = OutOfSample([str(d) for d in daily.index], daily.astype(float).tolist(),
-                         f"test split of {run.cfg.data.source}", end)
+    if saved is None:
+        daily = daily_pnl(trace, run.market.timestamps, run.market.sessions.day)
+        saved = OutOfSample([str(d) for d in daily.index], daily.astype(float).tolist(),
+                            f"test split of {run.cfg.data.source}")
+    held = daily_pnl(buy_and_hold(run.env, run.market, bounds), run.market.timestamps, run.market.sessions.day)
+    held.index = held.index.astype(str)
+    record = dataclasses.replace(saved, in_sample_end=end,
+                                 buy_and_hold=[float(held.get(d, 0.0)) for d in saved.days])
     record.save(path)
     return record
 
@@ -161,8 +185,19 @@ def gated_walk(run: LoadedRun, trace: Trace, record: OutOfSample | None) -> tupl
     days = np.asarray(step_days(trace, run.market.timestamps, run.market.sessions.day)).astype(str)
     gate = Gate.start(record.before(days[0]) if record is not None and len(days) else None,
                       scale_of(run.cfg.env.prop_firm))
-    gated, _ = gated_trace(trace, days, gate)
+    last = int(np.asarray(trace["t"])[-1]) + 1 if len(days) else -1  # the bar the walk's last P&L is marked at
+    gated, _ = gated_trace(trace, days, gate, last >= 0 and closes_session(run.market.sessions, last))
     return gated, gate
+
+
+def closes_session(sessions: SessionInfo, bar: int) -> bool:
+    """Bar `bar` is its session's last: the next bar is another session's or, at the data's end, the calendar says
+    the session ends with it (as trade.py's BarBook.next_session_id says of a feed's last bar)."""
+    if bar + 1 < len(sessions.session_id):
+        return bool(sessions.session_id[bar + 1] != sessions.session_id[bar])
+    if sessions.interval_minutes >= DAILY:
+        return True
+    return int(sessions.minutes_into_session[bar]) + sessions.interval_minutes >= sessions.schedule.minutes
 
 
 def overfitting_metrics(run: LoadedRun, trace: Trace) -> dict[str, float | None]:

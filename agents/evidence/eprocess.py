@@ -37,12 +37,17 @@ BET_FRACTIONS = (1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32)  # λ: at most half the ca
 ALPHA = 0.05  # the most often the test may pass on no edge, over all its looks
 RELEASE = 1.0  # passed evidence is lost once E falls below this: no evidence left either way
 LOSS_BOUND = 1 / max(BET_FRACTIONS)  # in units of the scale: the loss beyond which the largest bet loses everything
+NO_DRAWDOWN_SCALE = 0.05  # c of an account without a trailing drawdown, as a share of its starting balance
 
 
 def scale_of(params) -> jax.Array:
-    """c, the scale of session P&L: the account's trailing drawdown (EnvParams or PropFirmRules), a fresh account's
-    room before a breach. Gains count up to +c, losses in full down to −LOSS_BOUND·c."""
-    return params.trailing_drawdown
+    """c, the scale of session P&L (EnvParams or PropFirmRules): the account's trailing drawdown, a fresh account's
+    room before a breach. An account without a trailing drawdown (the plain account of jaxenv.config.ACCOUNT_RULES)
+    gets NO_DRAWDOWN_SCALE of its starting balance instead: $2,500 on $50,000, the default account's drawdown, so its
+    evidence is weighed on the same scale; nothing then bounds a session's loss, and sessions that lose more than
+    LOSS_BOUND·c are counted as `clipped`. Gains count up to +c, losses in full down to −LOSS_BOUND·c."""
+    drawdown = params.trailing_drawdown
+    return jnp.where(jnp.isinf(drawdown), NO_DRAWDOWN_SCALE * params.starting_balance, drawdown)
 
 
 @struct.dataclass

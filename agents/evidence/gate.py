@@ -46,12 +46,17 @@ class OutOfSample:
     # the last session of the run's train and validation splits: a session at or before it is never evidence (None:
     # no such sessions, for a path of fresh agents)
     in_sample_end: str | None = None
+    # buy-and-hold's P&L on the same sessions (jaxenv.evaluate.buy_and_hold: the market's own move), shown beside the
+    # agent's; the gate's bar stays flat (None: a record saved before it was kept)
+    buy_and_hold: list[float] | None = None
 
     def before(self, day: str | None) -> OutOfSample:
         """The sessions that closed before `day` (all, for None): a walk is never given evidence from its own bars or
         later ones."""
         keep = [i for i, d in enumerate(self.days) if day is None or d < day]
-        return OutOfSample([self.days[i] for i in keep], [self.pnl[i] for i in keep], self.source, self.in_sample_end)
+        held = None if self.buy_and_hold is None else [self.buy_and_hold[i] for i in keep]
+        return OutOfSample([self.days[i] for i in keep], [self.pnl[i] for i in keep], self.source, self.in_sample_end,
+                           held)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,6 +136,12 @@ class Gate:
             self.day, self.day_pnl = day, 0.0
         self.day_pnl += float(pnl)
 
+    def close_session(self) -> None:
+        """The session being summed is complete (its last bar has been settled): it counts now, not at the next day."""
+        if self.day is not None:
+            self._count(self.day, self.day_pnl)
+            self.day, self.day_pnl = None, 0.0
+
     def decide(self, flat: bool) -> bool:
         """Whether the next decision's orders reach the broker: the mode switches to what the evidence says only
         while the account is flat."""
@@ -174,9 +185,11 @@ class Gate:
         return cls(**state)
 
 
-def gated_trace(trace: dict, days: np.ndarray, gate: Gate) -> tuple[dict, np.ndarray]:
+def gated_trace(trace: dict, days: np.ndarray, gate: Gate, ends_session: bool = False) -> tuple[dict, np.ndarray]:
     """A walk's trace as the gate would have traded it: (the live part of the trace, each step's live flag). `days`:
-    the trading day each step's P&L is marked in (jaxenv.metrics.step_days). `gate` is advanced over the walk."""
+    the trading day each step's P&L is marked in (jaxenv.metrics.step_days). `gate` is advanced over the walk;
+    `ends_session`: the walk's last step closes its session (a split's end), which then counts as every other does,
+    so the gate after a walk of a split is the one its record of that split starts."""
     pnl, position = np.asarray(trace["pnl"], np.float64), np.asarray(trace["position"])
     live = np.zeros(len(pnl), bool)
     flat = True  # a walk's account starts flat
@@ -187,6 +200,8 @@ def gated_trace(trace: dict, days: np.ndarray, gate: Gate) -> tuple[dict, np.nda
         flat = position[i] == 0
     if len(pnl):
         gate.settle(str(days[-1]), pnl[-1])
+        if ends_session:
+            gate.close_session()
     return live_part(trace, live), live
 
 

@@ -1,7 +1,9 @@
-"""The trials a result was chosen among: every training run started in a folder of runs is recorded there as it
-starts (RUNS/trials.jsonl: its folder, a digest of its config without the seed, the seed, its data), so that the
-deflated Sharpe ratio (agents.evidence.overfitting) counts the configurations and seeds tried on the same data, not a
-number typed in. A run whose folder is deleted stays counted: it was tried.
+"""The trials a result was chosen among: every training run in a folder of runs is recorded there once its first
+update is done (RUNS/trials.jsonl: its folder, a digest of its config without the seed, the seed, its data), so that
+the deflated Sharpe ratio (agents.evidence.overfitting) counts the configurations and seeds trained on the same data,
+not a number typed in. A run that died before its first update (an advisor that did not start) tried nothing and is
+not recorded; a run that trained and was then stopped, or whose folder is deleted, stays counted: it was tried.
+`scripts/trials.py` lists a ledger.
 """
 
 from __future__ import annotations
@@ -28,24 +30,35 @@ def _trial(run_dir: Path, cfg) -> dict:
 
 
 def record_trial(run_dir: Path, cfg) -> None:
-    """Adds a new run to its folder's ledger (one whole line, appended)."""
-    line = {**_trial(run_dir, cfg), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    """Adds a run that trained (its first update is done) to its folder's ledger (one whole line, appended). Lines
+    written before runs were recorded this way say when their run `started` instead: some may never have trained."""
+    line = {**_trial(run_dir, cfg), "trained": time.strftime("%Y-%m-%d %H:%M:%S")}
     path = Path(run_dir).parent / TRIALS_FILE
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def read_trials(path: Path) -> list[dict]:
+    """A ledger's trials, oldest first."""
+    trials = []
+    for text in Path(path).read_text().splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:  # a line cut short by a crash: not a trial
+            continue
+        if isinstance(line, dict) and "run" in line:  # a walk-forward's own ledger names no run: not a run's trial
+            trials.append(line)
+    return trials
+
+
+def counted(trials: list[dict], data: str) -> set[tuple[str, int]]:
+    """The trials on `data` the deflated Sharpe ratio counts: distinct (config, seed)."""
+    return {(t.get("config"), t.get("seed")) for t in trials if t.get("data") == data}
 
 
 def count_trials(run_dir: Path, cfg) -> int:
     """Distinct (config, seed) trials on the run's data in its folder's ledger, the run's own included."""
     path = Path(run_dir).parent / TRIALS_FILE
     own = _trial(run_dir, cfg)
-    seen = {(own["config"], own["seed"])}
-    if path.exists():
-        for text in path.read_text().splitlines():
-            try:
-                line = json.loads(text)
-            except ValueError:  # a line cut short by a crash: not a trial
-                continue
-            if line.get("data") == own["data"]:
-                seen.add((line.get("config"), line.get("seed")))
-    return len(seen)
+    trials = read_trials(path) if path.exists() else []
+    return len(counted(trials, own["data"]) | {(own["config"], own["seed"])})

@@ -36,7 +36,7 @@ from agents.advice.table import SIDES, STATUS_ASKED, STATUS_NONE, AdviceTable, k
 from agents.advice.usage import STAT_PREFIX
 from agents.config import ConfigError
 from agents.evaluation.advised_walk import WalkCarry, advised_advance, advised_decision
-from agents.evaluation.saved_run import restore_agent
+from agents.evaluation.saved_run import restore_agent, run_data
 from agents.runs.integrity import path_name
 from agents.runs.saved_runs import SavedPolicy, load_run_config, restore_policy
 from agents.trading.bars import FIRST_DECISION_BAR, Bar, BarBook
@@ -77,7 +77,8 @@ class Agent:
         self.env = TradingEnv(cfg.env)
         self.contract = resolve_data_config(cfg.data).contract  # the run's instrument
         self.book = BarBook(self.contract, cfg.env.prop_firm,
-                            cfg.data.min_range_ticks if min_range_ticks is None else min_range_ticks, capacity)
+                            cfg.data.min_range_ticks if min_range_ticks is None else min_range_ticks, capacity,
+                            run_data(saved.run_dir).get("interval_minutes", 0))  # history of another is refused
         self.end = end
         self.advised = cfg.llm != "none"
         self.params = self._env_params(self.book.capacity)

@@ -8,7 +8,8 @@ has decayed to (1 − 1/210)^4096 ≈ 3e-9 of its weight. tests/test_trading.py 
 
 The first `first_decision_bar` bars (feature warm-up and one observation window) are history: no decision is taken
 on them. The session schedule (regular or full hours) is chosen on them as the batch pipeline chooses it on a file,
-and a later bar outside it is refused.
+and a later bar outside it is refused. History that is not the run's (another bar interval than the run trained on,
+another price scale, bars outside the sessions) is refused whole (HistoryRefused).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from jaxenv.features import INDICATORS, N_BAR_FEATURES, N_CONTEXT_FEATURES, comp
 from jaxenv.market import FIRST_DECISION_BAR
 from jaxenv.scale import check_scale
 from jaxenv.sessions import (
+    DAILY,
     Schedule,
     choose_schedule,
     flat_rules,
@@ -54,14 +56,27 @@ class BarRefused(ValueError):
     the message says why. The bar is not added."""
 
 
+class HistoryRefused(BarRefused):
+    """The history (the first FIRST_DECISION_BAR bars) is not the run's: another bar interval, price scale or
+    sessions. None of it is kept, and no later bar could be traded on it. `outside`: its bars lie outside the
+    sessions, which the zone their stamps were read in may cause."""
+
+    def __init__(self, problem: str, outside: bool = False):
+        super().__init__(f"the first {FIRST_DECISION_BAR} bars: {problem}")
+        self.outside = outside
+
+
 class BarBook:
     """Every bar so far, with the arrays jaxenv.Market has (prices, features, sessions, per-bar rules), grown as bars
     are added. `add` checks a bar, places it and computes its features."""
 
-    def __init__(self, contract: ContractSpec, rules, min_range_ticks: float = 0.0, capacity: int = 8192):
-        """`rules`: the prop firm's (jaxenv.config.PropFirmRules): when entries stop and positions close."""
+    def __init__(self, contract: ContractSpec, rules, min_range_ticks: float = 0.0, capacity: int = 8192,
+                 trained_interval: int = 0):
+        """`rules`: the prop firm's (jaxenv.config.PropFirmRules): when entries stop and positions close;
+        `trained_interval`: the bar interval (minutes) the run trained on, which the history must have (0: any)."""
         self.contract, self.rules = contract, rules
         self.interval = 0  # the bar interval in minutes, measured on the history
+        self.trained_interval = trained_interval
         self.min_range_ticks = min_range_ticks
         self.n = 0
         self.note = ""  # add's note on the last bar ("" for none)
@@ -174,23 +189,29 @@ class BarBook:
             self._start()
 
     def _start(self) -> None:
-        """At the first decision bar: the schedule and price scale of the history, then every history bar placed."""
+        """At the first decision bar: the history's interval (the run's, where known), price scale and schedule,
+        then every history bar placed; HistoryRefused where one does not fit."""
         index = self.timestamps
         interval, problem = measure_interval(index)
+        if not problem and self.trained_interval and interval != self.trained_interval:
+            problem = (f"bars are {_apart(interval)} apart; the run was trained on {_bars_of(self.trained_interval)} "
+                       "bars")
         if problem:
-            self.n = 0
-            raise BarRefused(f"the first {FIRST_DECISION_BAR} bars: {problem}")
+            self.n = 0  # nothing is traded on history that is not the run's
+            raise HistoryRefused(problem)
         self.interval = interval
         scale = check_scale(tuple(self.raw[: self.n, j] for j in range(4)), self.contract, self.min_range_ticks)
         if scale.problem:
-            self.n = 0  # nothing is traded on history that is not this instrument's
-            raise BarRefused(f"the first {FIRST_DECISION_BAR} bars: {scale.problem}")
+            self.n = 0
+            raise HistoryRefused(scale.problem)
         schedule = choose_schedule(index, self.contract, self.interval)
         outside = outside_schedule(index, self.contract, schedule)
         if outside.any():
             self.n = 0
-            raise BarRefused(f"{int(outside.sum())} of the first {FIRST_DECISION_BAR} bars lie outside "
-                             f"{self.contract.symbol}'s sessions (first: {index[outside][0]})")
+            days = "" if self.contract.weekends else ", Monday to Friday"
+            raise HistoryRefused(f"{int(outside.sum())} of them lie outside {self.contract.symbol}'s sessions "
+                                 f"({schedule.text()} {self.contract.timezone}{days}), the first at "
+                                 f"{index[outside][0]}", outside=True)
         self.schedule = schedule
         self._place(0, self.n)  # one pass: each row looks back only, so it is the row a bar-by-bar pass gives
 
@@ -226,3 +247,13 @@ class BarBook:
             return int(self.session_id[i]) + 1
         into = (int(self.minute_of_day[i]) - s.open) % 1440
         return int(self.session_id[i]) + int(into + self.interval >= s.minutes)
+
+
+def _apart(minutes: int) -> str:
+    """A bar interval as a distance: "1 day", "60 minutes"."""
+    return "1 day" if minutes == DAILY else f"{minutes} minute{'s' if minutes != 1 else ''}"
+
+
+def _bars_of(minutes: int) -> str:
+    """A bar interval as a kind of bar: "daily", "60-minute"."""
+    return "daily" if minutes == DAILY else f"{minutes}-minute"

@@ -43,8 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="hybrid runs: wait for each answer before the decision that reads it (evaluation's strict "
                     "walk; the default for a replay), or never wait (the default with --follow): a late answer "
                     "leaves the older block's advice in force")
-    ap.add_argument("--timezone", metavar="ZONE", help="the zone of naive stamps in the file (default: the run's "
-                    "data.source_timezone, else the exchange's)")
+    ap.add_argument("--timezone", metavar="ZONE", help="the zone of naive stamps in the file (default: the one "
+                    "training read the run's data in, data.source_timezone=auto's pick included; else the exchange's)")
     ap.add_argument("--poll", type=float, default=1.0, metavar="S", help="--follow: seconds between reads (default 1)")
     ap.add_argument("--idle-exit", type=float, metavar="S", help="--follow: stop after S seconds without a new row")
     ap.add_argument("--status-every", type=int, metavar="N",
@@ -105,6 +105,8 @@ class Session:
         self.total = None  # a replay's rows (the progress bar's total)
         self.bar = None
         self.said_in_sample = False  # the line saying that sessions the agent trained or was chosen on are not evidence
+        self.said_rules = False  # the rules line, said once the history fits (a file that does not gets one line)
+        self.zone_why = ""  # why the file's naive stamps are read in feed.source_timezone
 
     @classmethod
     def open(cls, args) -> Session:
@@ -123,6 +125,7 @@ class Session:
 
     @classmethod
     def _open(cls, args, out: Path, lock) -> Session:
+        from agents.evaluation.saved_run import run_data
         from agents.runs.saved_runs import load_run_config, restore_policy
         from agents.trading.agent import OPEN_END, Agent
         from agents.trading.broker import PaperBroker
@@ -134,9 +137,8 @@ class Session:
         cfg = load_run_config(run_dir)
         data = resolve_data_config(cfg.data)
         news = dataclasses.replace(data, news=args.news) if args.news else None
-        feed = BarFile(args.data, data.contract.timezone, args.timezone or (
-            "" if cfg.data.source_timezone == "auto" else cfg.data.source_timezone), cfg.data.date_format,
-            cfg.data.text_column, news)
+        zone, why = stamps_zone(args.timezone, run_data(run_dir).get("source_timezone", ""), cfg.data.source_timezone)
+        feed = BarFile(args.data, data.contract.timezone, zone, cfg.data.date_format, cfg.data.text_column, news)
         if args.follow and Path(args.data).suffix.lower() != ".csv":
             raise ValueError(f"{args.data}: --follow reads rows appended to a CSV file")
         rows = feed.read()  # a replay knows where the data ends (entries stop a bar before, as in evaluation)
@@ -146,6 +148,7 @@ class Session:
         journal = Journal(out)
         session = cls(args, agent, PaperBroker(), journal, feed, lock)
         session.paper = PaperBroker()
+        session.zone_why = why
         session.total = None if args.follow else len(rows)
         state = session._resume() if journal.has_state else None
         if state is None:
@@ -250,10 +253,9 @@ class Session:
     def run(self) -> int:
         from tqdm import tqdm
 
-        from agents.trading.bars import BarRefused
+        from agents.trading.bars import BarRefused, HistoryRefused
 
         a = self.args
-        self._say(rules_line(self.agent.cfg.env.prop_firm))
         self.bar = tqdm(total=self.total, initial=self.rows_done, unit="bar", desc="trading", file=sys.stderr,
                         disable=a.no_progress or a.follow, mininterval=1.0)
         for line, item in self.feed.rows(self.rows_done, a.follow, a.poll, a.idle_exit):
@@ -264,16 +266,25 @@ class Session:
                 continue
             try:
                 decision = self.agent.on_bar(item)
+            except HistoryRefused as e:  # no later bar could be traded on it: the run stops
+                self.bar.close()  # the progress bar's line ends before the error's
+                raise ValueError(f"{a.data}: {e}{self._zone_note() if e.outside else ''}") from None
             except BarRefused as e:
-                if self.agent.book.n == 0 and str(e).startswith("the first"):  # the history is not this instrument's
-                    raise ValueError(f"{a.data}: {e}") from None
                 self._refuse(line, str(e))
                 continue
+            if not self.said_rules and self.agent.book.schedule is not None:
+                self._say(rules_line(self.agent.cfg.env.prop_firm))
+                self.said_rules = True
             if self.agent.book.note:
                 self._say(f"{a.data}: line {line}: {self.agent.book.note}")
             if decision is not None:
                 self._record(decision)
         self.bar.close()
+        book = self.agent.book
+        if self.gate is not None and book.n and book.next_session_id() != book.session_id[book.n - 1]:
+            # the last bar closed its session: it counts now, as evaluation's walk of the same bars counts it
+            self.gate.close_session()
+            self._save()
         summary = self.summary()
         print(json.dumps({k: summary[k] for k in ("pnl", "trades", "bars", "latency_p50_ms", "latency_p99_ms")
                           + (("advice_on_time",) if "advice_on_time" in summary else ())}))
@@ -281,6 +292,16 @@ class Session:
 
     def _say(self, text: str) -> None:
         (self.bar.write if self.bar is not None else print)(text, file=sys.stderr)
+
+    def _zone_note(self) -> str:
+        """For history outside the sessions: the zone its stamps were read in, and the flag that reads them in
+        another."""
+        feed = self.feed
+        if not feed.naive:
+            return ("; its stamps carry their UTC offsets (no zone setting moves them): its bars are at hours "
+                    f"{self.agent.contract.symbol} does not trade")
+        return (f"; its naive stamps were read as {feed.source_timezone} ({self.zone_why}): --timezone ZONE reads them "
+                "in the file's zone")
 
     def _refuse(self, line: int, why: str) -> None:
         self.refused += 1
@@ -395,12 +416,26 @@ class Session:
             self.lock.release(discard=self.discard)
 
 
+def stamps_zone(given: str | None, trained: str, configured: str) -> tuple[str, str]:
+    """The zone the file's naive stamps are read in ("": the exchange's) and why: --timezone, else the one training
+    read the run's data in (RUN/data.json: data.source_timezone=auto's pick included), else the run's
+    data.source_timezone (a run trained before data.json was written: auto falls back to the exchange's)."""
+    if given:
+        return given, "--timezone"
+    if trained:
+        return trained, "the zone training read the run's data in"
+    if configured and configured != "auto":
+        return configured, "the run's data.source_timezone"
+    return "", "the exchange's zone"
+
+
 def rules_line(rules) -> str:
     """The run's first line: which account rules it enforces, and whose call live orders to such an account are."""
-    return (f"rules: {rules.version} (trailing drawdown {rules.trailing_drawdown:,.0f}, at most {rules.max_contracts} "
-            "contracts) are enforced here; whether a prop firm allows automated orders to its accounts, or positions "
-            "on correlated markets, is that firm's rule and your call (public summaries of Apex's rules say it allows "
-            "neither): docs/trading.md")
+    from jaxenv.config import rules_text
+
+    return (f"rules: {rules.version} ({rules_text(rules)}) are enforced here; whether a prop firm allows automated "
+            "orders to its accounts, or positions on correlated markets, is that firm's rule and your call (public "
+            "summaries of Apex's rules say it allows neither): docs/trading.md")
 
 
 def status_line(d, mode: str) -> str:

@@ -1,7 +1,8 @@
 """Bars from a file, as `scripts/trade.py` reads them: a replay of every row, or (`follow`) the rows appended to it
 as a broker's export or a recorder writes them. Columns and stamps are read as `--data` reads them
-(jaxenv.data.read_raw_bars); naive stamps are taken in the run's data.source_timezone (the exchange's by default). A
-news file gives each bar its context as `data.news` does (jaxenv.news: the items published before the bar's close).
+(jaxenv.data.read_raw_bars); naive stamps are taken in the zone the caller names (trade.py: the one training read the
+run's data in). A news file gives each bar its context as `data.news` does (jaxenv.news: the items published before
+the bar's close).
 A row that cannot be read (a stamp or a value that is none, another number of fields than the header, a quote that
 opens a field and never closes it) is refused by itself, with its line in the file; the other rows are read as before.
 A quoted field may span lines (a headline of two lines): its row is one, read once its closing quote is written."""
@@ -30,6 +31,7 @@ class BarFile:
         self.news = news
         self.timezone, self.source_timezone = timezone, source_timezone or timezone
         self.date_format, self.text_column = date_format, text_column
+        self.naive = True  # the last read's stamps had no UTC offsets: they were taken in source_timezone
 
     def read(self, follow: bool = False) -> list[tuple[int, Bar | str]]:
         """Every complete row so far: (its line in the file, the bar, or why the row is refused). A last line
@@ -45,8 +47,9 @@ class BarFile:
             raise
         frame = bars.frame
         stamps = pd.DatetimeIndex(frame.index)
-        local = stamps if stamps.tz is not None else stamps.tz_localize(self.source_timezone, ambiguous="NaT",
-                                                                         nonexistent="NaT")
+        self.naive = stamps.tz is None
+        local = stamps if not self.naive else stamps.tz_localize(self.source_timezone, ambiguous="NaT",
+                                                                 nonexistent="NaT")
         texts = frame["headline"].tolist() if "headline" in frame else [""] * len(frame)
         if self.news is not None and len(frame) > 1:
             texts = self._news_texts(local)

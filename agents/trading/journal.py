@@ -3,7 +3,7 @@ that a restart (after Ctrl-C, a crash or SIGKILL) resumes at the next bar withou
 
     decisions.jsonl   one line per decision bar
     orders.csv        one row per order a decision placed
-    fills.csv         one row per fill the broker reported
+    fills.csv         one row per fill the broker reported (prices at the instrument's tick precision)
     trace.csv         one row per bar the account moved over (jaxenv.walk_split's columns: the summary's input)
     summary.json      the figures so far (written at the end, and on Ctrl-C)
     state/            bars.bin (every placed bar, appended), arrays.<n>.npz (the agent's account as named arrays,
@@ -27,6 +27,7 @@ import numpy as np
 
 from agents.runs.storage import fsync_dir
 from agents.trading.bars import BarBook
+from jaxenv.contracts import price_decimals
 from jaxenv.sessions import Schedule
 
 OUTPUTS = ("decisions.jsonl", "orders.csv", "fills.csv", "trace.csv")
@@ -37,6 +38,8 @@ ARRAYS_FILE = "arrays.{}.npz"  # the agent's arrays, numbered by the decisions t
 BARS_FILE = "bars.bin"
 FORMAT = 3  # 3: arrays and JSON, with the checkpoint traded and the gate mode (2: without them; 1: a pickle)
 FORMAT_1_FILE = "state.pkl"  # format 1's state, recognised only to be refused
+# fills.csv's money, in cents: the account computes in float32 (NQ's commission of 2.14 reads 2.140000104904175)
+FILL_MONEY = ("commission", "trade_pnl")
 
 # One placed bar of a BarBook, as bars.bin stores it.
 BAR_RECORD = np.dtype([
@@ -52,6 +55,9 @@ class Journal:
         self.state_dir = self.out / STATE_DIR
         self.files: dict[str, Any] = {}
         self.logged = 0  # bars of the book in bars.bin
+        # fills.csv's price decimals: the traded instrument's, from the book `save` or `load` is given (a fill is
+        # written after the decision before it was saved)
+        self.price_decimals: int | None = None
 
     @property
     def has_state(self) -> bool:
@@ -81,7 +87,11 @@ class Journal:
         self.files["decisions.jsonl"].write((json.dumps(line) + "\n").encode())
 
     def row(self, name: str, row: dict) -> None:
-        """A CSV row; the header comes with the first."""
+        """A CSV row; the header comes with the first. A fill's price is written at the instrument's tick precision
+        (float32's 1.1871299743652344 as EURUSD's 1.18713), its money in cents."""
+        if name == "fills.csv":
+            decimals = {"price": self.price_decimals, **dict.fromkeys(FILL_MONEY, 2)}
+            row = {k: f"{v:.{decimals[k]}f}" if k in decimals and v is not None else v for k, v in row.items()}
         f = self.files[name]
         text = _csv_line(row.values())
         if f.tell() == 0:
@@ -93,6 +103,7 @@ class Journal:
         """After a bar: the book's new bars appended, the outputs flushed, the arrays written under a new name, then
         the state (JSON, naming them) replaced atomically and the arrays it no longer names removed. A stop before
         the state's replacement leaves the last state whole: `load` cuts bars.bin back to it."""
+        self.price_decimals = price_decimals(book.contract)
         self._append_bars(book)
         for f in self.files.values():
             f.flush()
@@ -131,6 +142,7 @@ class Journal:
         """(the saved state, the agent's arrays), with `book` holding the bars it had (bars.bin's first `logged`
         records). Records after those (appended for a bar whose state was never saved) are cut off, so the next bar is
         appended in their place. A ValueError names a state of another format."""
+        self.price_decimals = price_decimals(book.contract)
         path = self.state_dir / STATE_FILE
         if not path.exists():
             raise ValueError(f"{self.state_dir}: a trading state of format 1 ({FORMAT_1_FILE}, a pickle), this version "

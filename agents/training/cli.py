@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from agents.command_line import CommandParser
 from agents.config import RUN_CONFIG_FILE, ConfigError, add_config_flags, config_overrides, flag_name, load_config
 
 
@@ -23,8 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The run's options: the run's own (--config, --set, --run-dir, --resume, ...), the device flags, and one flag per
     config key, generated from the config's dataclasses with their comments as help (agents.config.add_config_flags:
     --ppo.lr, --hybrid.query.interval, ... and the short names --envs, --llm, --data, ...), each the same as --set."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 usage="%(prog)s [--config YAML] [--set KEY=VALUE] [--KEY VALUE ...] "
+    ap = CommandParser(description=__doc__,
+                       usage="%(prog)s [--config YAML] [--set KEY=VALUE] [--KEY VALUE ...] "
                                        "[--run-dir DIR | --resume DIR] (every config key is a flag: --help lists them)")
     ap.add_argument("--config", help="YAML config file; unset keys keep their defaults (see configs/default.yaml)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -91,7 +92,25 @@ def start(args: argparse.Namespace):
         raise
     if setup.market is not None and is_writer():
         print(load_report(setup.market, cfg.env), file=sys.stderr)
+        if cfg.llm not in ("none", "mock"):
+            print(walk_keys_note(cfg, setup.market), file=sys.stderr)
     return train(cfg, run_dir, env_setup=setup, lock=lock)
+
+
+def walk_keys_note(cfg, market) -> str:
+    """A model advisor's walks ask every key they read before they read it: the validation split's at the first
+    validation walk (the trainer waits) and the test split's at the end; say so up front, with how many."""
+    from agents.advice.table import walk_keys
+    from agents.advisor.store import store_root
+
+    def keys(split: str) -> int:
+        start, end = market.split_range(split)
+        return len(walk_keys(start, end, cfg.hybrid.query.interval, cfg.hybrid.query.entries_only)) if end > start else 0
+
+    return (f"advisor     the walks ask {cfg.llm} up to {keys('val'):,} validation keys (the first validation walk, "
+            f"training waits) and {keys('test'):,} test keys (the end-of-run comparison): minutes on a CPU the first "
+            f"time, none once the advice store ({store_root(cfg) or 'off'}) holds them; scripts/advise.py can ask "
+            "them ahead")
 
 
 def main(argv: list[str] | None = None) -> int:

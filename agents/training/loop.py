@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import signal
-from contextlib import nullcontext
 import sys
 import time
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from agents.devices.parallel import (
     print_banner,
     to_host,
 )
+from agents.evaluation.saved_run import save_run_data
 from agents.rl.networks import update_flops_per_step
 from agents.rl.ppo import RunnerState, make_train
 from agents.rl.sharding import state_shardings
@@ -142,7 +142,8 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
     if not resume and writer:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / RUN_CONFIG_FILE)
-        record_trial(run_dir, cfg)  # a trial on its data, counted by the deflated Sharpe ratio
+        if setup.market is not None:  # the stamps' zone and interval its data resolved: trade.py reads files so
+            save_run_data(run_dir, setup.market)
     acting = make_acting(cfg, setup.env) if cfg.llm != "none" else None
     ppo = make_train(cfg, setup.env, setup.params, acting, mesh, frozen_steps=frozen_steps(cfg))
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
@@ -193,9 +194,8 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
             # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
             resumed_adapter = checkpoint_adapter(cfg, run_dir, start) if resume else None
             query_loop = QueryLoop(cfg, setup.market, run_dir, adapter=resumed_adapter)
-        # validation walks: the policy alone, or with the advisor (training's, lent while training waits)
-        evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now, log_dir=run_dir if writer else None,
-                                   lent=query_loop and query_loop.lendable)
+        # validation walks: the policy alone, or with the advisor (a sidecar of the walks' own, at normal priority)
+        evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now, log_dir=run_dir if writer else None)
         update_fn = Update(ppo, cfg.ppo.num_steps, setup.params, query_loop)
         if query_loop is None and start < end:  # a finished run resumed has nothing to compile
             update_fn.compile(state, shardings)
@@ -220,8 +220,7 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
                 # on this process's first device, from host copies of the (replicated) networks
                 policy = state.replace(params=jax.device_get(state.params), obs_norm=jax.device_get(state.obs_norm))
                 t_walk = time.perf_counter()
-                with query_loop.lending() if query_loop is not None else nullcontext():
-                    result = evaluator(policy, "val", jax.random.PRNGKey(cfg.seed + update))
+                result = evaluator(policy, "val", jax.random.PRNGKey(cfg.seed + update))
                 # the walk has its own progress line: the bar's rate and ETA are the updates' (the first advised walk
                 # can take minutes, and would otherwise read as hours left)
                 if not bar.disable:
@@ -248,6 +247,9 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
                 raise RunWriteError(f"{error}; " + (f"the last good checkpoint is latest/{good}" if good is not None
                                                     else "no checkpoint was saved yet")) from error
             last_logged, started[0] = update, True
+            if update == start + 1 and not resume and writer:
+                # trained: a trial on its data for the deflated Sharpe ratio (a run that died before was never tried)
+                record_trial(run_dir, cfg)
             bar.update(1)
             if metrics.get(setup.score_name) is not None:
                 last_val = (update, metrics[setup.score_name])

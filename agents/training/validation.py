@@ -23,10 +23,9 @@ class AgentEvaluator:
     agents.evaluation.advised_walk.run_ablations(cfg)) scores one part of a hybrid agent."""
 
     def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None,
-                 log_dir: Path | None = None, lent=None):
+                 log_dir: Path | None = None):
         """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns.
-        `log_dir`: where the walks' advisor logs (the run folder), instead of stderr under the progress bar. `lent`:
-        training's advisor workers (QueryLoop.lendable), which answer the walks while training waits for them."""
+        `log_dir`: where the walks' advisor logs (the run folder), instead of stderr under the progress bar."""
         self.setup = setup
         self.rules = cfg.env.prop_firm
         self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
@@ -34,7 +33,7 @@ class AgentEvaluator:
         self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
         self.ablations = run_ablations(cfg) if cfg.llm != "none" else {}
         self.walker = None if setup.market is None else AdvisedWalker(
-            cfg, ppo, setup.env, setup.market, log_dir=log_dir, progress=cfg.log.progress, lent=lent)
+            cfg, ppo, setup.env, setup.market, log_dir=log_dir, progress=cfg.log.progress)
 
     def splits(self) -> dict[str, Evaluator]:
         return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
