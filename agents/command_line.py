@@ -45,3 +45,10 @@ class CommandParser(argparse.ArgumentParser):
             message += f"; {self.prog} --help lists them"
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def print_error(error: BaseException) -> None:
+    """An input error on stderr: one `error:` line for each independent error it names (agents.config.ConfigError
+    collects them in one pass), else one line."""
+    for line in getattr(error, "errors", None) or [error]:
+        print(f"error: {line}", file=sys.stderr)

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from agents.evidence.gate import GATE_BARS
 from bridge.field_comments import field_comments
 from bridge.learning import LearningOptions
 from bridge.protocol import MOCK_ANSWERS
@@ -24,7 +25,12 @@ MOCK_READS = ("fields", "text")  # hybrid.mock.reads
 
 
 class ConfigError(ValueError):
-    """A bad configuration key or value; the message names the dotted key."""
+    """A bad configuration key or value; the message names the dotted key. Several independent errors found in one
+    pass are one ConfigError: `errors` holds them in order, and the message is them one per line."""
+
+    def __init__(self, *errors: str):
+        self.errors = list(dict.fromkeys(str(e) for e in errors))  # each once, in order
+        super().__init__("\n".join(self.errors))
 
 
 @dataclass
@@ -245,6 +251,9 @@ class TrainConfig:
     # Local devices each process shards its envs over: all, or a count (agents/devices/parallel.py; docs/scale.md). A
     # checkpoint does not depend on it, so a run may resume with another (train.py --resume RUN --devices N).
     devices: str = "all"
+    # The bar the gate's evidence must beat (agents/evidence/gate.py): flat (0 a session) or buy_and_hold (the market's
+    # move in each session, held in the size the agent trades). evaluate.py and trade.py gate a run on its own bar.
+    gate_against: str = "flat"
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -289,11 +298,14 @@ def _is_local_path(llm: str) -> bool:
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Cross-field checks that types alone cannot express."""
+    """Cross-field checks that types alone cannot express: every failed one, in one ConfigError (one line each, in
+    the checks' order). They need a whole config of the right types, so load_config runs them only after the keys
+    and types all passed."""
     p = cfg.ppo
-    for count, key in ((cfg.num_envs, "num_envs"), (p.num_steps, "ppo.num_steps")):  # the checks below divide by them
-        if count < 1:
-            raise ConfigError(f"{key}: must be >= 1, got {count}")
+    counts = [f"{key}: must be >= 1, got {count}" for count, key in ((cfg.num_envs, "num_envs"),
+                                                                      (p.num_steps, "ppo.num_steps")) if count < 1]
+    if counts:  # the checks below divide by them
+        raise ConfigError(*counts)
     checks = [
         (p.update_epochs >= 1, "ppo.update_epochs", "must be >= 1"),
         (p.num_minibatches >= 1 and cfg.steps_per_update % p.num_minibatches == 0, "ppo.num_minibatches",
@@ -312,6 +324,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (not _is_local_path(cfg.llm) or Path(cfg.llm).expanduser().is_dir(), "llm",
          f"no model folder at {cfg.llm} (a local model is a folder; a hub id is NAME or ORG/NAME)"),
         (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env; use --llm none (llm=none) with other envs"),
+        (cfg.gate_against in GATE_BARS, "gate_against", f"must be one of {', '.join(GATE_BARS)}"),
         (cfg.devices == "all" or (cfg.devices.isdigit() and int(cfg.devices) > 0), "devices",
          "must be all or a positive number of local devices"),
         (cfg.hybrid.fusion in FUSION_MODES, "hybrid.fusion", f"must be one of {', '.join(FUSION_MODES)}"),
@@ -365,19 +378,23 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"would freeze the copied layers for the whole run of {cfg.total_steps} steps ({cfg.num_updates} updates); "
          "use fewer freeze steps or more total_steps"),
     ]
-    for ok, key, msg in checks:
-        if not ok:
-            raise ConfigError(f"{key}: {msg}")
+    errors = [f"{key}: {msg}" for ok, key, msg in checks if not ok]
     try:
         cfg.hybrid.learning.check()
     except ValueError as error:
-        raise ConfigError(f"hybrid.learning.{error}") from None
+        errors.append(f"hybrid.learning.{error}")
     try:
         check_rules(cfg.env.prop_firm)
-        # The instrument by name becomes its full specification, so a run's config.yaml records the values it traded.
-        return dataclasses.replace(cfg, data=resolve_data_config(cfg.data))
     except ValueError as error:
-        raise ConfigError(str(error)) from None
+        errors.append(str(error))
+    try:
+        # The instrument by name becomes its full specification, so a run's config.yaml records the values it traded.
+        data = resolve_data_config(cfg.data)
+    except ValueError as error:
+        errors.append(str(error))
+    if errors:
+        raise ConfigError(*errors)
+    return dataclasses.replace(cfg, data=data)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -424,7 +441,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
         (item_tp,) = typing.get_args(tp)
-        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        items, errors = [], []
+        for i, v in enumerate(value):  # every wrong item named
+            try:
+                items.append(_coerce(v, item_tp, f"{key}[{i}]"))
+            except ConfigError as error:
+                errors += error.errors
+        if errors:
+            raise ConfigError(*errors)
+        return items
     if tp is PropFirmRules and (isinstance(value, str) or (isinstance(value, dict) and "base" in value)):
         try:  # account rules by name, or a named set with some of its fields changed
             value = rules_fields(value)
@@ -467,13 +492,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
-    """Builds dataclass `cls` from a (partial) dict; unknown keys and wrong types raise ConfigError."""
+    """Builds dataclass `cls` from a (partial) dict; unknown keys and wrong types raise one ConfigError naming every
+    one of them (one line each, nested sections' included)."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in data if k not in names]
-    if unknown:
-        raise ConfigError(f"unknown key '{prefix}{unknown[0]}' (valid keys here: {', '.join(names)})")
-    kwargs = {k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
+    errors, kwargs = [], {}
+    for k, v in data.items():  # in the file's order
+        if k not in names:
+            errors.append(f"unknown key '{prefix}{k}' (valid keys here: {', '.join(names)})")
+            continue
+        try:
+            kwargs[k] = _coerce(v, hints[k], f"{prefix}{k}")
+        except ConfigError as error:
+            errors += error.errors
+    if errors:
+        raise ConfigError(*errors)
     return cls(**kwargs)
 
 
@@ -506,54 +539,69 @@ def _parse_scalar(text: str, tp: Any, key: str) -> Any:
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Applies `a.b.c=value` strings onto a nested dict (in place), checking each key against TrainConfig."""
+    """Applies `a.b.c=value` strings onto a nested dict (in place), checking each key against TrainConfig: the good
+    ones are applied, and every bad one is named in one ConfigError (one line each, in order)."""
+    errors = []
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
-        key, text = item.split("=", 1)
-        key = key.strip()
-        if key in MOVED_KEYS:
-            raise ConfigError(f"unknown key '{key}': it is {MOVED_KEYS[key]} now")
-        parts = key.split(".")
-        cls: Any = TrainConfig
-        node = raw
-        for depth, part in enumerate(parts):
-            hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
-            if part not in hints:
-                where = ".".join(parts[:depth]) or "the top level"
-                valid = ", ".join(hints) if hints else "none"
-                raise ConfigError(f"unknown key '{key}' (no '{part}' in {where}; valid: {valid})")
-            tp = hints[part]
-            # a name or a section (data.contract): its fields set one by one change the named one's
-            arms = [arm for arm in typing.get_args(tp) if dataclasses.is_dataclass(arm)]
-            named_section = arms[0] if len(arms) == 1 and str in typing.get_args(tp) else None
-            if depth == len(parts) - 1:
-                changed = node.get(part)
-                if tp is PropFirmRules:  # account rules by name: env.prop_firm=plain
-                    if isinstance(changed, dict):
-                        changed["base"] = text  # the fields already set stay set, whichever --set came first
-                    else:
-                        node[part] = text
-                    continue
-                if dataclasses.is_dataclass(tp):
-                    raise ConfigError(f"{key}: is a section; set one of its fields, e.g. {key}.<field>=...")
-                value = _parse_scalar(text, tp, key)
-                if named_section and isinstance(value, str) and isinstance(changed, dict) and "base" in changed:
-                    changed["base"] = value  # the fields already set stay set, whichever --set came first
-                else:
-                    node[part] = value
-            else:
-                if named_section:
-                    current = node.get(part, getattr(cls(), part))
-                    node[part] = current if isinstance(current, dict) else {"base": current}
-                    tp = named_section
-                elif tp is PropFirmRules and isinstance(node.get(part), str):
-                    node[part] = {"base": node[part]}  # a named set, some of its fields changed
-                if not dataclasses.is_dataclass(tp):
-                    raise ConfigError(f"unknown key '{key}' ('{'.'.join(parts[:depth + 1])}' is not a section)")
-                node = node.setdefault(part, {})
-                cls = tp
+        try:
+            _apply_override(raw, item)
+        except ConfigError as error:
+            errors += error.errors
+    if errors:
+        raise ConfigError(*errors)
     return raw
+
+
+def _apply_override(raw: dict, item: str) -> None:
+    """One `a.b.c=value` of apply_overrides."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    if key in MOVED_KEYS:
+        raise ConfigError(f"unknown key '{key}': it is {MOVED_KEYS[key]} now")
+    parts = key.split(".")
+    cls: Any = TrainConfig
+    node = raw
+    for depth, part in enumerate(parts):
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if part not in hints:
+            where = ".".join(parts[:depth]) or "the top level"
+            valid = ", ".join(hints) if hints else "none"
+            raise ConfigError(f"unknown key '{key}' (no '{part}' in {where}; valid: {valid})")
+        tp = hints[part]
+        # a name or a section (data.contract): its fields set one by one change the named one's
+        arms = [arm for arm in typing.get_args(tp) if dataclasses.is_dataclass(arm)]
+        named_section = arms[0] if len(arms) == 1 and str in typing.get_args(tp) else None
+        if depth == len(parts) - 1:
+            changed = node.get(part)
+            if tp is PropFirmRules:  # account rules by name: env.prop_firm=plain
+                if isinstance(changed, dict):
+                    changed["base"] = text  # the fields already set stay set, whichever --set came first
+                else:
+                    node[part] = text
+                continue
+            if dataclasses.is_dataclass(tp):
+                raise ConfigError(f"{key}: is a section; set one of its fields, e.g. {key}.<field>=...")
+            value = _parse_scalar(text, tp, key)
+            if named_section and isinstance(value, str) and isinstance(changed, dict) and "base" in changed:
+                changed["base"] = value  # the fields already set stay set, whichever --set came first
+            else:
+                node[part] = value
+        else:
+            if named_section:
+                current = node.get(part, getattr(cls(), part))
+                node[part] = current if isinstance(current, dict) else {"base": current}
+                tp = named_section
+            elif tp is PropFirmRules and isinstance(node.get(part), str):
+                node[part] = {"base": node[part]}  # a named set, some of its fields changed
+            if not dataclasses.is_dataclass(tp):
+                raise ConfigError(f"unknown key '{key}' ('{'.'.join(parts[:depth + 1])}' is not a section)")
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):  # the file's section is not a mapping: from_dict names it in these words
+                section = ".".join(parts[:depth + 1])
+                raise ConfigError(f"{section}: expected a mapping of {tp.__name__} fields, got {type(node).__name__}")
+            cls = tp
 
 
 RUN_CONFIG_FILE = "config.yaml"  # RUN_DIR/config.yaml: the resolved config a run was started with
@@ -616,11 +664,12 @@ def drop_removed_keys(raw: dict) -> dict:
     meaning. `learning.advantage_clip` became
     `learning.move_clip`; `query.wait_min_trust` became `query.min_trust`, and its 0 (every env bound)
     `query.bind_on: always`."""
+    errors = []  # every deleted key set to a value that no longer has a meaning, raised together at the end
     for key, harmless in REMOVED_KEYS.items():
         found, value = _pop(raw, key)
         if found and not harmless(value, raw):
-            raise ConfigError(f"{key}: no longer exists (removed with the experiment that rejected it: "
-                              f"docs/findings.md); this config set it to {value!r}")
+            errors.append(f"{key}: no longer exists (removed with the experiment that rejected it: "
+                          f"docs/findings.md); this config set it to {value!r}")
     found, clip = _pop(raw, "hybrid.learning.advantage_clip")  # the clip of the move objective's weights too
     if found:
         raw["hybrid"]["learning"].setdefault("move_clip", clip)
@@ -640,29 +689,54 @@ def drop_removed_keys(raw: dict) -> dict:
             for section in sections:
                 node = node.setdefault(section, {})
             node.setdefault(name, value)
+    if errors:
+        raise ConfigError(*errors)
     return raw
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Defaults ← YAML file ← `--set` overrides, checked and validated."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                only: tuple[str, ...] | None = None) -> TrainConfig:
+    """Defaults ← YAML file ← `--set` overrides, checked and validated. Every independent error is named in one
+    ConfigError (one line each): the file's deleted keys, the overrides' unknown keys and bad values, then the merged
+    config's unknown keys and wrong types. A file that is missing, does not parse or is not a mapping stops there.
+    `only` (top-level keys): the config of those keys of the file and the overrides alone, the rest defaults."""
     raw: dict = {}
     if path is not None:
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"config file not found: {path}")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: cannot parse the YAML: {' '.join(str(error).split())}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         raw = loaded
+    overrides = overrides or []
+    if only is not None:
+        raw = {key: value for key, value in raw.items() if key in only}
+        overrides = [o for o in overrides if o.split("=", 1)[0].strip().split(".", 1)[0] in only]
+    errors = []
+    for step in (drop_removed_keys, lambda raw: apply_overrides(raw, overrides)):
+        try:
+            step(raw)
+        except ConfigError as e:
+            errors += e.errors
     try:
-        drop_removed_keys(raw)
-        apply_overrides(raw, overrides or [])
-        return validate(from_dict(TrainConfig, raw))
+        cfg = from_dict(TrainConfig, raw)
+    except ConfigError as e:
+        errors += e.errors
+    # validate's cross-field checks need a whole config of the right types: they run only when every key and type
+    # above passed (their errors come on the next run, after these are fixed)
+    try:
+        if errors:
+            raise ConfigError(*errors)
+        return validate(cfg)
     except ConfigError as e:
         if path is None:
             raise
         where = f"{path} with --set overrides" if overrides else str(path)
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(*(f"{where}: {line}" for line in e.errors)) from None
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:
@@ -680,6 +754,7 @@ FLAG_ALIASES = {
     "fusion": "hybrid.fusion", "query-interval": "hybrid.query.interval", "llm-budget": "hybrid.link.budget",
     "latency": "hybrid.link.latency", "log-llm": "hybrid.link.log_llm",
     "date-format": "data.date_format", "init-from": "transfer.init_from", "store": "hybrid.store",
+    "gate-against": "gate_against",
 }
 FLAG_PREFIX = "config:"  # the argparse dest of a key's flag
 

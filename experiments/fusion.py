@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from agents.command_line import print_error
 from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
 from agents.runs.lock import RunLocked
 from jaxenv.config import DataConfig
@@ -44,6 +45,7 @@ LEARNED_ADAPTER = str(Path(__file__).resolve().parents[1] / "adapters" / "smollm
 ARMS: dict[str, list[str]] = {
     # the policy alone: the baseline of every paired difference (on any config, one whose advisor learns included)
     "rl_only": ["llm=none", "hybrid.learning.enabled=false"],
+    "advised": [],  # the config's own advisor and fusion, as configured (walkforward.py --llm names its advisor)
     "news": ["llm=mock", "hybrid.mock.answers=news"],  # the headline's direction (HOLD without news): informed
     "news_pass": ["llm=mock", "hybrid.mock.answers=news_pass"],  # ... PASS (no view) without news
     "random": ["llm=mock", "hybrid.mock.answers=random"],  # coin flips: no information, other statistics
@@ -64,6 +66,7 @@ ARMS: dict[str, list[str]] = {
                        "hybrid.learning.placebo=true"],
 }
 BASELINE = "rl_only"
+ADVISED = "advised"  # the arm of the config's own advisor (walkforward.py refuses it where the config has llm: none)
 CHECKPOINTS = ("latest", "best")
 EVAL_FILE = "experiment_eval.json"  # a run's scored checkpoints: its presence means the run is finished
 # the scoring's version: a run scored by an older one (without daily P&L or validation walks (2); without the veto
@@ -688,13 +691,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--fresh-days: must be 0 (off) or a number of days")
         plan = plan_from_args(args)
     except (ValueError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     command = "python scripts/experiment.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     try:
         summary = run(plan, command, progress=not args.no_progress)
     except ValueError as e:  # --partial with nothing finished, or runs trained with other settings
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C: the run in training keeps its checkpoints, finished runs their scores
         print(f"stopped: {e or 'interrupted; the same command resumes'}", file=sys.stderr)

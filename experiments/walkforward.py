@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from agents.command_line import print_error
 from agents.config import RUN_CONFIG_FILE, ConfigError, load_config
-from experiments.fusion import ARMS, BASELINE, flat_config, parse_seeds, seeds_and_days_interval
+from experiments.fusion import ADVISED, ARMS, BASELINE, flat_config, parse_seeds, seeds_and_days_interval
 from jaxenv.folds import Fold, FoldPlan, plan_folds, session_starts
 
 FLAT = "flat"  # never trades: 0 on every session, no run
@@ -42,7 +43,8 @@ BUY_AND_HOLD = "buy_and_hold"  # the market's own move on each test window (jaxe
 SCORE_FILE = "walkforward_eval.json"  # a run's scores: its presence means the run is finished
 SCORE_VERSION = 2  # 2: buy-and-hold's sessions on the test window
 TRIALS_FILE = "trials.jsonl"
-REPORTING_KEYS = ("log.progress", "transfer.init_from")  # a run's config may differ from the plan's in these only
+# a run's config may differ from the plan's in these only (the gate's bar judges a run, it does not train it)
+REPORTING_KEYS = ("log.progress", "transfer.init_from", "gate_against")
 
 
 @dataclass
@@ -54,13 +56,19 @@ class Plan:
     out: Path
     overrides: list[str]  # applied after the arm's
     warm_start: bool = False  # each fold continues from the previous fold's agent (its best checkpoint)
+    llm: str | None = None  # --llm: the advised arm's advisor (None: the config's); part of the arm, before --set
+
+    def arm_overrides(self, arm: str) -> list[str]:
+        """The arm's overrides (fusion.ARMS), --llm's advisor for the advised arm included."""
+        return [*ARMS[arm], *([f"llm={self.llm}"] if arm == ADVISED and self.llm is not None else [])]
 
     def run_dir(self, fold: Fold, arm: str, seed: int) -> Path:
         # a warm start's folders are its own: in a fresh walk-forward's --out it would read the fresh runs back
         return self.out / "runs" / f"fold{fold.index}" / f"{arm}-s{seed}{'-warm' if self.warm_start else ''}"
 
     def run_config(self, fold: Fold, arm: str, seed: int):
-        overrides = [*ARMS[arm], f"seed={seed}", "log.progress=false", *self.overrides, f"data.splits={fold.spec()}"]
+        overrides = [*self.arm_overrides(arm), f"seed={seed}", "log.progress=false", *self.overrides,
+                     f"data.splits={fold.spec()}"]
         if self.warm_start and fold.index:
             overrides.append(f"transfer.init_from={self.run_dir(self.folds[fold.index - 1], arm, seed)}")
         return load_config(self.config, overrides)
@@ -228,14 +236,18 @@ def summarize(plan: Plan, results: dict, trials: int) -> dict[str, Any]:
 
     arms = [*plan.arms, FLAT, BUY_AND_HOLD]
     benchmarks = (FLAT, BUY_AND_HOLD)  # walked, not trained
-    scale = float(scale_of(plan.run_config(plan.folds[0], BASELINE, plan.seeds[0]).env.prop_firm))
+    first = plan.run_config(plan.folds[0], BASELINE, plan.seeds[0])
+    scale, against = float(scale_of(first.env.prop_firm)), first.gate_against
     paths = {(arm, seed): stitched(results, plan, arm, seed) for arm in arms for seed in plan.seeds}
     days = paths[BASELINE, plan.seeds[0]][0]
     matrix = {arm: np.stack([paths[arm, s][1] for s in plan.seeds]) for arm in arms}
     trial_sharpe = [p.mean() / p.std(ddof=1) for (arm, _), (_, p) in paths.items()
                     if arm not in benchmarks and p.std() > 0]
     variance = float(np.var(trial_sharpe, ddof=1)) if len(trial_sharpe) > 1 else None
-    out: dict[str, Any] = {"sessions": len(days), "first_day": days[0], "last_day": days[-1], "arms": {}}
+    out: dict[str, Any] = {"sessions": len(days), "first_day": days[0], "last_day": days[-1], "gate_against": against,
+                           "arms": {}}
+    # the gate's bar on each seed's path: flat's 0, or buy-and-hold's column (its costs paid once a test window)
+    bar = {s: paths[BUY_AND_HOLD, s][1] if against == BUY_AND_HOLD else 0.0 for s in plan.seeds}
     for arm in arms:
         if arm in benchmarks:  # flat never trades; buy-and-hold's breaches are counted, not enforced: not shown
             fold_metrics = {s: [{"breaches": 0.0, "trades": 0.0}] * len(plan.folds) for s in plan.seeds}
@@ -251,7 +263,7 @@ def summarize(plan: Plan, results: dict, trials: int) -> dict[str, Any]:
         if arm not in benchmarks:
             a["dsr"] = {s: deflated_sharpe_ratio(paths[arm, s][1], trials, variance) for s in plan.seeds}
             a["dsr_pooled"] = deflated_sharpe_ratio(pooled, trials, variance)
-            a["gate"] = {s: gate_verdict(*paths[arm, s], scale) for s in plan.seeds}
+            a["gate"] = {s: gate_verdict(paths[arm, s][0], paths[arm, s][1] - bar[s], scale) for s in plan.seeds}
             a["gate_opened"] = float(np.mean([g["opened"] for g in a["gate"].values()]))
         if arm not in (BASELINE, *benchmarks):
             a["vs_rl_only"] = interval(matrix[arm] - matrix[BASELINE])
@@ -303,7 +315,8 @@ def table(summary: dict[str, Any], command: str) -> str:
              "validation window.",
              "", "| arm | out-of-sample P&L (vs flat) | per session | vs buy-and-hold | vs rl_only | advice alone | "
              "vs advice alone | Sharpe (annualised, pooled) | max drawdown (pooled) | breaches | trades | PSR (pooled) "
-             "| DSR (pooled) | gate on the stitched path (seeds opened) |",
+             f"| DSR (pooled) | gate on the stitched path against {s.get('gate_against', 'flat').replace('_', '-')} "
+             "(seeds opened) |",
              "|" + "---|" * 14]
     for arm, a in s["arms"].items():
         pooled = a["pooled"]
@@ -434,7 +447,7 @@ def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
             results[fold.index][arm][seed] = scores
             bar.update()
     summary = {"command": command, "config": plan.config, "arms": plan.arms, "seeds": plan.seeds,
-               "overrides": plan.overrides, "warm_start": plan.warm_start, "trials": trials,
+               "overrides": plan.overrides, "llm": plan.llm, "warm_start": plan.warm_start, "trials": trials,
                "folds": [{"index": f.index, **dataclasses.asdict(f), "splits": f.spec()} for f in plan.folds]}
     summary["summary"] = summarize(plan, results, trials)
     summary["runs"] = {f"fold{f}": {arm: {str(s): {k: v for k, v in r.items() if k != "train"}
@@ -470,6 +483,8 @@ def plan_from_args(args) -> Plan:
     if unknown:
         raise ValueError(f"--arms: unknown arm {', '.join(unknown)}; choose from {', '.join(ARMS)} (flat is always "
                          "walked)")
+    if args.llm not in (None, "none"):  # --llm names the advised arm's advisor: the arm runs
+        arms.append(ADVISED)
     arms = list(dict.fromkeys([BASELINE, *arms]))
     overrides = [*args.overrides, *([f"data.source={args.data}"] if args.data else []),
                  *([f"total_steps={args.total_steps}"] if args.total_steps else []),
@@ -479,23 +494,26 @@ def plan_from_args(args) -> Plan:
     sessions = len(session_starts(market.sessions.session_id)) - 1
     folds = plan_folds(sessions, FoldPlan(args.folds, args.test_sessions, args.val_sessions, args.purge,
                                           args.train_sessions, args.step))
-    plan = Plan(args.config, arms, parse_seeds(args.seeds), folds, Path(args.out), overrides, args.warm_start)
+    plan = Plan(args.config, arms, parse_seeds(args.seeds), folds, Path(args.out), overrides, args.warm_start,
+                args.llm)
     for arm in arms:  # every run's config is checked before the first trains
-        plan.run_config(folds[-1], arm, plan.seeds[0])
+        if plan.run_config(folds[-1], arm, plan.seeds[0]).llm == "none" and arm == ADVISED:
+            why = "--llm none trains no advisor" if args.llm == "none" else "the config trains no advisor (llm: none)"
+            raise ValueError(f"--arms advised: {why}; name one with --llm")
     return plan
 
 
-def main(argv: list[str] | None = None) -> int:
-
-    from jaxenv.data import DataValidationError
-
+def parser():
+    """walkforward.py's command line."""
     from agents.command_line import CommandParser
 
     ap = CommandParser(description=__doc__)
     ap.add_argument("--config", default="configs/signal.yaml", help="the runs' config (default: %(default)s)")
     ap.add_argument("--data", help="the market: a CSV/Parquet file or synthetic:PRESET (default: the config's)")
     ap.add_argument("--arms", default="rl_only", help=f"comma-separated arms from {', '.join(ARMS)}; rl_only is "
-                    "always trained and flat always walked (default: %(default)s)")
+                    "always trained and flat always walked; advised: the config's own advisor (default: %(default)s)")
+    ap.add_argument("--llm", metavar="NAME", help="the advised arm's advisor: none | mock | smollm2 | a model path or "
+                    "hub id (default: the config's llm); other than none it adds the advised arm to --arms")
     ap.add_argument("--seeds", default="0-4", help="training seeds: a range 0-4 or a list 0,1,2 (default: %(default)s)")
     ap.add_argument("--folds", type=int, default=4, help="test windows, back to back at the data's end (default 4)")
     ap.add_argument("--test-sessions", type=int, default=12, help="sessions in a test window (default 12)")
@@ -514,18 +532,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="override one config key of every run (after the arm's), as in train.py; repeatable")
     ap.add_argument("--out", default="results/walk-forward", help="the output folder (default: %(default)s)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+
+    from jaxenv.data import DataValidationError
+
+    args = parser().parse_args(argv)
     try:
         plan = plan_from_args(args)
     except (ValueError, ConfigError, DataValidationError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     command = "python scripts/walkforward.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
                                                                                     else argv))
     try:
         run(plan, command, progress=not args.no_progress)
     except ValueError as e:  # run folders trained with other settings
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     except KeyboardInterrupt as e:
         print(f"stopped: {e or 'interrupted; the same command resumes'}", file=sys.stderr)

@@ -282,7 +282,7 @@ def _day_and_month_order(path: Path, column: str, text: pd.Series, date_option: 
     formats (passed with `date_option`; ISO 8601 stamps where the file has none): a guess would move most dates by
     months. With `refuse_rows`, stamps that read neither way prove nothing (their rows are refused)."""
     first = int(np.argmax(text.notna().to_numpy())) if refuse_rows else 0
-    guessed = guess_datetime_format(str(text.iloc[first])) or ""
+    guessed = _guessed_format(str(text.iloc[first]))
     if sorted([guessed[:2], guessed[3:5]]) != ["%d", "%m"]:
         return None, ""
     rest = guessed[5:]
@@ -317,9 +317,17 @@ def _readable(text: pd.Series) -> pd.Series:
             continue
         if _is_number(str(value)):
             return pd.to_numeric(text, errors="coerce")
-        if guess_datetime_format(str(value)):
+        if _guessed_format(str(value)):
             return text.where(np.arange(len(text)) >= i) if i else text
     return text
+
+
+def _guessed_format(stamp: str) -> str:
+    """pandas' guess of a stamp's format ("" for none), without its warning of the day-month order it chose: the
+    loader reads both orders and says which the file proves (_day_and_month_order)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return guess_datetime_format(stamp) or ""
 
 
 def _is_number(text: str) -> bool:

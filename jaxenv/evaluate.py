@@ -108,15 +108,26 @@ def evaluate_policy(
 
 
 
+def held_pnl(close: np.ndarray, t: np.ndarray, money_per_point: float) -> np.ndarray:
+    """Buy-and-hold's P&L of each step of a walk or a trade (`t`: the decision bars, each step marked at t + 1's
+    close): the market's move from the decision bar's close, held in the agent's size (`money_per_point`: the
+    contract's point value × env.contracts_per_trade), no costs. The gate's buy-and-hold bar (agents.evidence.gate):
+    a hold that is never sold pays no exit, so a walk and trade.py over the same bars count the same."""
+    t = np.asarray(t)
+    close = np.asarray(close, np.float64)
+    return (close[t + 1] - close[t]) * money_per_point
+
+
 def buy_and_hold(env: TradingEnv, market: Market, split: str | tuple[int, int]) -> dict[str, np.ndarray]:
-    """The market benchmark as a trace with walk_split's columns: one contract bought at the open of the walk's
-    first fill bar (plus slippage) and sold at its last close (minus slippage), one commission each way, held
-    through sessions and stops alike. The trailing-drawdown rule is counted, not enforced: at a breach a fresh
-    account takes over the same position."""
+    """The market benchmark as a trace with walk_split's columns: the size the agent trades (env.contracts_per_trade)
+    bought at the open of the walk's first fill bar (plus slippage) and sold at its last close (minus slippage), one
+    commission each way, held through sessions and stops alike. The trailing-drawdown rule is counted, not enforced:
+    at a breach a fresh account takes over the same position."""
     params = env.make_params(market, split, sequential=True)
     start, end = int(params.start_bar), int(params.end_bar)
     t = np.arange(start, end - 1)
-    point_value, commission = float(params.point_value), float(params.commission_per_side)
+    units = float(params.contracts)
+    point_value, commission = float(params.point_value) * units, float(params.commission_per_side) * units
     slippage = float(params.slippage)
     close = market.close[start + 1 : end]
     entry_price = market.open[start + 1] + slippage

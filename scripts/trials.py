@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from agents.command_line import CommandParser
 from agents.config import RUN_CONFIG_FILE
 from agents.runs.trials import TRIALS_FILE, counted, read_trials
 
@@ -24,7 +25,7 @@ COLUMNS = ("recorded", "run", "config", "seed", "data", "trained")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ledger", metavar="RUNS", help=f"a folder of runs (holding {TRIALS_FILE}) or the ledger file")
     return ap.parse_args(argv)
 

@@ -42,6 +42,38 @@ def test_walk_forward_takes_envs_like_train():
     assert seen["envs"] == 64
 
 
+def trials_main(argv):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "trials.py"
+    spec = importlib.util.spec_from_file_location("trials_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
+def evaluate_main(argv):
+    from agents.evaluation.cli import main
+
+    return main(argv)
+
+
+def trade_main(argv):
+    from agents.trading.cli import main
+
+    return main(argv)
+
+
+@pytest.mark.parametrize("main, argv, meant", [
+    (evaluate_main, ["--run-dir", "runs/x", "--dat", "bars.csv"], "--dat (did you mean --data?)"),
+    (trade_main, ["--run-dir", "runs/x", "--data", "bars.csv", "--follo"], "--follo (did you mean --follow?)"),
+    (trials_main, ["runs", "--hel"], "--hel (did you mean --help?)"),
+])
+def test_evaluate_trade_and_trials_take_no_prefix_and_name_the_flag_meant(main, argv, meant, capsys):
+    assert f"error: unknown flag {meant}" in refused(main, argv, capsys)
+
+
 def test_a_flag_far_from_every_other_gets_no_guess(capsys):
     parser = CommandParser(prog="tool")
     parser.add_argument("--out")

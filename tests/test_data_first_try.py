@@ -16,7 +16,7 @@ from agents.config import ConfigError, load_config
 from agents.training.loop import train
 from jaxenv.config import DataConfig
 from jaxenv.contracts import get_contract, resolve_contract
-from jaxenv.data import DataValidationError, read_raw_bars
+from jaxenv.data import DataValidationError, raw_bars, read_raw_bars, read_table
 from jaxenv.load_report import load_report
 from jaxenv.market import load_market
 from jaxenv.sessions import DAILY
@@ -247,3 +247,18 @@ def test_one_refusal_names_bad_rows_stray_stamps_and_the_zone_at_once(tmp_path):
                               "152, 153, 154, 155 and 175 more (Tuesday 17:00-17:59 (60), Wednesday 17:00-17:59 (60), "
                               "Thursday 17:00-17:59 (60))")
     assert "They fit UTC best: as UTC, every bar lies inside a session: --set data.source_timezone=UTC" in message
+
+
+def test_stamps_whose_first_field_is_a_day_above_12_load_without_a_pandas_warning(tmp_path):
+    """19/04/2017 09:00: pandas' format guess warns that it read the stamp day-first; the loader reads both orders
+    itself, so a first try (train.py, trade.py) shows its own report and no library's warning."""
+    path = tmp_path / "day_first.csv"
+    stamps = pd.date_range("2017-04-19 09:00", periods=48, freq="h").strftime("%d/%m/%Y %H:%M")
+    pd.DataFrame({"time": stamps, "open": 1.07, "high": 1.08, "low": 1.06, "close": 1.07, "volume": 1}).to_csv(
+        path, index=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = read_raw_bars(path).frame
+        raw_bars(path, read_table(path), refuse_rows=True)  # as trade.py reads a file, bad rows refused one by one
+    assert [str(w.message) for w in caught] == []
+    assert frame.index[0] == pd.Timestamp("2017-04-19 09:00") and frame.index[-1] == pd.Timestamp("2017-04-21 08:00")

@@ -153,16 +153,16 @@ def test_walk_metrics_of_a_two_day_walk():
     assert (m["breaches"], m["days_to_first_breach"], m["prop_passed"]) == (0.0, None, 0.0)
 
 
-def test_buy_and_hold_holds_one_contract_across_sessions(hand_market):
+def test_buy_and_hold_holds_the_agents_size_across_sessions(hand_market):
     hm = hand_market(days=3)  # flat at 18,000 ...
     hm.set_bar(len(hm.frame) - 1, 18_000.0, 18_051.0, 17_999.0, 18_050.0)  # ... up 50 points on the last bar
     market = hm.build()
-    env = TradingEnv(EnvConfig(contracts_per_trade=3))  # the benchmark is one contract whatever the env trades
+    env = TradingEnv(EnvConfig(contracts_per_trade=3))  # the benchmark holds what the agent trades: 3 contracts
     lo, hi = market.first_decision_bar, market.num_bars
     trace = buy_and_hold(env, market, (lo, hi))
-    expected = (18_050.0 - 0.25 - (18_000.0 + 0.25)) * 20.0 - 2 * 2.14  # slippage one tick each way, NQ $20/pt
+    expected = 3 * ((18_050.0 - 0.25 - (18_000.0 + 0.25)) * 20.0 - 2 * 2.14)  # a tick of slippage each way, $20/pt
     assert trace["pnl"].sum() == pytest.approx(expected)
-    assert trace["trade_pnl"][-1] == pytest.approx(expected) and trace["commission"].sum() == pytest.approx(4.28)
+    assert trace["trade_pnl"][-1] == pytest.approx(expected) and trace["commission"].sum() == pytest.approx(3 * 4.28)
     m = walk_metrics(trace, market.timestamps, env.config.prop_firm)
     assert m["trades"] == 1.0 and m["net_pnl"] == pytest.approx(expected) and m["breaches"] == 0.0
 

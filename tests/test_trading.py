@@ -308,6 +308,45 @@ def test_the_gate_sends_orders_to_the_broker_only_while_the_agents_out_of_sample
     assert summary["gate"]["changes"] == evaluation["gate"][0]["changes"]
 
 
+def test_against_buy_and_hold_trading_and_evaluating_a_file_count_the_same_evidence(runs, tmp_path):
+    """A run whose gate_against is buy_and_hold: trade.py's gate and evaluate.py's gated walk of the same file count
+    each session less buy-and-hold's move, to the same evidence; the same file against flat gives other evidence."""
+    import yaml
+
+    from agents.evaluation.cli import main as evaluate_main
+    from agents.evaluation.saved_run import EVIDENCE_DIR, load_run
+    from agents.evidence.gate import OutOfSample
+    from agents.trading.cli import main
+
+    gates = {}
+    for bar in ("flat", "buy_and_hold"):
+        run = tmp_path / bar / "run"
+        shutil.copytree(runs["rl"], run)
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        (run / "config.yaml").write_text(yaml.safe_dump({**config, "gate_against": bar}))
+        walked = load_run(run, "latest")
+        split_file(walked.market, "test", 1200, run / "bars.csv")  # two whole sessions after the history
+        label = walked.saved.label
+        walked.close()
+        scale = load_config(run / "config.yaml").env.prop_firm.trailing_drawdown
+        OutOfSample([f"1990-01-{d:02d}" for d in range(1, 11)], [scale] * 10, "test").save(run / EVIDENCE_DIR
+                                                                                           / f"{label}.json")
+        out = tmp_path / bar / "traded"
+        assert main(["--run-dir", str(run), "--data", str(run / "bars.csv"), "--checkpoint", "latest", "--out",
+                     str(out), "--no-progress"]) == 0
+        traded = json.loads((out / "summary.json").read_text())["gate"]
+        assert evaluate_main(["--run-dir", str(run), "--data", str(run / "bars.csv"), "--checkpoint", "latest",
+                              "--json", str(tmp_path / bar / "eval.json"), "--out", str(tmp_path / bar / "eval"),
+                              "--no-progress"]) == 0
+        evaluated = json.loads((tmp_path / bar / "eval.json").read_text())["gate"][0]
+        assert traded["sessions"] == evaluated["sessions"] == 12
+        assert traded["log_e"] == pytest.approx(evaluated["log_e"], abs=1e-4)
+        assert traded["changes"] == evaluated["changes"]
+        assert f"against {bar.replace('_', '-')}" in traded["reason"]
+        gates[bar] = traded
+    assert abs(gates["flat"]["log_e"] - gates["buy_and_hold"]["log_e"]) > 1e-3
+
+
 def test_sessions_the_agent_trained_or_was_chosen_on_are_never_evidence(runs, tmp_path, capsys):
     """F.csv holds validation sessions (the checkpoint was chosen on them): trade.py trades them as ever but its gate
     counts none of them, says so once, and names them in summary.json; evaluate.py's gated walk of the file counts

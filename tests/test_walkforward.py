@@ -70,6 +70,47 @@ def test_bad_input_gets_one_line_and_exit_2_and_writes_nothing(tmp_path, capsys)
     assert not out.exists()
 
 
+def walkforward_plan(out, *extra: str):
+    from experiments.walkforward import parser, plan_from_args
+
+    return plan_from_args(parser().parse_args(
+        ["--config", "configs/quick.yaml", "--seeds", "0", "--folds", "2", "--test-sessions", "3",
+         "--val-sessions", "3", "--total-steps", "256", "--out", str(out), *(f"--set={o}" for o in TINY), *extra]))
+
+
+def test_llm_names_the_advised_arms_advisor_and_no_other_arms(tmp_path):
+    from agents.config import RUN_CONFIG_FILE, save_config
+    from experiments.walkforward import check_saved_runs
+
+    out = tmp_path / "wf"
+    plan = walkforward_plan(out, "--llm", "mock")  # configs/quick.yaml: llm: none
+    assert plan.arms == ["rl_only", "advised"]  # added after the arms asked for
+    fold = plan.folds[0]
+    assert plan.run_config(fold, "advised", 0).llm == "mock" and plan.run_config(fold, "rl_only", 0).llm == "none"
+    assert plan.trial("advised", 0)["config"] != plan.trial("rl_only", 0)["config"]  # the ledger tells them apart
+    news = walkforward_plan(out, "--arms", "news,advised", "--llm", "smollm2")
+    assert news.arms == ["rl_only", "news", "advised"] and news.run_config(fold, "news", 0).llm == "mock"
+    # a saved run of the advised arm trained with another advisor is not read back
+    saved = plan.run_dir(fold, "advised", 0)
+    saved.mkdir(parents=True)
+    save_config(plan.run_config(fold, "rl_only", 0), saved / RUN_CONFIG_FILE)
+    with pytest.raises(ValueError, match="llm='none', this walk-forward asks for llm='mock'"):
+        check_saved_runs(plan)
+    plain, none = walkforward_plan(out), walkforward_plan(out, "--llm", "none")  # --llm none changes nothing
+    assert plain.arms == none.arms == ["rl_only"] and plain.trial("rl_only", 0) == none.trial("rl_only", 0)
+
+
+def test_the_advised_arm_without_an_advisor_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    import experiments.walkforward as wf
+
+    monkeypatch.setattr(wf, "finished_run", lambda *a: pytest.fail("trained a run"))
+    out = tmp_path / "wf"
+    assert walkforward(out, "--arms", "advised") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --arms advised: the config trains no advisor (llm: none); name one with --llm"]
+    assert not out.exists()
+
+
 def test_a_killed_walk_forward_resumes_where_it_was(tmp_path, monkeypatch):
     import experiments.walkforward as wf
 

@@ -19,7 +19,7 @@ from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.advisor.session import AdvisorSession
 from agents.advisor.sidecar import at_full_rate, start_advisor
 from agents.advisor.store import open_market_store, store_root
-from agents.command_line import CommandParser
+from agents.command_line import CommandParser, print_error
 from agents.config import ConfigError, add_config_flags, config_overrides, load_config
 from agents.runs.adapters import starting_adapter
 
@@ -122,5 +122,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return fill(args)
     except (ConfigError, DataValidationError, FileNotFoundError, SidecarError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2

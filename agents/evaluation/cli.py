@@ -16,9 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from agents.command_line import CommandParser, print_error
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", action="append", required=True, metavar="RUN",
                     help="run folder made by scripts/train.py; repeat to pool several runs (e.g. training seeds)")
     ap.add_argument("--checkpoint", default="best", metavar="STEP|best|latest",
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print_banner(None, runs[0].cfg)  # walks are one env each: they run on the first device
         result = evaluate(runs, options)
     except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
 
     first = runs[0]

@@ -124,10 +124,10 @@ def summed_interval(pnl: np.ndarray) -> tuple[float, float, float]:
     return float(pnl.sum()), float(pnl.sum()) - half, float(pnl.sum()) + half
 
 
-def verdict(record, trials: int, scale: float) -> dict[str, Any]:
+def verdict(record, trials: int, scale: float, against: str = "flat") -> dict[str, Any]:
     """What a checkpoint's out-of-sample record shows: its sessions' P&L summed against flat and against buy-and-hold
     (None where the record has no buy-and-hold), each with a 95% interval over the sessions; the deflated Sharpe ratio
-    over `trials`; and its gate (agents.evidence.gate.Gate) as trade.py would start it."""
+    over `trials`; and its gate (agents.evidence.gate.Gate) against the run's bar as trade.py would start it."""
     from agents.evidence.gate import Gate
     from agents.evidence.overfitting import deflated_sharpe_ratio
 
@@ -135,34 +135,34 @@ def verdict(record, trials: int, scale: float) -> dict[str, Any]:
     out: dict[str, Any] = {"sessions": len(pnl), "pnl": summed_interval(pnl), "buy_and_hold": None,
                            "vs_buy_and_hold": None, "trials": trials,
                            "dsr": deflated_sharpe_ratio(pnl, trials)["dsr"] if len(pnl) > 2 else float("nan"),
-                           "gate": Gate.start(record, scale)}
+                           "gate": Gate.start(record, scale, against)}
     if record.buy_and_hold is not None:
         held = np.asarray(record.buy_and_hold, np.float64)
         out["buy_and_hold"], out["vs_buy_and_hold"] = float(held.sum()), summed_interval(pnl - held)
     return out
 
 
-def verdict_lines(record, trials: int, scale: float, checkpoint: str) -> list[str]:
+def verdict_lines(record, trials: int, scale: float, checkpoint: str, against: str = "flat") -> list[str]:
     """What a run shows out of sample (`verdict`), in words: its P&L on its test split against flat and against
     buy-and-hold with their intervals and the deflated Sharpe ratio; the gate's verdict for trade.py; and, where the
-    agent did not beat buy-and-hold, that the gate's bar is flat."""
-    v = verdict(record, trials, scale)
+    agent did not beat buy-and-hold and the gate's bar is flat, so."""
+    v = verdict(record, trials, scale, against)
     total, lo, hi = v["pnl"]
     gate = v["gate"]
     trade = ("trade.py will send its orders to the broker" if gate.live else
              "trade.py will paper-trade this agent until its record passes")
-    against = f"against flat's 0 [{lo:,.0f}, {hi:,.0f}]"
+    compared = f"against flat's 0 [{lo:,.0f}, {hi:,.0f}]"
     if v["vs_buy_and_hold"] is not None:
         gap, gap_lo, gap_hi = v["vs_buy_and_hold"]
-        against += (f" and buy-and-hold's {v['buy_and_hold']:,.0f} (the difference {gap:,.0f} [{gap_lo:,.0f}, "
+        compared += (f" and buy-and-hold's {v['buy_and_hold']:,.0f} (the difference {gap:,.0f} [{gap_lo:,.0f}, "
                     f"{gap_hi:,.0f}])")
     lines = [f"out of sample ({record.source}, {v['sessions']} sessions, {checkpoint} checkpoint): P&L {total:,.0f} "
-             f"{against} (95% intervals over sessions); deflated Sharpe ratio {v['dsr']:.2f} over {trials} "
+             f"{compared} (95% intervals over sessions); deflated Sharpe ratio {v['dsr']:.2f} over {trials} "
              f"trial{'s' if trials > 1 else ''} on this data",
              f"gate: {gate.reason()}: {trade}"]
-    if v["vs_buy_and_hold"] is not None and not v["vs_buy_and_hold"][1] > 0:
+    if against == "flat" and v["vs_buy_and_hold"] is not None and not v["vs_buy_and_hold"][1] > 0:
         lines.append("note: the agent has not shown that it beats buy-and-hold here; the gate's bar is flat, which an "
-                     "agent that only holds long on a rising market can clear")
+                     "agent that only holds long on a rising market can clear (--gate-against buy_and_hold raises it)")
     return lines
 
 

@@ -34,10 +34,11 @@ def run_row(run_dir: Path) -> dict:
     from agents.runs.trials import count_trials
 
     cfg = load_run_config(run_dir)
-    v = verdict(out_of_sample(run_dir, "best"), count_trials(run_dir, cfg), scale_of(cfg.env.prop_firm))
+    v = verdict(out_of_sample(run_dir, "best"), count_trials(run_dir, cfg), scale_of(cfg.env.prop_firm),
+                cfg.gate_against)
     gate = v.pop("gate")
     return {"run": str(run_dir), "data": str(cfg.data.source), "llm": cfg.llm, "steps": cfg.total_steps, **v,
-            "gate": "live" if gate.live else "paper", "gate_reason": gate.reason()}
+            "gate": "live" if gate.live else "paper", "gate_against": gate.against, "gate_reason": gate.reason()}
 
 
 def interval(x) -> str:
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         table.add_row(Path(r["run"]).name, r["data"], r["llm"], f"{r['steps']:,}", str(r["sessions"]),
                       interval(r["pnl"]), "–" if r["buy_and_hold"] is None else f"{r['buy_and_hold']:,.0f}",
-                      interval(r["vs_buy_and_hold"]), f"{r['dsr']:.2f}", str(r["trials"]), r["gate"])
+                      interval(r["vs_buy_and_hold"]), f"{r['dsr']:.2f}", str(r["trials"]),
+                      f"{r['gate']} (vs {r['gate_against'].replace('_', '-')})")
     Console(width=None if sys.stdout.isatty() else 220).print(table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=float))

@@ -47,7 +47,7 @@ from agents.runs.trials import count_trials
 from jaxenv import Market, TradingEnv, load_market, walk_split
 from jaxenv.config import DataConfig
 from jaxenv.contracts import describe
-from jaxenv.evaluate import buy_and_hold
+from jaxenv.evaluate import buy_and_hold, held_pnl
 from jaxenv.metrics import METRICS, Trace, daily_pnl, step_days, walk_metrics
 from jaxenv.sessions import DAILY, SessionInfo
 
@@ -155,7 +155,7 @@ def out_of_sample(run_dir: str | Path, checkpoint: str = "best") -> OutOfSample:
     bounds = walk_bounds(run.market, "test")
     try:
         saved = OutOfSample.load(path) if path.exists() else None
-        if saved is not None and saved.buy_and_hold is not None:
+        if saved is not None and saved.buy_and_hold is not None and saved.held is not None:
             return dataclasses.replace(saved, in_sample_end=end)
         trace = None if saved is not None else agent_walk(run)(bounds, jax.random.PRNGKey(0))
     finally:
@@ -164,12 +164,19 @@ def out_of_sample(run_dir: str | Path, checkpoint: str = "best") -> OutOfSample:
         daily = daily_pnl(trace, run.market.timestamps, run.market.sessions.day)
         saved = OutOfSample([str(d) for d in daily.index], daily.astype(float).tolist(),
                             f"test split of {run.cfg.data.source}")
-    held = daily_pnl(buy_and_hold(run.env, run.market, bounds), run.market.timestamps, run.market.sessions.day)
-    held.index = held.index.astype(str)
-    record = dataclasses.replace(saved, in_sample_end=end,
-                                 buy_and_hold=[float(held.get(d, 0.0)) for d in saved.days])
+    bought = buy_and_hold(run.env, run.market, bounds)
+    moves = {"t": bought["t"], "pnl": held_pnl(run.market.close, bought["t"], money_per_point(run))}
+    by_day = lambda trace: daily_pnl(trace, run.market.timestamps, run.market.sessions.day).rename(str)  # noqa: E731
+    bought, moves = by_day(bought), by_day(moves)
+    record = dataclasses.replace(saved, in_sample_end=end, buy_and_hold=[float(bought.get(d, 0.0)) for d in saved.days],
+                                 held=[float(moves.get(d, 0.0)) for d in saved.days])
     record.save(path)
     return record
+
+
+def money_per_point(run: LoadedRun) -> float:
+    """What a move of 1.0 in the price is worth in the size the agent trades (buy-and-hold's, for the gate's bar)."""
+    return float(run.market.contract.point_value) * run.cfg.env.contracts_per_trade
 
 
 def in_sample_end(market: Market) -> str:
@@ -184,9 +191,10 @@ def gated_walk(run: LoadedRun, trace: Trace, record: OutOfSample | None) -> tupl
     out-of-sample sessions that closed before the walk's first, and counts the walk's sessions as they complete."""
     days = np.asarray(step_days(trace, run.market.timestamps, run.market.sessions.day)).astype(str)
     gate = Gate.start(record.before(days[0]) if record is not None and len(days) else None,
-                      scale_of(run.cfg.env.prop_firm))
+                      scale_of(run.cfg.env.prop_firm), run.cfg.gate_against)
     last = int(np.asarray(trace["t"])[-1]) + 1 if len(days) else -1  # the bar the walk's last P&L is marked at
-    gated, _ = gated_trace(trace, days, gate, last >= 0 and closes_session(run.market.sessions, last))
+    held = held_pnl(run.market.close, np.asarray(trace["t"]), money_per_point(run))
+    gated, _ = gated_trace(trace, days, gate, last >= 0 and closes_session(run.market.sessions, last), held)
     return gated, gate
 
 

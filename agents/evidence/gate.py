@@ -31,6 +31,7 @@ import numpy as np
 from agents.evidence.eprocess import ALPHA, Evidence, passes
 from jaxenv.env import NO_EXIT
 
+GATE_BARS = ("flat", "buy_and_hold")  # gate_against: what the agent's session P&L is measured against
 GATE_MODES = ("evidence", "off")  # trade.py --gate: the gate decides, or every order goes to the broker
 UNKNOWN_IN_SAMPLE = "9999-12-31"  # in_sample_end where the run's sessions cannot be known: no session is evidence
 
@@ -46,17 +47,28 @@ class OutOfSample:
     # the last session of the run's train and validation splits: a session at or before it is never evidence (None:
     # no such sessions, for a path of fresh agents)
     in_sample_end: str | None = None
-    # buy-and-hold's P&L on the same sessions (jaxenv.evaluate.buy_and_hold: the market's own move), shown beside the
-    # agent's; the gate's bar stays flat (None: a record saved before it was kept)
+    # buy-and-hold's P&L on the same sessions (jaxenv.evaluate.buy_and_hold: the market's own move, its costs paid),
+    # shown beside the agent's (None: a record saved before it was kept)
     buy_and_hold: list[float] | None = None
+    # the gate's buy-and-hold bar on the same sessions: the market's move held in the agent's size with no costs
+    # (jaxenv.evaluate.held_pnl), as every walk and trade.py count it (None: a record saved before it was kept)
+    held: list[float] | None = None
 
     def before(self, day: str | None) -> OutOfSample:
         """The sessions that closed before `day` (all, for None): a walk is never given evidence from its own bars or
         later ones."""
         keep = [i for i, d in enumerate(self.days) if day is None or d < day]
-        held = None if self.buy_and_hold is None else [self.buy_and_hold[i] for i in keep]
-        return OutOfSample([self.days[i] for i in keep], [self.pnl[i] for i in keep], self.source, self.in_sample_end,
-                           held)
+        pick = lambda values: None if values is None else [values[i] for i in keep]  # noqa: E731
+        return OutOfSample(pick(self.days), pick(self.pnl), self.source, self.in_sample_end, pick(self.buy_and_hold),
+                           pick(self.held))
+
+    def against(self, bar: str) -> list[float]:
+        """Each session's P&L as the gate counts it: the agent's, less the bar's (`GATE_BARS`)."""
+        if bar == "flat":
+            return list(self.pnl)
+        if self.held is None:
+            raise ValueError(f"the out-of-sample record of {self.source} has no buy-and-hold to be gated against")
+        return [p - h for p, h in zip(self.pnl, self.held)]
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,6 +87,7 @@ class Gate:
 
     scale: float  # the e-process's range c (agents.evidence.eprocess.scale_of)
     log_wealth: list[float]
+    against: str = "flat"  # the bar (GATE_BARS): a session counts the agent's P&L less the bar's
     sessions: int = 0
     clipped: int = 0
     pnl: float = 0.0
@@ -88,12 +101,14 @@ class Gate:
     in_sample: int = 0  # sessions completed at or before in_sample_end, not counted
 
     @classmethod
-    def start(cls, out_of_sample: OutOfSample | None, scale: float) -> Gate:
-        """A gate whose evidence is `out_of_sample`'s sessions (none: it starts on paper with no evidence, and as the
-        run's own sessions cannot be told from others, it counts none)."""
-        gate = cls(scale=float(scale), log_wealth=Evidence.zero().log_wealth.tolist())
+    def start(cls, out_of_sample: OutOfSample | None, scale: float, against: str = "flat") -> Gate:
+        """A gate whose evidence is `out_of_sample`'s sessions against the bar `against` (none: it starts on paper with
+        no evidence, and as the run's own sessions cannot be told from others, it counts none)."""
+        if against not in GATE_BARS:
+            raise ValueError(f"gate_against: must be one of {', '.join(GATE_BARS)}, got {against!r}")
+        gate = cls(scale=float(scale), log_wealth=Evidence.zero().log_wealth.tolist(), against=against)
         if out_of_sample is not None:
-            for day, pnl in zip(out_of_sample.days, out_of_sample.pnl):
+            for day, pnl in zip(out_of_sample.days, out_of_sample.against(against)):
                 gate._count(day, pnl)
             gate.live = gate.passing  # the account starts flat
         # from here on: the record's sessions were out of sample by construction, a traded one may not be
@@ -128,13 +143,14 @@ class Gate:
         self.passing = bool(passes(e, self.passing))
         self.last_counted = day
 
-    def settle(self, day: str, pnl: float) -> None:
-        """The last step's P&L and the trading day it was marked in; a day that changes completes the one before."""
+    def settle(self, day: str, pnl: float, held: float = 0.0) -> None:
+        """The last step's P&L, the trading day it was marked in and buy-and-hold's P&L of the step (`held`, counted
+        against when the bar is buy_and_hold); a day that changes completes the one before."""
         if day != self.day:
             if self.day is not None:
                 self._count(self.day, self.day_pnl)
             self.day, self.day_pnl = day, 0.0
-        self.day_pnl += float(pnl)
+        self.day_pnl += float(pnl) - (float(held) if self.against == "buy_and_hold" else 0.0)
 
     def close_session(self) -> None:
         """The session being summed is complete (its last bar has been settled): it counts now, not at the next day."""
@@ -158,7 +174,7 @@ class Gate:
     def reason(self) -> str:
         """Why the account is in its mode, in one line."""
         e, bar = math.exp(self.log_e), 1 / ALPHA
-        held = f"E = {e:.3g} over {self.sessions} out-of-sample sessions"
+        held = f"E = {e:.3g} over {self.sessions} out-of-sample sessions against {self.against.replace('_', '-')}"
         if self.live:
             why = f"an edge shown out of sample ({held}; the bar is {bar:.0f})"
         elif self.passing:
@@ -185,21 +201,24 @@ class Gate:
         return cls(**state)
 
 
-def gated_trace(trace: dict, days: np.ndarray, gate: Gate, ends_session: bool = False) -> tuple[dict, np.ndarray]:
+def gated_trace(trace: dict, days: np.ndarray, gate: Gate, ends_session: bool = False,
+                held: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
     """A walk's trace as the gate would have traded it: (the live part of the trace, each step's live flag). `days`:
-    the trading day each step's P&L is marked in (jaxenv.metrics.step_days). `gate` is advanced over the walk;
-    `ends_session`: the walk's last step closes its session (a split's end), which then counts as every other does,
-    so the gate after a walk of a split is the one its record of that split starts."""
+    the trading day each step's P&L is marked in (jaxenv.metrics.step_days); `held`: buy-and-hold's P&L of each step
+    (jaxenv.evaluate.held_pnl; none: the bar is flat). `gate` is advanced over the walk; `ends_session`: the walk's
+    last step closes its session (a split's end), which then counts as every other does, so the gate after a walk of
+    a split is the one its record of that split starts."""
     pnl, position = np.asarray(trace["pnl"], np.float64), np.asarray(trace["position"])
+    held = np.zeros(len(pnl)) if held is None else np.asarray(held, np.float64)
     live = np.zeros(len(pnl), bool)
     flat = True  # a walk's account starts flat
     for i in range(len(pnl)):
         if i:
-            gate.settle(str(days[i - 1]), pnl[i - 1])
+            gate.settle(str(days[i - 1]), pnl[i - 1], held[i - 1])
         live[i] = gate.decide(flat)
         flat = position[i] == 0
     if len(pnl):
-        gate.settle(str(days[-1]), pnl[-1])
+        gate.settle(str(days[-1]), pnl[-1], held[-1])
         if ends_session:
             gate.close_session()
     return live_part(trace, live), live

@@ -16,7 +16,8 @@ from pathlib import Path
 from agents.config import to_dict
 
 TRIALS_FILE = "trials.jsonl"
-NOT_A_TRIAL = ("seed", "log", "devices", "checkpoint", "transfer")  # what a run reports or resumes with, not tries
+# what a run reports, resumes or is judged with, not what it tries
+NOT_A_TRIAL = ("seed", "log", "devices", "checkpoint", "transfer", "gate_against")
 
 
 def _trial(run_dir: Path, cfg) -> dict:

@@ -20,13 +20,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from agents.command_line import CommandParser, print_error
 from agents.evidence.gate import GATE_MODES, UNKNOWN_IN_SAMPLE
 
 TRADE_DIR = "trade"  # RUN/trade/<file name>: the default --out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, metavar="RUN", help="run folder made by scripts/train.py")
     ap.add_argument("--data", required=True, metavar="FILE", help="the bars file (CSV or Parquet; --follow: CSV)")
     ap.add_argument("--checkpoint", default="best", metavar="STEP|best|latest", help="which checkpoint (default best)")
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         session = Session.open(args)
     except (ConfigError, DataValidationError, FileNotFoundError, ValueError, RunLocked) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     try:
         return session.run()
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
               "resume", file=sys.stderr)
         return 130
     except (DataValidationError, FileNotFoundError, ValueError) as e:  # a file that is not the run's instrument
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         session.discard = not session.decisions  # nothing was traded: nothing is left behind
         return 2
     finally:
@@ -290,6 +291,15 @@ class Session:
                           + (("advice_on_time",) if "advice_on_time" in summary else ())}))
         return 0
 
+    def _held(self, bar: int) -> float:
+        """Buy-and-hold's P&L over bar `bar` (the gate's bar when it is buy_and_hold), as evaluation's walk counts it
+        (jaxenv.evaluate.held_pnl)."""
+        from jaxenv.evaluate import held_pnl
+
+        agent = self.agent
+        money = float(agent.contract.point_value) * agent.cfg.env.contracts_per_trade
+        return float(held_pnl(agent.book.column("close"), np.array([bar - 1]), money)[0])
+
     def _say(self, text: str) -> None:
         (self.bar.write if self.bar is not None else print)(text, file=sys.stderr)
 
@@ -319,7 +329,7 @@ class Session:
                 journal.row("fills.csv", {**fill.row(), "mode": self.mode})
             journal.row("trace.csv", {**row, "live": int(self.live)})
             if self.gate is not None:
-                self.gate.settle(str(agent.book.days[decision.bar]), row["pnl"])
+                self.gate.settle(str(agent.book.days[decision.bar]), row["pnl"], self._held(decision.bar))
         if self.args.gate == "evidence":
             if self.gate is None:  # the first decision: the evidence before its session
                 from agents.evidence.eprocess import scale_of
@@ -327,7 +337,7 @@ class Session:
 
                 day = str(agent.book.days[decision.bar])
                 self.gate = Gate.start(self.record.before(day) if self.record else None,
-                                       scale_of(agent.cfg.env.prop_firm))
+                                       scale_of(agent.cfg.env.prop_firm), agent.cfg.gate_against)
             self._say_in_sample(str(agent.book.days[decision.bar]))
             self.live = self.gate.decide(flat=decision.position == 0)
         book, other = (self.broker, self.paper) if self.live else (self.paper, self.broker)

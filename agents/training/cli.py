@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from agents.command_line import CommandParser
+from agents.command_line import CommandParser, print_error
 from agents.config import RUN_CONFIG_FILE, ConfigError, add_config_flags, config_overrides, flag_name, load_config
 
 
@@ -71,7 +71,10 @@ def start(args: argparse.Namespace):
         overrides.append("log.progress=false")
     if args.no_veto:
         overrides.append("hybrid.veto.enabled=false")
-    cfg = load_config(args.config, overrides)
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as error:  # the data is checked too, so that one run names every input error
+        raise ConfigError(*error.errors, *data_errors(args.config, overrides)) from None
     import jax
 
     if jax.process_count() > 1 and not args.run_dir:
@@ -95,6 +98,29 @@ def start(args: argparse.Namespace):
         if cfg.llm not in ("none", "mock"):
             print(walk_keys_note(cfg, setup.market), file=sys.stderr)
     return train(cfg, run_dir, env_setup=setup, lock=lock)
+
+
+DATA_SECTIONS = ("env_name", "env", "data")  # the config the data loader reads: the env, its instrument and the data
+
+
+def data_errors(config: str | None, overrides: list[str]) -> list[str]:
+    """For a config with errors: the data's error, if it has one, as the run would have met it once those are fixed
+    (today's wording, one line), so that one run names every input error. The data is loaded and checked (no env
+    built) as the config's DATA_SECTIONS alone name it on the defaults; none where those sections have errors
+    themselves (the config's own lines name them) or the env is not the trading env."""
+    from jaxenv import DataValidationError, load_market
+
+    try:
+        cfg = load_config(config, overrides, only=DATA_SECTIONS)
+    except ConfigError:
+        return []
+    if cfg.env_name != "trading":
+        return []
+    try:
+        load_market(cfg.data)
+    except (DataValidationError, FileNotFoundError) as error:
+        return [str(error)]
+    return []
 
 
 def walk_keys_note(cfg, market) -> str:
@@ -129,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         result = start(args)
     except (ConfigError, DataValidationError, FileNotFoundError, FileExistsError, CheckpointMismatch,
             CheckpointDamaged, RunLocked, SidecarError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)  # every input error of a ConfigError: a line each
         return 2
     except RunWriteError as e:  # the run stopped; what was written before is whole and --resume continues it
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 1
     if result.interrupted:  # 130 after Ctrl-C, 143 after SIGTERM: the shell's code for a process the signal ended
         return 128 + (result.stop_signal or signal.SIGINT)
@@ -159,5 +185,5 @@ def out_of_sample_lines(cfg, run_dir: Path) -> list[str]:
     from agents.runs.trials import count_trials
 
     return verdict_lines(out_of_sample(run_dir, "best"), count_trials(run_dir, cfg), scale_of(cfg.env.prop_firm),
-                         "best")
+                         "best", cfg.gate_against)
 
