@@ -191,7 +191,7 @@ class MockConfig:
 
 @dataclass
 class LinkConfig:
-    """The query step's round trip to the advisor (agents.advisor.link): how many keys it asks, whether the trainer
+    """The query step's round trip to the advisor (agents.advisor.pacer): how many keys it asks, whether the trainer
     waits for the answers, the prompts it renders and what it logs."""
 
     # B: most envs asked per query step (per process), a number or `auto` (sized from the sidecar's rate)

@@ -34,7 +34,7 @@ import jax
 from agents.advice.acting import make_acting
 from agents.advisor.fill import fill_store
 from agents.advisor.sidecar import at_full_rate
-from agents.advisor.link import latency_mode
+from agents.advisor.pacer import latency_mode
 from agents.advisor.query_loop import QueryLoop
 from agents.config import load_config
 from agents.rl.ppo import make_train
@@ -71,7 +71,7 @@ def base_overrides(n_envs: int, num_steps: int) -> list[str]:
 
 def smollm2_available() -> bool:
     try:
-        from llm_sidecar.models import find_smollm2_gguf
+        from bridge.embedded_model import find_smollm2_gguf
 
         find_smollm2_gguf()
         return True
@@ -116,7 +116,7 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
     try:
         warmup, i = WARMUP_UPDATES, 0
         while i < warmup + reps:
-            with advisors_stopped(loop.client):
+            with advisors_stopped(loop.advisor.workers):
                 t = time.perf_counter()
                 states["rl"], m = rl_update(states["rl"])
                 rl_s = time.perf_counter() - t
@@ -144,7 +144,7 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
         **hybrid,
         "reps": reps,
         "latency": latency_mode(cfg),
-        "workers": len(loop.client.workers),
+        "workers": len(loop.advisor.workers.workers),
         "rl_only_steps_per_s": rl["steps_per_s"],
         "ratio": hybrid["steps_per_s"] / rl["steps_per_s"],
         "coverage": mean("advice_coverage"),

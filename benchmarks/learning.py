@@ -33,7 +33,7 @@ TARGET_S = 120.0  # issue 65: a round over ~800 outcomes within 2 minutes on thi
 def outcome_prompts(n: int, seed: int = 0) -> tuple[list[str], np.ndarray]:
     """`n` prompts of the training split's flat-side keys whose move is known, and their moves (ATRs)."""
     from agents.advice.table import walk_keys
-    from agents.advisor.link import prompt_template
+    from agents.advisor.advisor import prompt_template
     from agents.advisor.outcomes import outcome_rows
     from agents.advisor.prompt_fields import PromptFieldBuilder
     from agents.config import load_config

@@ -7,8 +7,8 @@ The main command's settings (the embedded defaults: SmolLM2, its prompt template
 store. Per condition, as in a training run at its first validation walk: training's advisor is started as training
 starts it (`hybrid.sidecar`: 1 thread at nice 19) and given one submission of its budget's worth of training keys,
 so that it is busy as it would be; then the walk's link is started as `AgentEvaluator` starts it
-(`agents.evaluation.advised_walk.walk_link`) and asks the first KEYS keys the validation walk reads ahead of it
-(`AdvisorLink.ask_all`), timed from the first submission to the last answer (the model's loading is not). Beside:
+(`agents.advisor.pacer.walk_pacer`) and asks the first KEYS keys the validation walk reads ahead of it
+(`QueryPacer.ask_all`), timed from the first submission to the last answer (the model's loading is not). Beside:
 one `python -c "while True: pass"` at normal priority, started before the advisors and stopped after. Each condition
 starts fresh processes. `--quick`: 64 keys.
 """
@@ -44,9 +44,8 @@ def busy_processes(n: int):
 
 def walk_row(condition: str, beside: int, n_keys: int) -> dict:
     from agents.advice.table import walk_keys
-    from agents.advisor.link import AdvisorLink
+    from agents.advisor.pacer import training_pacer, walk_pacer
     from agents.config import load_config
-    from agents.evaluation.advised_walk import walk_link
     from jaxenv import load_market
 
     cfg = load_config(None, OVERRIDES)
@@ -55,12 +54,12 @@ def walk_row(condition: str, beside: int, n_keys: int) -> dict:
     val_start, val_end = market.split_range("val")
     k = cfg.hybrid.query.interval
     with busy_processes(beside):
-        train = AdvisorLink(cfg, market, cfg.num_envs)  # training's advisor, as QueryLoop starts it
+        train = training_pacer(cfg, market, None)  # training's advisor, as QueryLoop starts it
         walk = None
         try:
             train_keys = walk_keys(train_start, train_end, k)
-            train.session.submit(train_keys[:train.budget])  # busy with its latest query step, as at a walk
-            walk = walk_link(cfg, market)
+            train.advisor.submit(train_keys[:train.budget])  # busy with its latest query step, as at a walk
+            walk = walk_pacer(cfg, market)
             keys = walk_keys(val_start, val_end, k, cfg.hybrid.query.entries_only)[:n_keys]
             load = load_average()
             t0 = time.perf_counter()

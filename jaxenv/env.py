@@ -19,7 +19,7 @@ agents.evidence.eprocess).
 from __future__ import annotations
 
 from functools import lru_cache, partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +99,29 @@ class EnvState(environment.EnvState):
     entry_locked: jax.Array  # bool: no new entry until the next session (the account replaced a breached one)
 
 
+class Position(NamedTuple):
+    """The position held through bar t+1, after bar t's order and position management (side 0: flat)."""
+
+    side: jax.Array
+    entry_price: jax.Array
+    stop: jax.Array
+    target: jax.Array
+    trailing: jax.Array
+    entry_time: jax.Array
+    entered: jax.Array  # bar t's order opened it at bar t+1's open
+
+
+class Exit(NamedTuple):
+    """How bar t+1 closes the position (all False: it does not) and at what price."""
+
+    liquidated: jax.Array  # the drawdown's liquidation price was met before the stop
+    stop_hit: jax.Array
+    target_hit: jax.Array
+    session_exit: jax.Array
+    exiting: jax.Array  # any of the four
+    price: jax.Array
+
+
 def recent_win_rate(state: EnvState) -> jax.Array:
     """Wins / trades over the last (at most RECENT_TRADES) closed trades; 0 before any trade."""
     return jax.lax.population_count(state.recent_wins) / jnp.maximum(state.recent_count, 1)
@@ -110,7 +133,7 @@ def drawdown_threshold(peak: jax.Array, params: EnvParams) -> jax.Array:
 
 def bracket_distances(params: EnvParams, atr):
     """An entry's stop and target distances from its fill, in price units: the ATR rule (the levels are rounded to
-    ticks from the fill, jaxenv.env's transition). Defined once: a trading decision's order carries them."""
+    ticks from the fill, jaxenv.env's fill_entry). Defined once: a trading decision's order carries them."""
     return params.stop_atr_mult * atr, params.target_atr_mult * atr
 
 
@@ -370,136 +393,231 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
         """One bar forward: fill the order placed at bar t on bar t+1, then stops/targets/session close and
         the drawdown rule on bar t+1. Returns (next_state, reward, terminated, info). Invalid actions act
         as HOLD and are flagged in info."""
-        t = state.t
-        now, nxt = params.bars[t], params.bars[t + 1]
-        o, h, lo, c = nxt[OPEN], nxt[HIGH], nxt[LOW], nxt[CLOSE]
-        tick, slip = params.tick_size, params.slippage
-        comm = params.commission_per_side * params.contracts
-        pv_n = params.point_value * params.contracts
-
-        def to_tick(x):
-            return jnp.round(x / tick) * tick
-
-        mask = self.action_mask(state, params)
-        action = jnp.asarray(action, jnp.int32)
-        valid = mask[action]
-        a = jnp.where(valid, action, HOLD)
-
-        # Position management decided at bar t applies to bar t+1.
-        held_sign = state.side.astype(jnp.float32)
-        stop = jnp.where(a == MOVE_TO_BE, state.entry_price, state.stop)
-        trail_level = to_tick(now[CLOSE] - held_sign * params.trail_atr_mult * now[ATR])
-        tighter = jnp.where(state.side > 0, jnp.maximum(stop, trail_level), jnp.minimum(stop, trail_level))
-        stop = jnp.where(a == ENABLE_TRAIL, tighter, stop)
-        trailing = (state.trailing | (a == ENABLE_TRAIL)) & (a != DISABLE_TRAIL)
-
-        # Entries fill at the next open, worse by the slippage; stop and target from ATR at decision time.
-        enter = (a == BUY) | (a == SELL)
-        side = jnp.where(a == BUY, 1, jnp.where(a == SELL, -1, state.side))
-        sign = side.astype(jnp.float32)
-        entry_fill = o + sign * slip
-        entry_price = jnp.where(enter, entry_fill, state.entry_price)
-        stop_distance, target_distance = bracket_distances(params, now[ATR])
-        stop = jnp.where(enter, to_tick(entry_fill - sign * stop_distance), stop)
-        target = jnp.where(enter, to_tick(entry_fill + sign * target_distance), state.target)
-        trailing = trailing & ~enter
-        entry_time = jnp.where(enter, state.time, state.entry_time)
-        balance = state.balance - jnp.where(enter, comm, 0.0)
-        commissions = state.commissions + jnp.where(enter, comm, 0.0)
-
-        # The adverse level hit first on the way down (long) or up (short): the stop or the liquidation price
-        # at which equity meets the drawdown threshold. A position carried into another session (its last bar was
-        # missing) is closed at the open before anything else.
-        in_pos = side != 0
-        is_long = side > 0
-        carried = in_pos & ~enter & (nxt[SESSION] != now[SESSION]) & params.flat_between_sessions
+        now, bar = params.bars[state.t], params.bars[state.t + 1]
+        a, valid = self.taken_action(state, action, params)
+        pos = fill_entry(state, a, *manage_position(state, a, now, params), now, bar, params)
+        balance, commissions = pay_entry(state, pos.entered, params)
+        # Bar t+1 is checked against the threshold the peak set before it.
         threshold = drawdown_threshold(state.peak, params)
-        safe_sign_pv = jnp.where(in_pos, sign * pv_n, 1.0)
-        liquidation_level = entry_price + (threshold - balance) / safe_sign_pv
-        adverse_level = jnp.where(is_long, jnp.maximum(stop, liquidation_level), jnp.minimum(stop, liquidation_level))
-        adverse_hit = in_pos & ~carried & jnp.where(is_long, lo <= adverse_level, h >= adverse_level)
-        liquidated = adverse_hit & jnp.where(is_long, liquidation_level >= stop, liquidation_level <= stop)
-        stop_hit = adverse_hit & ~liquidated
-        target_hit = in_pos & ~carried & ~adverse_hit & jnp.where(is_long, h >= target, lo <= target)
-        session_exit = in_pos & ~adverse_hit & ~target_hit & ((nxt[FLATTEN] > 0) | carried)
-        exiting = adverse_hit | target_hit | session_exit
-
-        # A gap through a level fills at the open; stops and liquidations slip, the target is a limit order.
-        adverse_fill = jnp.where(is_long, jnp.minimum(adverse_level, o), jnp.maximum(adverse_level, o)) - sign * slip
-        target_fill = jnp.where(is_long, jnp.maximum(target, o), jnp.minimum(target, o))
-        session_fill = jnp.where(carried, o, c) - sign * slip
-        exit_price = jnp.where(adverse_hit, adverse_fill, jnp.where(target_hit, target_fill, session_fill))
-        gross = sign * (exit_price - entry_price) * pv_n
-        trade_pnl = gross - 2.0 * comm
-        balance = balance + jnp.where(exiting, gross - comm, 0.0)
-        commissions = commissions + jnp.where(exiting, comm, 0.0)
-
-        reason = jnp.where(
-            liquidated,
-            BREACH,
-            jnp.where(
-                stop_hit,
-                jnp.where(state.trailing & ~enter, TRAILING_STOP,
-                          jnp.where(stop == entry_price, BREAKEVEN_STOP, STOP_LOSS)),
-                jnp.where(target_hit, TAKE_PROFIT, jnp.where(session_exit, SESSION_CLOSE, NO_EXIT)),
-            ),
-        )
-        still_open = in_pos & ~exiting
-        final_side = jnp.where(exiting, 0, side)
-        final_sign = final_side.astype(jnp.float32)
-
-        # Trailing stop follows the close of the bar just finished; it applies from the next bar.
-        new_trail = to_tick(c - final_sign * params.trail_atr_mult * nxt[ATR])
-        trailed = jnp.where(is_long, jnp.maximum(stop, new_trail), jnp.minimum(stop, new_trail))
-        stop = jnp.where(still_open & trailing, trailed, stop)
-
-        equity = balance + final_sign * (c - entry_price) * pv_n
-        best_mark = jnp.where(still_open, balance + sign * (jnp.where(is_long, h, lo) - entry_price) * pv_n, equity)
-        peak = jnp.maximum(state.peak, jnp.maximum(best_mark, equity))
-        terminated = liquidated | (equity <= threshold)
-
-        win = trade_pnl > 0
-        new_session = nxt[SESSION].astype(jnp.int32) != state.session
-        trades_today = jnp.where(new_session, 0, state.trades_today) + exiting.astype(jnp.int32)
+        exit_ = find_exit(pos, balance, threshold, carried_over(pos, now, bar, params), bar, params)
+        balance, commissions, trade_pnl = settle_exit(pos, exit_, balance, commissions, params)
+        still_open = (pos.side != 0) & ~exit_.exiting
+        side = jnp.where(exit_.exiting, 0, pos.side)
+        equity = marked_equity(balance, side, pos.entry_price, bar[CLOSE], params)
+        # A breach: the liquidation, or an exit whose fill (a gap, the slippage) left equity at the threshold or below.
+        terminated = exit_.liquidated | (equity <= threshold)
         next_state = EnvState(
             time=state.time + 1,
-            t=t + 1,
-            side=final_side,
-            entry_price=entry_price,
-            stop=stop,
-            target=target,
-            trailing=trailing & still_open,
-            entry_time=entry_time,
+            t=state.t + 1,
+            side=side,
+            entry_price=pos.entry_price,
+            stop=trailed_stop(pos, still_open, bar, params),
+            target=pos.target,
+            trailing=pos.trailing & still_open,
+            entry_time=pos.entry_time,
             balance=balance,
             equity=equity,
-            peak=peak,
-            trades=state.trades + exiting,
-            wins=state.wins + (exiting & win),
-            consecutive_losses=jnp.where(exiting, jnp.where(win, 0, state.consecutive_losses + 1), state.consecutive_losses),
-            recent_wins=jnp.where(exiting, ((state.recent_wins << 1) | win.astype(jnp.int32)) & ((1 << RECENT_TRADES) - 1),
-                                  state.recent_wins),
-            recent_count=jnp.where(exiting, jnp.minimum(state.recent_count + 1, RECENT_TRADES), state.recent_count),
-            session=nxt[SESSION].astype(jnp.int32),
-            session_start_equity=jnp.where(new_session, state.equity, state.session_start_equity),
-            trades_today=trades_today,
             commissions=commissions,
-            entry_locked=state.entry_locked & ~new_session,
+            peak=raised_peak(state.peak, pos, still_open, balance, equity, bar, params),
+            **record_trade(state, exit_.exiting, trade_pnl > 0),
+            **roll_session(state, bar, exit_.exiting),
         )
-        reward = (equity - state.equity - jnp.where(terminated, params.breach_penalty, 0.0)) * params.reward_scale
-        info: dict[str, Any] = {
-            "invalid_action": ~valid,
-            "entry_side": jnp.where(enter, side, 0),
-            "entry_price": jnp.where(enter, entry_price, 0.0),
-            "exit_reason": reason,
-            "exit_price": jnp.where(exiting, exit_price, 0.0),
-            "trade_pnl": jnp.where(exiting, trade_pnl, 0.0),
-            "episode_pnl": equity - params.starting_balance,
-            "episode_trades": next_state.trades,
-            "episode_wins": next_state.wins,
-            "episode_breached": terminated,
-            "episode_commissions": commissions,
-        }
-        return next_state, reward.astype(jnp.float32), terminated, info
+        reason = exit_reason(state.trailing, pos, exit_)
+        info = step_info(valid, pos, exit_, reason, trade_pnl, next_state, terminated, params)
+        return next_state, step_reward(state, equity, terminated, params), terminated, info
+
+    def taken_action(self, state: EnvState, action: jax.Array, params: EnvParams) -> tuple[jax.Array, jax.Array]:
+        """The action taken (`action` where the mask allows it, else HOLD) and whether `action` was valid."""
+        action = jnp.asarray(action, jnp.int32)
+        valid = self.action_mask(state, params)[action]
+        return jnp.where(valid, action, HOLD), valid
+
+
+# ----------------------------------------------------------------------------- transition's steps, in order
+def to_tick(x: jax.Array, tick_size: jax.Array) -> jax.Array:
+    """`x` rounded to the nearest tick."""
+    return jnp.round(x / tick_size) * tick_size
+
+
+def commission(params: EnvParams) -> jax.Array:
+    """The commission of one side of a trade, all contracts."""
+    return params.commission_per_side * params.contracts
+
+
+def money_per_point(params: EnvParams) -> jax.Array:
+    """Dollars per point of price move of a position, all contracts."""
+    return params.point_value * params.contracts
+
+
+def better_for(is_long: jax.Array, x: jax.Array, y: jax.Array) -> jax.Array:
+    """Of two prices, the better for the position (the higher for a long): e.g. the tighter of two stops."""
+    return jnp.where(is_long, jnp.maximum(x, y), jnp.minimum(x, y))
+
+
+def trail_level(close: jax.Array, atr: jax.Array, side: jax.Array, params: EnvParams) -> jax.Array:
+    """Where a trailing stop sits after a bar: trail_atr_mult ATRs behind its close, on a tick."""
+    return to_tick(close - side.astype(jnp.float32) * params.trail_atr_mult * atr, params.tick_size)
+
+
+def manage_position(state: EnvState, a: jax.Array, now: jax.Array, params: EnvParams) -> tuple[jax.Array, jax.Array]:
+    """Stop and trail flag after bar t's MOVE_TO_BE (stop to entry) / ENABLE_TRAIL (tighter trail) / DISABLE_TRAIL."""
+    stop = jnp.where(a == MOVE_TO_BE, state.entry_price, state.stop)
+    tighter = better_for(state.side > 0, stop, trail_level(now[CLOSE], now[ATR], state.side, params))
+    stop = jnp.where(a == ENABLE_TRAIL, tighter, stop)
+    return stop, (state.trailing | (a == ENABLE_TRAIL)) & (a != DISABLE_TRAIL)
+
+
+def fill_entry(state: EnvState, a: jax.Array, stop: jax.Array, trailing: jax.Array, now: jax.Array, bar: jax.Array,
+               params: EnvParams) -> Position:
+    """The position held through bar t+1: a BUY/SELL fills at its open plus slippage, bracketed by bar t's ATR."""
+    entered = (a == BUY) | (a == SELL)
+    side = jnp.where(a == BUY, 1, jnp.where(a == SELL, -1, state.side))
+    sign = side.astype(jnp.float32)
+    fill = bar[OPEN] + sign * params.slippage
+    stop_distance, target_distance = bracket_distances(params, now[ATR])
+    return Position(
+        side=side,
+        entry_price=jnp.where(entered, fill, state.entry_price),
+        stop=jnp.where(entered, to_tick(fill - sign * stop_distance, params.tick_size), stop),
+        target=jnp.where(entered, to_tick(fill + sign * target_distance, params.tick_size), state.target),
+        trailing=trailing & ~entered,
+        entry_time=jnp.where(entered, state.time, state.entry_time),
+        entered=entered,
+    )
+
+
+def pay_entry(state: EnvState, entered: jax.Array, params: EnvParams) -> tuple[jax.Array, jax.Array]:
+    """Balance and commissions paid after an entry's commission (unchanged without an entry)."""
+    paid = jnp.where(entered, commission(params), 0.0)
+    return state.balance - paid, state.commissions + paid
+
+
+def carried_over(pos: Position, now: jax.Array, bar: jax.Array, params: EnvParams) -> jax.Array:
+    """A held position bar t+1 carries into another session (its last bar missing) where that is not allowed."""
+    return (pos.side != 0) & ~pos.entered & (bar[SESSION] != now[SESSION]) & params.flat_between_sessions
+
+
+def liquidation_price(pos: Position, balance: jax.Array, threshold: jax.Array, params: EnvParams) -> jax.Array:
+    """The price at which the position's equity meets the drawdown threshold."""
+    safe_sign_pv = jnp.where(pos.side != 0, pos.side.astype(jnp.float32) * money_per_point(params), 1.0)  # flat: no 0
+    return pos.entry_price + (threshold - balance) / safe_sign_pv
+
+
+def adverse_exit(pos: Position, liquidation: jax.Array, carried: jax.Array, bar: jax.Array):
+    """(level, hit, liquidated): the nearer of stop and liquidation price, bar t+1 reaches it, it is the latter."""
+    is_long = pos.side > 0
+    level = better_for(is_long, pos.stop, liquidation)
+    hit = (pos.side != 0) & ~carried & jnp.where(is_long, bar[LOW] <= level, bar[HIGH] >= level)
+    return level, hit, hit & jnp.where(is_long, liquidation >= pos.stop, liquidation <= pos.stop)
+
+
+def exit_fill(pos: Position, adverse_level, adverse_hit, target_hit, carried, bar: jax.Array, params: EnvParams):
+    """The exit's price; a session exit fills at bar t+1's close (a carried position at its open)."""
+    is_long, sign, open_ = pos.side > 0, pos.side.astype(jnp.float32), bar[OPEN]
+    # A gap through a level fills at the open; stops, liquidations and closes slip, the target is a limit order.
+    adverse_fill = jnp.where(is_long, jnp.minimum(adverse_level, open_), jnp.maximum(adverse_level, open_))
+    adverse_fill = adverse_fill - sign * params.slippage
+    target_fill = better_for(is_long, pos.target, open_)
+    session_fill = jnp.where(carried, open_, bar[CLOSE]) - sign * params.slippage
+    return jnp.where(adverse_hit, adverse_fill, jnp.where(target_hit, target_fill, session_fill))
+
+
+def find_exit(pos: Position, balance: jax.Array, threshold: jax.Array, carried: jax.Array, bar: jax.Array,
+              params: EnvParams) -> Exit:
+    """How bar t+1 closes the position: at the adverse level (before the target when both), target, or session end."""
+    liquidation = liquidation_price(pos, balance, threshold, params)
+    level, adverse_hit, liquidated = adverse_exit(pos, liquidation, carried, bar)
+    target_hit = (pos.side != 0) & ~carried & ~adverse_hit & jnp.where(pos.side > 0, bar[HIGH] >= pos.target,
+                                                                        bar[LOW] <= pos.target)
+    session_exit = (pos.side != 0) & ~adverse_hit & ~target_hit & ((bar[FLATTEN] > 0) | carried)
+    return Exit(liquidated=liquidated, stop_hit=adverse_hit & ~liquidated, target_hit=target_hit,
+                session_exit=session_exit, exiting=adverse_hit | target_hit | session_exit,
+                price=exit_fill(pos, level, adverse_hit, target_hit, carried, bar, params))
+
+
+def settle_exit(pos: Position, exit_: Exit, balance: jax.Array, commissions: jax.Array, params: EnvParams):
+    """(balance, commissions, trade_pnl) after the exit; trade_pnl is the whole trade's, net of both commissions."""
+    comm = commission(params)
+    gross = pos.side.astype(jnp.float32) * (exit_.price - pos.entry_price) * money_per_point(params)
+    booked_balance = balance + jnp.where(exit_.exiting, gross - comm, 0.0)
+    return booked_balance, commissions + jnp.where(exit_.exiting, comm, 0.0), gross - 2.0 * comm
+
+
+def marked_equity(balance: jax.Array, side: jax.Array, entry_price: jax.Array, price: jax.Array,
+                  params: EnvParams) -> jax.Array:
+    """The account's equity with the position (side 0: none) marked at `price`."""
+    return balance + side.astype(jnp.float32) * (price - entry_price) * money_per_point(params)
+
+
+def trailed_stop(pos: Position, still_open: jax.Array, bar: jax.Array, params: EnvParams) -> jax.Array:
+    """The stop from bar t+2 on: a trailing stop follows bar t+1's close, never loosening."""
+    trailed = better_for(pos.side > 0, pos.stop, trail_level(bar[CLOSE], bar[ATR], pos.side, params))
+    return jnp.where(still_open & pos.trailing, trailed, pos.stop)
+
+
+def raised_peak(peak: jax.Array, pos: Position, still_open: jax.Array, balance: jax.Array, equity: jax.Array,
+                bar: jax.Array, params: EnvParams) -> jax.Array:
+    """The peak after bar t+1: raised to its best mark (favourable extreme while held, else the equity)."""
+    favourable = jnp.where(pos.side > 0, bar[HIGH], bar[LOW])
+    best_mark = jnp.where(still_open, marked_equity(balance, pos.side, pos.entry_price, favourable, params), equity)
+    return jnp.maximum(peak, jnp.maximum(best_mark, equity))
+
+
+def record_trade(state: EnvState, exiting: jax.Array, win: jax.Array) -> dict[str, jax.Array]:
+    """The trade counters of EnvState after bar t+1 (unchanged unless a trade closed on it)."""
+    return dict(
+        trades=state.trades + exiting,
+        wins=state.wins + (exiting & win),
+        consecutive_losses=jnp.where(exiting, jnp.where(win, 0, state.consecutive_losses + 1),
+                                     state.consecutive_losses),
+        recent_wins=jnp.where(exiting, ((state.recent_wins << 1) | win.astype(jnp.int32)) & ((1 << RECENT_TRADES) - 1),
+                              state.recent_wins),
+        recent_count=jnp.where(exiting, jnp.minimum(state.recent_count + 1, RECENT_TRADES), state.recent_count),
+    )
+
+
+def roll_session(state: EnvState, bar: jax.Array, exiting: jax.Array) -> dict[str, jax.Array]:
+    """EnvState's session fields at bar t+1: a new session restarts them and lifts a replaced account's entry lock."""
+    session = bar[SESSION].astype(jnp.int32)
+    new_session = session != state.session
+    return dict(
+        session=session,
+        session_start_equity=jnp.where(new_session, state.equity, state.session_start_equity),
+        trades_today=jnp.where(new_session, 0, state.trades_today) + exiting.astype(jnp.int32),
+        entry_locked=state.entry_locked & ~new_session,
+    )
+
+
+def exit_reason(was_trailing: jax.Array, pos: Position, exit_: Exit) -> jax.Array:
+    """The EXIT_REASONS code; a stop is a trailing one if trailing at bar t, break-even if it sat at the entry."""
+    stop_kind = jnp.where(was_trailing & ~pos.entered, TRAILING_STOP,
+                          jnp.where(pos.stop == pos.entry_price, BREAKEVEN_STOP, STOP_LOSS))
+    other = jnp.where(exit_.target_hit, TAKE_PROFIT, jnp.where(exit_.session_exit, SESSION_CLOSE, NO_EXIT))
+    return jnp.where(exit_.liquidated, BREACH, jnp.where(exit_.stop_hit, stop_kind, other))
+
+
+def step_reward(state: EnvState, equity: jax.Array, terminated: jax.Array, params: EnvParams) -> jax.Array:
+    """The bar's change of equity, less the breach penalty on a breach, scaled."""
+    reward = (equity - state.equity - jnp.where(terminated, params.breach_penalty, 0.0)) * params.reward_scale
+    return reward.astype(jnp.float32)
+
+
+def step_info(valid, pos: Position, exit_: Exit, reason, trade_pnl, next_state: EnvState, terminated,
+              params: EnvParams) -> dict[str, Any]:
+    """transition's info: the bar's entry and exit (zeros where none) and the episode's running totals."""
+    return {
+        "invalid_action": ~valid,
+        "entry_side": jnp.where(pos.entered, pos.side, 0),
+        "entry_price": jnp.where(pos.entered, pos.entry_price, 0.0),
+        "exit_reason": reason,
+        "exit_price": jnp.where(exit_.exiting, exit_.price, 0.0),
+        "trade_pnl": jnp.where(exit_.exiting, trade_pnl, 0.0),
+        "episode_pnl": next_state.equity - params.starting_balance,
+        "episode_trades": next_state.trades,
+        "episode_wins": next_state.wins,
+        "episode_breached": terminated,
+        "episode_commissions": next_state.commissions,
+    }
 
 
 def flattens_at_session_end(spec: ContractSpec, rules: PropFirmRules) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 from bridge.parsing import answer_probabilities, parse_answer
 from bridge.prompts import DEFAULT_ACTION_LABELS
 from bridge.protocol import ACTIONS, MOCK_ANSWERS, NUM_ACTIONS, STATUS_OK
-from llm_sidecar import mock_rules
+from bridge import mock_rules
 from llm_sidecar.models import log, resolve_model
 
 

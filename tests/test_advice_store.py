@@ -282,7 +282,7 @@ def test_a_keys_prompt_shows_the_market_at_its_blocks_last_bar_and_no_accounts_f
 def test_a_template_naming_an_accounts_figures_is_refused_in_one_line(tmp_path):
     import yaml
 
-    from agents.advisor.link import prompt_template
+    from agents.advisor.advisor import prompt_template
 
     template = yaml.safe_load((ROOT / "configs" / "prompts.yaml").read_text())
     template["context"] += " bal{balance}"
@@ -347,7 +347,7 @@ def test_answers_carry_the_version_that_gave_them_and_the_store_keeps_version_0_
     """The sidecar reports with each answer the advisor version that gave it (a learning advisor's adopted LoRA
     rounds): the table holds each key under that version, and the store, whose identity names the advisor as it
     started, keeps version 0's answers only: a learned answer is never stored as the frozen advisor's."""
-    from agents.advisor.link import AdvisorLink
+    from agents.advisor.pacer import walk_pacer
     from bridge import BridgeConfig, SidecarClient
     from bridge.client import ECHO_PEER_COMMAND
     from jaxenv import load_market
@@ -357,11 +357,11 @@ def test_answers_carry_the_version_that_gave_them_and_the_store_keeps_version_0_
     asked = {0: np.array([300, 301, 302]), 2: np.array([400, 401])}
     for version, keys in asked.items():
         client = SidecarClient(BridgeConfig(capacity=16)).start(command=(*ECHO_PEER_COMMAND, "--version", str(version)))
-        link = AdvisorLink(cfg, market, 1, client=client, latency="strict", walk=True)
-        link.session.submit(keys, version=0)  # asked as version 0
+        link = walk_pacer(cfg, market, client=client)
+        link.advisor.submit(keys, version=0)  # asked as version 0
         rows = link._collect(wait=True)
-        assert rows[4].tolist() == [version] * len(keys) and (link.session.known.version[keys] == version).all()
-        ident = link.session.store.ident
+        assert rows[4].tolist() == [version] * len(keys) and (link.advisor.known.version[keys] == version).all()
+        ident = link.advisor.store.ident
         link.close()
     stored = AdviceStore(tmp_path / "store", ident, link.num_keys).load()
     assert np.flatnonzero(stored.filled()).tolist() == asked[0].tolist()
@@ -378,7 +378,7 @@ def test_the_store_identity_moves_with_the_prompt_format_the_model_files_and_the
     to a key's prompt (an indicator computed otherwise, another renderer), so a change in the code that makes prompts
     never serves the old prompts' answers; the golden prompts pin what the default template renders now (a change to
     them is a change of format: update them with it). The model's files and the device class move it too."""
-    from agents.advisor.link import prompt_template
+    from agents.advisor.advisor import prompt_template
     from agents.advisor.prompt_fields import PromptFieldBuilder
     from agents.advisor.store import identity, model_digest, prompt_format_digest
     from jaxenv import load_market

@@ -401,19 +401,19 @@ def test_a_run_whose_advisor_learns_saves_adapters_with_checkpoints_and_evaluati
     advisor as it started): an answer of a learned version, which the sidecar reports with it, is never stored."""
     import sqlite3
 
-    from agents.advisor.link import AdvisorLink
+    from agents.advisor.pacer import QueryPacer
 
-    collected = []  # (the link's store, keys, versions, probs) as each sidecar answered
+    collected = []  # (the advisor's store, keys, versions, probs) as each sidecar answered
 
-    collect = AdvisorLink._collect
+    collect = QueryPacer._collect
 
     def recording(self, wait, since_s=None):
         rows = collect(self, wait, since_s)
         ok = rows[3] == 0  # STATUS_OK
-        collected.append((self.session.store and self.session.store.dir, rows[0][ok], rows[4][ok], rows[1][ok]))
+        collected.append((self.advisor.store and self.advisor.store.dir, rows[0][ok], rows[4][ok], rows[1][ok]))
         return rows
 
-    monkeypatch.setattr(AdvisorLink, "_collect", recording)
+    monkeypatch.setattr(QueryPacer, "_collect", recording)
     run_dir = tmp_path / "run"
     train(load_config(None, tiny_learning_run(tiny_model)), run_dir)
     # the store of the advisor as it started (the walks with a checkpoint's learned adapter have stores of their own)

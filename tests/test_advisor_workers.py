@@ -69,7 +69,7 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
     loop = QueryLoop(cfg, setup.market, tmp_path)
     update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     try:
-        assert len(loop.client.workers) == 2
+        assert len(loop.advisor.workers.workers) == 2
         state = jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)
         state, _ = update(state)  # asks; the answers come into the table at the next update
         state, first = update(state)
@@ -79,8 +79,8 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
         assert first["llm_answered_w0"] + first["llm_answered_w1"] == first["llm_ok"]
         assert "advised" in _postfix({"steps_per_s": 1.0, **first}, "score")  # coverage and rate on the bar
 
-        state = loop.link.drain(state)  # nothing of the update in flight: the next submission is the test's
-        pool = loop.client
+        state = loop.pacer.drain(state)  # nothing of the update in flight: the next submission is the test's
+        pool = loop.advisor.workers
         ids = np.arange(8, dtype=np.int32)
         n0 = int(split_counts(8, pool.weights())[0])  # worker 0's share; worker 1 gets the rest
         assert 0 < n0 < 8
@@ -100,8 +100,9 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
             state, m = update(state)
             back = m if m["llm_answered_w1"] > 0 else None
         assert back is not None and back["llm_workers_alive"] == 2
-        assert loop.client.sidecar_pids[1] != old_pid
-        assert loop.client.workers[1].stats()["restarts"] == 1 and loop.client.workers[0].stats()["restarts"] == 0
+        pool = loop.advisor.workers
+        assert pool.sidecar_pids[1] != old_pid
+        assert pool.workers[1].stats()["restarts"] == 1 and pool.workers[0].stats()["restarts"] == 0
     finally:
         loop.close()
     # each worker's stderr went to the run folder, not through the progress bar
@@ -112,7 +113,7 @@ def test_auto_budget_asks_only_what_the_advisor_answered_in_a_chunk():
     """Answers that kept the advisor busy until collected (async: not ready a query step later), or not all
     answered, size B to 90% of what it answered between query steps at its measured rate (a niced advisor's rate is the idle
     CPU it found); answers all ready let B double."""
-    from agents.advisor.link import AdvisorLink
+    from agents.advisor.pacer import Budget
     from bridge.client import Answers
 
     def answers(ok: int, timed_out: int) -> Answers:
@@ -121,15 +122,14 @@ def test_auto_budget_asks_only_what_the_advisor_answered_in_a_chunk():
         return Answers(1, np.arange(n, dtype=np.int32), np.full((n, 6), 1 / 6, np.float32), np.zeros(n, np.int8),
                        np.zeros(n, np.float32), status, np.zeros(n, "S1"))
 
-    link = AdvisorLink.__new__(AdvisorLink)  # only the budget's state: no sidecar, no market
-    link.budget, link.cap = 16, 1024
-    link._resize(answers(ok=4, timed_out=0), latency=2.0, busy=True, since_s=1.0)
-    assert link.budget == 4  # 4 answers in 2 s: 2/s × 1 s chunk × 0.9, at least the floor of 4
-    link.budget = 40
-    link._resize(answers(ok=30, timed_out=10), latency=1.0, busy=False, since_s=1.0)
-    assert link.budget == 27
-    link._resize(answers(ok=27, timed_out=0), latency=1.0, busy=False, since_s=1.0)
-    assert link.budget == 54  # all ready: twice as many
+    budget = Budget(16, 1024, auto=True)
+    budget.resize(answers(ok=4, timed_out=0), latency=2.0, busy=True, since_s=1.0)
+    assert budget.size == 4  # 4 answers in 2 s: 2/s × 1 s chunk × 0.9, at least the floor of 4
+    budget.size = 40
+    budget.resize(answers(ok=30, timed_out=10), latency=1.0, busy=False, since_s=1.0)
+    assert budget.size == 27
+    budget.resize(answers(ok=27, timed_out=0), latency=1.0, busy=False, since_s=1.0)
+    assert budget.size == 54  # all ready: twice as many
 
 
 def test_a_slow_answer_is_collected_when_done_not_abandoned():

@@ -94,11 +94,11 @@ def test_every_update_gets_answers(tmp_path):
         for i in range(4):
             state, m = update(state)
             assert m["llm_prompts"] == 8 and (m["llm_ok"] == 8 or i == 0)
-        before = loop.link.n_prompts
-        state = loop.link.query_step(state)
-        loop.link.send()
+        before = loop.pacer.counts.prompts
+        state = loop.pacer.query_step(state)
+        loop.pacer.send()
         asked = int((np.asarray(state.hybrid.advice.status) == STATUS_ASKED).sum())
-        assert 0 < asked == loop.link.n_prompts - before <= 8
+        assert 0 < asked == loop.pacer.counts.prompts - before <= 8
 
 
 def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arrive(tmp_path):
@@ -112,7 +112,7 @@ def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arr
             assert m["llm_wait_s_per_query"] < 0.05
             covered = m["advice_coverage"]
         assert covered > 0 and m["advice_keys_filled"] > 0
-        assert loop.link.lag > 0  # the answers took more than one query step
+        assert loop.pacer.lag > 0  # the answers took more than one query step
 
 
 def test_training_survives_a_killed_sidecar(tmp_path):
@@ -127,7 +127,7 @@ def test_training_survives_a_killed_sidecar(tmp_path):
         state = jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)
         state, first = update(state)
         assert first["llm_prompts"] > 0
-        os.kill(loop.client.sidecar_pid, signal.SIGKILL)
+        os.kill(loop.advisor.workers.sidecar_pid, signal.SIGKILL)
         state, second = update(state)  # goes on without advice while a new sidecar starts
         assert int(state.update) == 2 and np.isfinite(second["policy_loss"])
         deadline = time.monotonic() + 60
@@ -136,7 +136,7 @@ def test_training_survives_a_killed_sidecar(tmp_path):
             state, later = update(state)
             answered = later["llm_ok"]
         assert answered > 0
-        assert loop.client.stats()["restarts"] == 1
+        assert loop.advisor.workers.stats()["restarts"] == 1
     finally:
         loop.close()
     assert shm_segments() == before

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from agents.advice.table import SIDES, num_blocks
-from agents.advisor.link import prompt_template
+from agents.advisor.advisor import prompt_template
 from agents.advisor.numeric_mock import NumericMock
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.config import ConfigError, load_config

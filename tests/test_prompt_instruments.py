@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from agents.advisor.link import prompt_template
+from agents.advisor.advisor import prompt_template
 from agents.advisor.prompt_fields import prompt_instrument
 from agents.config import load_config
 from agents.training.loop import train

@@ -225,8 +225,7 @@ def test_unreadable_thoughts_still_answer_through_the_sidecar_and_their_reason_r
     thought as their reason, and the trainer's llm_log.jsonl records that reason; the other rows stay parse errors."""
     from types import SimpleNamespace
 
-    from agents.advisor.link import AdvisorLink
-    from agents.config import load_config
+    from agents.advisor.advisor import LlmLog
     from bridge import BridgeConfig, SidecarClient
 
     fields, texts = example_fields(4, seed=4)
@@ -237,12 +236,10 @@ def test_unreadable_thoughts_still_answer_through_the_sidecar_and_their_reason_r
         answers = client.collect(timeout_s=10.0)
     assert answers.status.tolist() == [STATUS_OK, STATUS_PARSE_ERROR, STATUS_OK, STATUS_PARSE_ERROR]
     assert (answers.action[[0, 2]] == MockBackend().advise([prompts[i].decode() for i in (0, 2)]).action).all()
-    link = AdvisorLink.__new__(AdvisorLink)  # only the logging: no market, no sidecar of its own
-    link.h = load_config(None, ["llm=mock", "hybrid.link.log_llm=8"]).hybrid
-    link.logged, link.interval = 0, 5
-    link.fields = SimpleNamespace(rendered_bar=lambda keys: np.asarray(keys) // 3 * 5 + 4)  # a key's block's last bar
-    with open(tmp_path / "llm_log.jsonl", "a") as link.llm_log:
-        link._log_llm(prompts, answers)
+    blocks = SimpleNamespace(rendered_bar=lambda keys: np.asarray(keys) // 3 * 5 + 4)  # a key's block's last bar
+    log = LlmLog(tmp_path / "llm_log.jsonl", 8, RENDERER, texts, blocks)
+    log.write(prompts, answers)
+    log.close()
     logged = [json.loads(line) for line in (tmp_path / "llm_log.jsonl").read_text().splitlines()]
     for row in (logged[0], logged[2]):
         assert row["status"] == "ok" and row["answer"].startswith(ACTIONS[int(np.argmax(row["probs"]))])

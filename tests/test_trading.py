@@ -158,10 +158,10 @@ def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, replays
 
         # the API on arrays that double twice on the way (256 -> 1024 bars: the table grows, the steps recompile)
         from agents.trading import Agent
-        from agents.trading.advice import LiveAdvisor
+        from agents.trading.advice import LivePacer
 
         agent = Agent.load(run, "latest", end=FILE_BARS, capacity=256)
-        agent.advisor = LiveAdvisor(agent.cfg, agent.book, agent.saved.adapter)
+        agent.advisor = LivePacer(agent.cfg, agent.book, agent.saved.adapter)
         frame = pd.read_csv(run / "F.csv")
         actions = []
         for row in frame.itertuples():
@@ -443,7 +443,7 @@ def test_a_resume_exactly_at_capacity_keeps_every_key_of_the_grown_table(runs, t
     them, so keys past the old size are written and read, and decisions equal an uninterrupted agent's."""
     from agents.advice.table import SIDES, num_blocks
     from agents.trading import Agent
-    from agents.trading.advice import LiveAdvisor
+    from agents.trading.advice import LivePacer
     from agents.trading.journal import Journal
 
     run, capacity = runs["mock"], 512
@@ -453,7 +453,7 @@ def test_a_resume_exactly_at_capacity_keeps_every_key_of_the_grown_table(runs, t
 
     def agent():
         a = Agent.load(run, "latest", end=len(bars), capacity=capacity)
-        a.advisor = LiveAdvisor(a.cfg, a.book, a.saved.adapter)
+        a.advisor = LivePacer(a.cfg, a.book, a.saved.adapter)
         return a
 
     def taken(a, rows):
@@ -488,12 +488,12 @@ def test_realtime_trading_marks_the_keys_it_asks_as_in_flight(runs):
     from bridge import Answers
     from bridge.protocol import STATUS_BACKEND_ERROR
     from agents.trading import Agent
-    from agents.trading.advice import LiveAdvisor
+    from agents.trading.advice import LivePacer
 
     run = runs["mock"]
     frame = pd.read_csv(run / "F.csv").iloc[:FIRST_DECISION_BAR + 20]
     agent = Agent.load(run, "latest", advice="realtime", end=len(frame))
-    agent.advisor = advisor = LiveAdvisor(agent.cfg, agent.book, agent.saved.adapter)
+    agent.advisor = advisor = LivePacer(agent.cfg, agent.book, agent.saved.adapter)
 
     class Silent:
         """An advisor that takes prompts and answers none of them until told (then, as a dead worker's rows: errors)."""
@@ -513,7 +513,7 @@ def test_realtime_trading_marks_the_keys_it_asks_as_in_flight(runs):
             pass
 
     submitted = []
-    advisor.session.client = Silent()
+    advisor.advisor.workers = Silent()
     try:
         for r in frame.itertuples():
             agent.on_bar(Bar(pd.Timestamp(r.timestamp), r.open, r.high, r.low, r.close, r.volume,
@@ -539,7 +539,7 @@ def test_trading_and_evaluation_advise_with_the_checkpoints_adapter(runs, tmp_pa
     not the one it started from."""
     from agents.evaluation.saved_run import advised_walk, load_run
     from agents.runs.adapters import adapter_dir
-    from agents.trading import advice as live
+    from agents.advisor import advisor as opened
 
     run = runs["mock"]
     step = load_run(run, "latest").saved.step
@@ -547,7 +547,8 @@ def test_trading_and_evaluation_advise_with_the_checkpoints_adapter(runs, tmp_pa
     learned.mkdir(parents=True)
     (learned / "adapter_config.json").write_text("{}")
     started = []
-    monkeypatch.setattr(live, "start_advisor", lambda cfg, renderer, texts, rows, adapter, log: started.append(adapter))
+    monkeypatch.setattr(opened, "start_advisor",
+                        lambda cfg, renderer, texts, rows, adapter, log, learning: started.append(adapter))
     try:
         walked = load_run(run, "latest")
         asked = {}

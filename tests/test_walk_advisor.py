@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from agents.advisor.link import AdvisorLink
+from agents.advisor.pacer import QueryPacer
 from agents.config import load_config
 from agents.training.loop import train
 from tests.processes import children
@@ -26,12 +26,12 @@ class WalkStarted(Exception):
 def test_the_walk_training_waits_for_has_its_own_advisor_at_normal_priority(tmp_path, monkeypatch):
     seen = {}
 
-    def ask_all(link, keys, progress=False):
+    def ask_all(pacer, keys, progress=False):
         seen["nice"] = sorted(os.getpriority(os.PRIO_PROCESS, pid) for pid in children(os.getpid()))
-        seen["threads"] = link.cfg.hybrid.sidecar.threads
+        seen["threads"] = pacer.h.sidecar.threads
         raise WalkStarted  # what was asked is all this test needs: stop the run here
 
-    monkeypatch.setattr(AdvisorLink, "ask_all", ask_all)
+    monkeypatch.setattr(QueryPacer, "ask_all", ask_all)
     cfg = load_config(None, SMALL)
     with pytest.raises(WalkStarted):
         train(cfg, tmp_path / "run")

@@ -157,7 +157,7 @@ def update_ahead(num_steps: int, interval: int) -> tuple[int, int]:
     """Training (one query step per update of T = num_steps steps): (first block, how many) relative to an env's block
     now that it reads during the next update, when keys asked now have been answered under strict latency: blocks
     (t + T) // k − 1 to (t + 2T − 1) // k − 1. An advisor whose answers take `lag` more updates is asked lag × T // k
-    blocks further on (AdvisorLink measures the lag)."""
+    blocks further on (QueryPacer measures the lag)."""
     return num_steps // interval - 1, (2 * num_steps - 1) // interval - num_steps // interval + 2
 
 
@@ -229,3 +229,23 @@ def query_program(cfg: QueryConfig, cap: int, processes: int, count: int, all_si
         return carry.replace(hybrid=hy.replace(advice=table)), keys, valid
 
     return jax.jit(step, donate_argnums=0)
+
+
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # keys, probs, confidence, status, version
+
+
+def table_rows(collected: list[Rows], size: int) -> tuple[np.ndarray, ...]:
+    """AdviceTable.write's arguments from collected rows, padded to `size` (fixed shapes: one compiled write for every
+    answer count): a key whose answer did not come is missing again (asked again)."""
+    parts = list(zip(*collected)) if collected else [[np.zeros(0, np.int32)], [np.zeros((0, NUM_ACTIONS), np.float32)],
+                                                     [np.zeros(0, np.float32)], [np.zeros(0, np.int32)],
+                                                     [np.zeros(0, np.int32)]]
+    keys, probs, conf, status, version = (np.concatenate(p) for p in parts)
+    n, pad = len(keys), size - len(keys)
+    status = np.where(np.asarray(answered(status)), status, STATUS_NONE)
+    return (np.concatenate([keys, np.zeros(pad, np.int32)]).astype(np.int32),
+            np.concatenate([probs, np.full((pad, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32)]).astype(np.float32),
+            np.concatenate([conf, np.zeros(pad, np.float32)]).astype(np.float32),
+            np.concatenate([status, np.zeros(pad, np.int32)]).astype(np.int32),
+            np.concatenate([version, np.zeros(pad, np.int32)]).astype(np.int32),
+            np.arange(size) < n)

@@ -14,14 +14,11 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.advice.table import walk_keys
-from agents.advisor.link import prompt_template
-from agents.advisor.prompt_fields import PromptFieldBuilder
-from agents.advisor.session import AdvisorSession
-from agents.advisor.sidecar import at_full_rate, start_advisor
-from agents.advisor.store import open_market_store, store_root
+from agents.advisor.advisor import Advisor, ask_every
+from agents.advisor.sidecar import at_full_rate
+from agents.advisor.store import store_root
 from agents.command_line import CommandParser, print_error
 from agents.config import ConfigError, add_config_flags, config_overrides, load_config
-from agents.runs.adapters import starting_adapter
 
 SAVE_EVERY_S = 60.0
 SPLITS = ("train", "val", "test")
@@ -74,34 +71,28 @@ def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool 
     from jaxenv import load_market
 
     market = load_market(cfg.data)
-    k = cfg.hybrid.query.interval
-    renderer, template = prompt_template(cfg)
-    fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, k,
-                                cfg.hybrid.shuffled)
-    texts = list(market.text_table) or None
-    store = open_market_store(cfg, market, root, renderer, template, fields, starting_adapter(cfg))
-    known = store.answers  # this process's holder: what the store holds, and every answer this fill adds
-    fields.without_past(known)
-    keys = split_keys(market, splits, k, cfg.hybrid.query.entries_only)
+    batch = int(batch or cfg.hybrid.link.max_budget)
+    advisor = Advisor.open(cfg, market, batch, None, start=False)  # its workers start when there is a key to ask
+    known = advisor.known  # the store's answers, and every answer this fill adds
+    keys = split_keys(market, splits, cfg.hybrid.query.interval, cfg.hybrid.query.entries_only)
     todo = keys[~known.filled()[keys]]
-    print(f"advice store {store.dir}: {len(keys) - len(todo)} of {len(keys)} keys of {', '.join(splits)} answered; "
-          f"asking {len(todo)}", file=sys.stderr)
+    print(f"advice store {advisor.store.dir}: {len(keys) - len(todo)} of {len(keys)} keys of {', '.join(splits)} "
+          f"answered; asking {len(todo)}", file=sys.stderr)
     out = {"asked": int(len(todo)), "answered": 0, "seconds": 0.0, "keys_per_s": 0.0, "keys": int(len(keys)),
            "stopped": False}
     if not len(todo):
+        advisor.close()
         return {**out, "filled": 1.0}
-    batch = int(batch or cfg.hybrid.link.max_budget)
-    session = AdvisorSession(start_advisor(cfg, renderer, texts, batch), fields, renderer, texts, known, store)
     stopped = []
     previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batches in flight, save
     t0 = time.perf_counter()
     bar = tqdm(total=len(todo), unit="key", desc="advising", disable=not progress)
     try:
-        done = session.fill(todo, batch, on_progress=lambda n: bar.update(n - bar.n), stop=lambda: bool(stopped),
-                            save_every_s=SAVE_EVERY_S)
+        done = ask_every(advisor, todo, batch, on_progress=lambda n: bar.update(n - bar.n),
+                         stop=lambda: bool(stopped), save_every_s=SAVE_EVERY_S)
     finally:
         bar.close()
-        session.close()  # saves the store
+        advisor.close()  # saves the store
         signal.signal(signal.SIGINT, previous)
     seconds = time.perf_counter() - t0
     filled = int(known.filled()[keys].sum())

@@ -1,8 +1,8 @@
 """The mock advisor answering from numbers (`llm: mock`, hybrid.mock.reads=fields, the default): its rules
-(llm_sidecar.mock_rules) applied to the keys' prompt fields as the prompt would show them, in the trainer's
+(bridge.mock_rules) applied to the keys' prompt fields as the prompt would show them, in the trainer's
 process. No prompt is sent or parsed, nor rendered but for the random answers' seeds, so an empty table costs a query
 step microseconds per key; the answers equal those of the mock reading the rendered text in a sidecar
-(hybrid.mock.reads=text), which is the one that exercises the bridge. It stands where AdvisorLink and the store's fill keep an AdvisorPool."""
+(hybrid.mock.reads=text), which is the one that exercises the bridge. It stands where the advisor keeps an AdvisorPool (AdvisorWorkers)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 from bridge import Answers, answer_probabilities
 from bridge.protocol import FIELD_INDEX, NUM_ACTIONS, STATUS_NO_VIEW, STATUS_OK
 from bridge.prompts import PromptRenderer
-from llm_sidecar import mock_rules
+from bridge import mock_rules
 
 
 def reads_fields(cfg) -> bool:
@@ -24,7 +24,7 @@ def reads_fields(cfg) -> bool:
 class NumericMock:
     """Answers each submission when it is submitted; collect() returns them in order. Never down, never busy."""
 
-    reads_fields = True  # AdvisorLink submits prompt-field rows, not rendered prompts
+    reads_fields = True  # the advisor submits prompt-field rows, not rendered prompts (AdvisorWorkers)
     workers: list = []  # no processes
     sidecar_pids: list = []
     alive, alive_count, oldest_done = True, 1, True

@@ -1,7 +1,7 @@
 """The advisor's part of a training update (docs/design.md, "One training update, as data flows"; the update itself is
-agents.training.update's): before the update's program, a query step (`AdvisorLink.query_step`) collects the answers
+agents.training.update's): before the update's program, a query step (`QueryPacer.query_step`) collects the answers
 that came since the last update into the advice table and picks the keys the envs will read in the next update;
-while the program runs, the host renders and submits the picked keys' prompts (`AdvisorLink.send`). With `hybrid.learning` on, each update's outcomes go to the sidecar, a LoRA round starts every
+while the program runs, the advisor submits the picked keys' prompts (`QueryPacer.send`). With `hybrid.learning` on, each update's outcomes go to the sidecar, a LoRA round starts every
 M updates, and each finished round is a new advisor version whose answers replace the older ones by demand."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 from tqdm import tqdm
 
@@ -18,9 +17,8 @@ from agents.advice.record import record_metrics
 from agents.advice.table import update_ahead
 from agents.advice.usage import advice_metrics
 from agents.advisor.later_sessions import LaterSessions
-from agents.advisor.link import AdvisorLink
 from agents.advisor.outcomes import outcome_rows, permuted_across_sessions
-from agents.advisor.workers import AdvisorPool
+from agents.advisor.pacer import training_pacer
 from agents.devices.parallel import gather_processes, is_writer
 from agents.runs.adapters import adapter_dir, prune_adapters
 from bridge import STATUS_NAMES, SidecarClient
@@ -39,68 +37,64 @@ class QueryLoop:
         self.num_steps, self.interval = cfg.ppo.num_steps, cfg.hybrid.query.interval
         self.learning = cfg.hybrid.learning if cfg.hybrid.learning.enabled else None
         self.market = market  # its prices measure the market's move after each answer (the outcomes' `move`)
-        # Several processes: each asks its own workers about its own envs (agents.advisor.link); only process 0
-        # writes the run folder, the others' workers log to their stderr.
-        self.link = AdvisorLink(cfg, market, cfg.num_envs, run_dir if is_writer() else None, client,
-                                learn=self.learning is not None, adapter=adapter, shared=jax.process_count() > 1,
-                                ahead=update_ahead(self.num_steps, self.interval))
+        self.pacer = training_pacer(cfg, market, run_dir if is_writer() else None, client,
+                                    learn=self.learning is not None, adapter=adapter,
+                                    ahead=update_ahead(self.num_steps, self.interval))
+        self.advisor = self.pacer.advisor
         self.mock = cfg.llm == "mock"
         self.rounds_seen = 0
         self.synced = False  # the run's advice table holds the store's answers (after the first query step)
         self.sent = 0  # outcomes sent during the update
         self.placebo_rng = np.random.default_rng(cfg.seed + 7)  # hybrid.learning.placebo's permutations
         # each advisor version judged on sessions after every bar it could have learned from
-        self.later = (LaterSessions(market, self.link.fields, self.interval, self.learning, cfg.seed)
+        self.later = (LaterSessions(market, self.advisor.fields, self.interval, self.learning, cfg.seed)
                       if self.learning and self.learning.judge_keys > 0 and is_writer() else None)
 
-    @property
-    def client(self) -> AdvisorPool:
-        return self.link.workers
-
     def close(self) -> None:
-        self.link.close()
+        self.pacer.close()
 
     def checkpoint(self, run_dir: Path, update: int, kept: set[int]) -> None:
         """With a checkpoint of `update`: the answers so far into the store (a later run, seed or evaluation starts
         from them) and, for an advisor that learns, its adapter beside the checkpoint (those of checkpoints no longer
         `kept` removed)."""
-        self.link.save_store()
+        if is_writer():
+            self.advisor.save_store()
         if self.learning:
             self.save_adapter(run_dir, update)
             prune_adapters(run_dir, kept | {update})
 
     def before(self, rs):
         """The query step before an update's program: the answers that came in, the keys to ask next."""
-        self.link.reset_counters()
+        self.pacer.reset_counters()
         if not self.synced:
-            rs, self.synced = self.link.sync(rs), True
-        return self.link.query_step(rs)
+            rs, self.synced = self.pacer.sync(rs), True
+        return self.pacer.query_step(rs)
 
     def during(self) -> None:
         """While the device runs the update: the picked keys' prompts rendered and submitted, outcomes sent."""
-        extra = None if self.later is None else self.later.due(self.link.session.known, self.link.version)
-        self.link.send(extra)
+        extra = None if self.later is None else self.later.due(self.advisor.known, self.advisor.version)
+        self.pacer.send(extra)
         self.sent = self._send_outcomes() if self.learning else 0
 
     def after(self, rs, stats: dict) -> dict:
         """The update's advice figures: how the advice was used (the rollout's sums), the record, the advisor's
         counters and, with learning, the LoRA rounds'."""
-        out = {"llm_query_rate": self.link.n_prompts / max(float(stats["decisions"]), 1.0)}
+        out = {"llm_query_rate": self.pacer.counts.prompts / max(float(stats["decisions"]), 1.0)}
         out.update(advice_metrics(stats))
         if rs.hybrid.record is not None:  # the record as this update's rollout read it
             out.update(record_metrics(rs.hybrid.record))
-        out.update(self._link_metrics())
+        out.update(self._advisor_metrics())
         if self.learning:
             out.update(self._learning_step(int(rs.update), self.sent))
         if self.later is not None:
-            out.update(self.later.figures(self.link.session.known, self.link.version))
+            out.update(self.later.figures(self.advisor.known, self.advisor.version))
         return out
 
-    def _link_metrics(self) -> dict:
+    def _advisor_metrics(self) -> dict:
         """The advisor's counters; with several processes, every process's combined: counts and rates summed, the
         rest averaged, and each process's rate."""
-        own = self.link.metrics()
-        processes = self.link.processes
+        own = self.pacer.metrics()
+        processes = self.pacer.processes
         if processes == 1:
             return own
         keys = sorted(own)
@@ -112,24 +106,24 @@ class QueryLoop:
         return out
 
     def _send_outcomes(self) -> int:
-        written = self.link.take_written()
-        rows = outcome_rows(written, self.link.fields.rendered_bar, self.market, self.market.split_range("train"),
+        written = self.pacer.take_written()
+        rows = outcome_rows(written, self.advisor.fields.rendered_bar, self.market, self.market.split_range("train"),
                             self.learning.move_bars)
         known = np.isfinite(rows["move"])
         if known.any() and (self.later is not None or self.learning.placebo):
-            bars = self.link.fields.rendered_bar(np.concatenate([keys for _, _, keys in written]))
+            bars = self.advisor.fields.rendered_bar(np.concatenate([keys for _, _, keys in written]))
             if self.later is not None:  # the last bar the learner may learn from
                 self.later.learned(int(bars[known].max()) + self.learning.move_bars)
             if self.learning.placebo:
                 rows["move"] = permuted_across_sessions(rows["move"], self.market.sessions.session_id[bars],
                                                         self.placebo_rng)
-        return self.client.send_outcomes(rows, wait_s=1.0)
+        return self.advisor.workers.send_outcomes(rows, wait_s=1.0)
 
     def _learning_step(self, update: int, sent: int) -> dict:
         """Starts a LoRA round every M updates; the metrics of rounds finished since the last update."""
         out = {"lora_outcomes_sent": float(sent)}
         if update % self.learning.every_updates == 0:
-            started = self.client.command("learn")
+            started = self.advisor.workers.command("learn")
             out["lora_round_started"] = float(started.get("started", False))
         out.update(self._round_metrics())
         return out
@@ -137,24 +131,24 @@ class QueryLoop:
     def finish_round(self) -> dict:
         """Runs a LoRA round still in progress to its end (after the run's last update, so that the adapter saved
         with the final checkpoint has learned from it); that round's metrics."""
-        if not self.learning or not self.client.command("stats")["busy"]:
+        if not self.learning or not self.advisor.workers.command("stats")["busy"]:
             return {}
         # through the progress bar's writer, so the bar is not broken
         tqdm.write("finishing the advisor's LoRA round before the final checkpoint ...", file=sys.stderr)
-        self.client.command("finish", timeout_s=FINISH_ROUND_TIMEOUT_S)
+        self.advisor.workers.command("finish", timeout_s=FINISH_ROUND_TIMEOUT_S)
         return self._round_metrics()
 
     def _round_metrics(self) -> dict:
         """The learner's counters, and the figures of the latest round finished since the last call."""
-        stats = self.client.command("stats")
+        stats = self.advisor.workers.command("stats")
         out = {"lora_buffer": float(stats["buffer_train"] + stats["buffer_val"]),
                "lora_learn_s_total": float(stats["learn_s"]), "lora_rounds": float(len(stats["rounds"]))}
         for record in stats["rounds"][self.rounds_seen:]:  # the latest finished round's figures
             out.update({f"lora_{k}": float(v) for k, v in record.items() if k != "round"})
         self.rounds_seen = len(stats["rounds"])
         # an adopted round is a new advisor version: its answers replace the older ones, most read keys first
-        self.link.version = int(stats.get("version", 0))
-        out["lora_version"] = float(self.link.version)
+        self.advisor.adopt(int(stats.get("version", 0)))
+        out["lora_version"] = float(self.advisor.version)
         return out
 
     def save_adapter(self, run_dir: Path, update: int) -> str | None:
@@ -165,6 +159,6 @@ class QueryLoop:
         if not (path / "adapter_config.json").exists():
             staging = path.with_name(path.name + ".tmp")
             shutil.rmtree(staging, ignore_errors=True)
-            self.client.command("save", path=str(staging), timeout_s=600.0)
+            self.advisor.workers.command("save", path=str(staging), timeout_s=600.0)
             staging.replace(path)  # a crash mid-save leaves no half-written adapter under the checkpoint's name
         return str(path)

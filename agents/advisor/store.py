@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.advice.table import SIDES, STATUS_NONE, answered, num_blocks
+from agents.advice.table import STATUS_NONE, answered
 from agents.runs.storage import fsync_dir
 from bridge.protocol import NUM_ACTIONS
 
@@ -102,7 +102,7 @@ def model_digest(llm: str, root: Path) -> str:
     """sha256 over the files the advisor's model loads: the embedded model's GGUF, or a model folder's files; a
     hub id that is no local folder, its name (this machine has no files of it to read). Cached under `root` by
     each file's path, size and modification time, so a large model is read once."""
-    from llm_sidecar.models import EMBEDDED_MODEL, find_smollm2_gguf
+    from bridge.embedded_model import EMBEDDED_MODEL, find_smollm2_gguf
 
     if llm == EMBEDDED_MODEL:
         files = [find_smollm2_gguf()]
@@ -166,15 +166,6 @@ def identity(cfg, market, template: str, adapter: str | None, prompt_format: str
             "template": hashlib.sha256(template.encode()).hexdigest(), "prompt_format": prompt_format,
             "data": data_digest(market), "interval": cfg.hybrid.query.interval,
             "contracts": cfg.env.contracts_per_trade, "reasoning": bool(h.reasoning.enabled)}
-
-
-def open_market_store(cfg, market, root: Path, renderer, template: str, fields, adapter: str | None) -> AdviceStore:
-    """This process's holder of the store of `market`'s keys for the run's advisor with `adapter`: its identity from
-    the market, the prompt template's text and the prompt format that `renderer` and `fields` (the market's
-    PromptFieldBuilder) give (scripts/advise.py, scripts/trade.py)."""
-    num_keys = num_blocks(market.num_bars, cfg.hybrid.query.interval) * SIDES
-    prompt_format = prompt_format_digest(fields, renderer, list(market.text_table) or None, num_keys)
-    return open_store(root, identity(cfg, market, template, adapter, prompt_format, root), num_keys)
 
 
 @dataclass

@@ -4,8 +4,9 @@ across the workers that are up, in proportion to their measured rates; its answe
 order. A dead worker's rows come back as backend errors and it is restarted while the others keep answering; a
 restarted worker is given prompts only once it has the pool's last `load`ed adapter again (it starts from its flags').
 
-`AdvisorPool` offers what `AdvisorLink` uses of one `SidecarClient` (submit, collect, pending, alive, command, ...),
-so one worker behaves exactly as one client did.
+`AdvisorPool` offers what the advisor (agents.advisor.advisor.Advisor) uses of one `SidecarClient`: the
+`AdvisorWorkers` protocol, which the numeric mock (agents.advisor.numeric_mock) keeps too; one worker behaves exactly as
+one client did.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +39,31 @@ def split_counts(n: int, weights: np.ndarray | list[float]) -> np.ndarray:
     return counts
 
 
+class AdvisorWorkers(Protocol):
+    """What the advisor asks of its workers: an AdvisorPool of sidecars, or the numeric mock answering in-process."""
+
+    reads_fields: bool  # submissions are prompt-field rows (the mock), not rendered prompts
+    alive: bool  # at least one worker is up
+    pending: int  # submissions not collected yet
+    oldest_done: bool  # the oldest submission is answered
+
+    def submit(self, env_ids: np.ndarray, prompts: np.ndarray, think: np.ndarray | None = None) -> int: ...
+
+    def collect(self, timeout_s: float | None = None) -> Answers: ...
+
+    def command(self, op: str, timeout_s: float = 60.0, **args: Any) -> dict: ...
+
+    def restart_dead(self) -> None: ...
+
+    def reset_counters(self) -> None: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+    def metrics(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class _Part:
     worker: int
@@ -47,7 +73,8 @@ class _Part:
 
 
 class AdvisorPool:
-    """N advisor workers that look like one SidecarClient to AdvisorLink. At most two submissions await collect()."""
+    """N advisor workers that look like one SidecarClient to the advisor (AdvisorWorkers). At most two submissions
+    await collect()."""
 
     reads_fields = False  # its workers answer rendered prompts (agents.advisor.numeric_mock reads prompt fields)
 

@@ -6,8 +6,8 @@ One account walks the split bar by bar (after a drawdown breach a fresh account 
 advice, every key (bar block, position side) the walk reads is asked ahead of it in full batches, and every k bars a
 query step asks for what got no answer, exactly as in training: keys asked at one query step are answered into the
 advice table at the next, waiting for them (strict), so a walk with the mock advisor is reproducible. The walk starts
-from every answer the link has (the advice store's, earlier walks'), so keys answered once are not asked again. Acting
-is greedy by default: the most probable action of the distribution the agent acts from.
+from every answer the walks' advisor has (the advice store's, earlier walks'), so keys answered once are not asked
+again. Acting is greedy by default: the most probable action of the distribution the agent acts from.
 
     walker = AdvisedWalker(cfg, ppo, env, market)
     trace = walker.walk(params, obs_norm, "val", key)                          # the agent as trained
@@ -33,8 +33,7 @@ from agents.advice.acting import HybridActing, HybridCarry, acting_of
 from agents.advice.record import record_metrics
 from agents.advice.table import view, walk_keys
 from agents.advice.usage import STAT_PREFIX, walk_advice_metrics
-from agents.advisor.link import AdvisorLink
-from agents.advisor.sidecar import at_full_rate
+from agents.advisor.pacer import QueryPacer, walk_pacer
 from agents.config import VetoConfig
 from agents.rl.networks import ActorCritic
 from agents.runs.adapters import starting_adapter
@@ -77,14 +76,6 @@ def advised_summary(trace: dict, timestamps, rules, days=None) -> dict:
     return out
 
 
-def walk_link(cfg, market, client=None, log_dir: Path | None = None) -> AdvisorLink:
-    """The link every advised walk asks through: one account, strict latency (a walk must be reproducible, whatever
-    the run's training latency), its own sidecar at every core and normal priority (at_full_rate), logging to
-    log_dir/advisor_eval_w0.log where a log_dir is given."""
-    return AdvisorLink(at_full_rate(cfg), market, 1, client=client, latency="strict",
-                       log_stem=log_dir and log_dir / "advisor_eval", walk=True)
-
-
 @struct.dataclass
 class WalkCarry:
     env_state: EnvState  # leaves [1, ...]: one account, batched so the hybrid machinery applies unchanged
@@ -108,7 +99,7 @@ class AdvisedWalker:
         self.progress = progress
         self.acting = dataclasses.replace(acting_of(cfg, env), greedy=cfg.checkpoint.eval_deterministic)
         self._client = client
-        self._link: AdvisorLink | None = None
+        self._pacer: QueryPacer | None = None
         self.k = cfg.hybrid.query.interval
         self._compiled: dict[tuple, Any] = {}
         self._adapter = starting_adapter(cfg)  # the adapter the sidecar answers with
@@ -123,15 +114,16 @@ class AdvisedWalker:
         return self._compiled[key]
 
     @property
-    def link(self) -> AdvisorLink:
-        if self._link is None:
-            self._link = walk_link(self.cfg, self.market, self._client, self.log_dir)
-        return self._link
+    def pacer(self) -> QueryPacer:
+        """The walks' query steps and their advisor (agents.advisor.pacer.walk_pacer), opened at the first walk."""
+        if self._pacer is None:
+            self._pacer = walk_pacer(self.cfg, self.market, self._client, self.log_dir)
+        return self._pacer
 
     def close(self) -> None:
-        if self._link is not None:
-            self._link.close()
-            self._link = None
+        if self._pacer is not None:
+            self._pacer.close()
+            self._pacer = None
         self._adapter = starting_adapter(self.cfg)
 
     def use_adapter(self, path: str | None) -> None:
@@ -139,7 +131,7 @@ class AdvisedWalker:
         advisor learned has one per checkpoint; other runs keep the adapter they started with."""
         if self.cfg.llm in ("none", "mock") or path == self._adapter:
             return
-        self.link.use_adapter(path)
+        self.pacer.advisor.use_adapter(path)
         self._adapter = path
 
     def acting_for(self, fusion: str | None = None, veto: bool | VetoConfig | None = None,
@@ -181,15 +173,15 @@ class AdvisedWalker:
                 reasons[int(key_id)] = reason.decode(errors="replace")
 
         if uses_advice:
-            link = self.link
-            link.reset_counters()
-            link.on_answers = keep_reason
+            pacer = self.pacer
+            pacer.reset_counters()
+            pacer.on_answers = keep_reason
             # every key the walk reads, asked ahead in full batches (a handful a query step would leave the advisor's
             # batches nearly empty); the walk's query steps then ask only what got no answer
             start, end = int(env_params.start_bar), int(env_params.end_bar)
-            link.ask_all(walk_keys(start, end, self.k, self.acting.query.entries_only), progress=self.progress)
-            carry = link.query_step(link.sync(carry))  # the keys the first chunk reads, answered before it
-            link.send()
+            pacer.ask_all(walk_keys(start, end, self.k, self.acting.query.entries_only), progress=self.progress)
+            carry = pacer.query_step(pacer.sync(carry))  # the keys the first chunk reads, answered before it
+            pacer.send()
         chunks = chunk_lengths(num_steps, self.k) if uses_advice else [num_steps]  # no query step: one scan
         pieces = []
         name = split if isinstance(split, str) else "bars"
@@ -198,25 +190,25 @@ class AdvisedWalker:
         try:
             for k in chunks:
                 if uses_advice:
-                    carry = link.query_step(carry)
+                    carry = pacer.query_step(carry)
                 carry, trace = self._chunk_fn(acting, k)(carry, params, obs_norm, env_params)
                 if uses_advice:
-                    link.send()
+                    pacer.send()
                     bar.update(1)
-                    bar.set_postfix_str(f"{link.n_prompts} keys asked", refresh=False)
+                    bar.set_postfix_str(f"{pacer.counts.prompts} keys asked", refresh=False)
                 pieces.append(trace)
             if uses_advice:
-                link.drain(carry)  # nothing pending is left for the next walk
-                link.save_store()
+                pacer.drain(carry)  # nothing pending is left for the next walk
+                pacer.advisor.save_store()
         finally:
             bar.close()
             if uses_advice:
-                link.on_answers = None
+                pacer.on_answers = None
         out = {name: np.concatenate([np.asarray(p[name]) for p in pieces]) for name in pieces[0]}
         out["advice_from"] = out.pop("advice_key")
         out["reasons"] = reasons
         if uses_advice:
-            out["llm"] = link.metrics()
+            out["llm"] = pacer.metrics()
         if carry.hybrid.record is not None:  # the record at the walk's end (the trained agent's, and the walk's calls)
             out["record"] = record_metrics(carry.hybrid.record)
         return out

@@ -1,6 +1,6 @@
 """The run's advisor on bars as they arrive: a block's keys are asked as it closes, their answers are in force
 during the next block (agents.advice.table's contract), and answers the advice store already holds are read, not
-asked again.
+asked again. The pacer decides which keys to ask and when; the advisor (agents.advisor.advisor.Advisor) asks them.
 
 An answer about block b is due at the close of bar (b + 1)·k, one bar after its block's last bar: it is on time when
 it arrived within one bar interval of being asked (a store's answer always is). `advice_on_time` is the share of the
@@ -15,11 +15,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from agents.advice.table import answered, key_block
-from agents.advisor.link import prompt_template
+from agents.advice.table import answered, key_block, table_rows
+from agents.advisor.advisor import Advisor
 from agents.advisor.prompt_fields import PromptFieldBuilder
-from agents.advisor.session import AdvisorSession, table_rows
-from agents.advisor.sidecar import start_advisor
 from agents.trading.bars import BarBook
 
 ROWS = 16  # answers written into the table per bar, padded: one compiled write
@@ -49,18 +47,17 @@ class BookFields:
         return self.builder.build(keys)
 
 
-class LiveAdvisor:
+class LivePacer:
     """Asks the advisor about keys of a growing feed and hands their answers to the acting step."""
 
-    def __init__(self, cfg, book: BarBook, adapter: str | None, log_stem: Path | None = None, store=None):
-        """`adapter`: the LoRA adapter the advisor answers with (the checkpoint's: SavedPolicy.adapter); `store`: an
-        agents.advisor.store.AdviceStore of that advisor whose keys are this feed's (a replay of the file it was
-        filled on); its answers are read and the new ones added."""
-        self.cfg, self.book, self.store = cfg, book, store
-        renderer, _ = prompt_template(cfg)
-        self.session = AdvisorSession(start_advisor(cfg, renderer, book.text_table, ROWS, adapter, log_stem),
-                                      BookFields(cfg, book, list(renderer.markets)), renderer, book.text_table,
-                                      None, store)
+    def __init__(self, cfg, book: BarBook, adapter: str | None, log_stem: Path | None = None, market=None):
+        """`adapter`: the LoRA adapter the advisor answers with (the checkpoint's: SavedPolicy.adapter); `market`: the
+        whole file being replayed, whose keys' answers the advisor's store holds (None: no store); its answers are
+        read and the new ones added."""
+        self.cfg, self.book = cfg, book
+        self.advisor = Advisor.open(cfg, market, ROWS, adapter, log_stem=log_stem, keep_known=False,
+                                    fields=lambda renderer: BookFields(cfg, book, list(renderer.markets)),
+                                    texts=book.text_table)
         self.queue: list[int] = []  # keys to ask once the advisor can take a submission (MAX_IN_FLIGHT)
         self.asked: dict[int, float] = {}  # key -> perf_counter() when asked (pending)
         self.latency: dict[int, float] = {}  # key -> seconds its answer took (0 from the store)
@@ -70,7 +67,7 @@ class LiveAdvisor:
         self.prompts = 0
 
     def close(self) -> None:
-        self.session.close()
+        self.advisor.close()
 
     @property
     def interval_s(self) -> float:
@@ -93,8 +90,9 @@ class LiveAdvisor:
         """Asks about the keys not answered or asked yet (the store's answers are taken at once); each is timed from
         now, when it is due to be asked. Returns the keys asked of the advisor (in flight until answered)."""
         keys = [k for k in dict.fromkeys(keys) if k >= 0 and k not in self.latency and k not in self.asked]
-        if self.store is not None and keys:
-            have = self.store.answers
+        store = self.advisor.store
+        if store is not None and keys:
+            have = store.answers
             stored = [k for k in keys if k < have.num_keys and bool(answered(have.status[k]))]
             if stored:
                 ids = np.array(stored, np.int32)
@@ -112,7 +110,7 @@ class LiveAdvisor:
         """Submits queued keys while the advisor can take them, the newest blocks first; keys of blocks too old to be
         read any more (max_age) are dropped."""
         q = self.cfg.hybrid.query
-        while self.queue and self.session.can_take:
+        while self.queue and self.advisor.can_take:
             newest = max(key_block(np.array(self.queue)))
             stale = [k for k in self.queue if key_block(k) < newest - q.max_age // q.interval - 1]
             for k in stale:
@@ -121,14 +119,14 @@ class LiveAdvisor:
             self.queue = [k for k in self.queue if k not in stale and k not in keys]
             if not keys:
                 return
-            self.session.submit(np.array(keys, np.int64))
+            self.advisor.submit(np.array(keys, np.int64))
             self.prompts += len(keys)
 
     def _collect(self, wait: bool) -> None:
         """Collects answered submissions (with `wait`: every one, the queue included), refilling the advisor, each
-        answer timed and kept for the table (and the store: the session keeps it there)."""
-        while self.session.pending and (wait or self.session.client.oldest_done):
-            _, _, rows = self.session.collect(wait, self.cfg.hybrid.link.strict_timeout_s)
+        answer timed and kept for the table (and the store: the advisor keeps it there)."""
+        while self.advisor.pending and (wait or self.advisor.workers.oldest_done):
+            rows = self.advisor.collect(wait, self.cfg.hybrid.link.strict_timeout_s).rows
             now = time.perf_counter()
             got = np.asarray(answered(rows[3]))
             for k, ok in zip(rows[0].tolist(), got.tolist()):  # a key whose answer did not come: asked when needed

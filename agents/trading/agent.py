@@ -86,7 +86,7 @@ class Agent:
         self.acting = dataclasses.replace(acting, greedy=True)
         self.policy_state = (saved.params, saved.obs_norm)
         self.k = cfg.hybrid.query.interval
-        self.advisor = advisor  # agents.trading.advice.LiveAdvisor (hybrid runs), attached by the caller
+        self.advisor = advisor  # agents.trading.advice.LivePacer (hybrid runs), attached by the caller
         self.carry = None  # the account (agents.evaluation.advised_walk.WalkCarry)
         self.choice = None  # the decision taken on the last bar, applied when the next one arrives
         self.last_row: dict | None = None  # the trace's row of the bar before the last (its fills)

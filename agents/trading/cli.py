@@ -177,38 +177,32 @@ class Session:
     def _start_advisor(self, saved: dict | None):
         """The advisor of the checkpoint (its adapter: SavedPolicy.adapter, as evaluation's), restored to a resumed
         run's state."""
-        from agents.trading.advice import LiveAdvisor
+        from agents.trading.advice import LivePacer
 
-        store = None if self.args.follow else self._store()
-        advisor = LiveAdvisor(self.agent.cfg, self.agent.book, self.agent.saved.adapter, self.journal.out / "advisor",
-                              store)
+        market = None if self.args.follow else self._replayed_market()
+        advisor = LivePacer(self.agent.cfg, self.agent.book, self.agent.saved.adapter, self.journal.out / "advisor",
+                            market)
         if saved:
             advisor.restore(saved)
         return advisor
 
-    def _store(self):
-        """A replay of a whole file reads (and fills) the advice store of that file's keys, as evaluate.py --data does;
-        a file that does not load as a whole has none."""
-        from agents.advisor.link import prompt_template
-        from agents.advisor.prompt_fields import PromptFieldBuilder
-        from agents.advisor.store import open_market_store, store_root
+    def _replayed_market(self):
+        """A replay of a whole file reads (and fills) the advice store of that file's keys, as evaluate.py --data does:
+        the file as a market, whose keys the store holds; none for a run without a store or a file that does not load
+        as a whole."""
+        from agents.advisor.store import store_root
         from jaxenv import load_market
         from jaxenv.data import DataValidationError
 
         cfg = self.agent.cfg
-        root = store_root(cfg)
-        if root is None:
+        if store_root(cfg) is None:
             return None
         try:
-            market = load_market(dataclasses.replace(cfg.data, source=str(self.args.data), news=self.args.news or ""))
+            return load_market(dataclasses.replace(cfg.data, source=str(self.args.data), news=self.args.news or ""))
         except DataValidationError as e:
             print(f"note: the advice store is not read ({str(e).splitlines()[0][:160]}): every key is asked",
                   file=sys.stderr)
             return None
-        renderer, template = prompt_template(cfg)
-        fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade,
-                                    cfg.hybrid.query.interval)
-        return open_market_store(cfg, market, root, renderer, template, fields, self.agent.saved.adapter)
 
     def _resume(self) -> dict:
         from agents.trading.orders import Order

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from agents.command_line import CommandParser, print_error
-from agents.config import RUN_CONFIG_FILE, ConfigError, add_config_flags, config_overrides, flag_name, load_config
+from agents.config import ConfigError, add_config_flags, config_overrides, flag_name, load_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,7 +85,7 @@ def start(args: argparse.Namespace):
     from agents.training.env_setup import make_env_setup
     from jaxenv.load_report import load_report
 
-    make_mesh(cfg)  # num_envs splits over the devices, or exit 2 before anything is written
+    mesh = make_mesh(cfg)  # num_envs splits over the devices, or exit 2 before anything is written
     lock = RunLock.acquire(run_dir) if is_writer() else None  # one writer per run folder: before the data is loaded
     try:
         setup = make_env_setup(cfg)  # the data is loaded, checked and reported before anything is written
@@ -97,7 +97,7 @@ def start(args: argparse.Namespace):
         print(load_report(setup.market, cfg.env), file=sys.stderr)
         if cfg.llm not in ("none", "mock"):
             print(walk_keys_note(cfg, setup.market), file=sys.stderr)
-    return train(cfg, run_dir, env_setup=setup, lock=lock)
+    return train(cfg, run_dir, env_setup=setup, lock=lock, mesh=mesh)
 
 
 DATA_SECTIONS = ("env_name", "env", "data")  # the config the data loader reads: the env, its instrument and the data
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + (result.stop_signal or signal.SIGINT)
     if not is_writer():  # process 0 compares and writes summary.json
         return 0
-    cfg = load_config(result.run_dir / RUN_CONFIG_FILE)
+    cfg = result.cfg  # the run's resolved config, as saved in RUN_DIR/config.yaml
     summary = final_comparison(cfg, result.run_dir, result.setup)
     for split in ("val", "test"):
         if split in summary:

@@ -21,12 +21,13 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from agents.advice.acting import make_acting
 from agents.advisor.later_sessions import LATER_SESSIONS_PLOT, plot_later_sessions
 from agents.advisor.query_loop import QueryLoop
-from agents.config import RUN_CONFIG_FILE, TrainConfig, load_config, save_config
+from agents.config import RUN_CONFIG_FILE, CheckpointConfig, TrainConfig, load_config, save_config
 from agents.devices.parallel import (
     barrier,
     broadcast_from_writer,
@@ -38,7 +39,7 @@ from agents.devices.parallel import (
 )
 from agents.evaluation.saved_run import save_run_data
 from agents.rl.networks import update_flops_per_step
-from agents.rl.ppo import RunnerState, make_train
+from agents.rl.ppo import PPO, RunnerState, make_train
 from agents.rl.sharding import state_shardings
 from agents.runs.adapters import checkpoint_adapter
 from agents.runs.checkpoints import RunCheckpoints
@@ -63,6 +64,7 @@ class TrainResult:
     best_score: float | None
     setup: EnvSetup
     stop_signal: int | None = None  # the signal that interrupted the run (SIGINT or SIGTERM)
+    cfg: TrainConfig | None = None  # the run's config (a resumed run's as read from its folder)
 
 
 # Ctrl-C, and the polite stop of `timeout`, `kill` and cluster schedulers before they preempt a job
@@ -107,10 +109,13 @@ def train(
     lock: RunLock | None = None,
     from_intact: bool = False,
     devices: str | None = None,
+    mesh: Mesh | None = None,
 ) -> TrainResult:
     """Trains until cfg.num_updates (or `stop_after` more updates, or Ctrl-C). With `resume`, the config is read
     from RUN_DIR and the run continues from its latest finished checkpoint (with `from_intact`, from the newest
     intact one when that is damaged). `devices` replaces a resumed run's `devices` (checkpoints fit any count).
+    `env_setup` and `mesh` (agents.devices.parallel.make_mesh): what the caller already built of `cfg`, made here
+    otherwise.
 
     The run folder is locked first (`lock`, if the caller took it already) and unlocked on any exit: a second
     writer gets RunLocked. A new run that fails before its first update is logged (bad data, a model that does not
@@ -119,7 +124,7 @@ def train(
     lock = lock or (RunLock.acquire(run_dir, create=not resume) if is_writer() else None)
     started = [False]  # set once the first update is logged: from then on a failure leaves a run to resume
     try:
-        result = _train(cfg, run_dir, resume, stop_after, env_setup, from_intact, started, devices)
+        result = _train(cfg, run_dir, resume, stop_after, env_setup, from_intact, started, devices, mesh)
     except BaseException:
         if lock is not None:
             lock.release(discard=not resume and not started[0])
@@ -129,10 +134,90 @@ def train(
     return result
 
 
-def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int | None,
-           env_setup: EnvSetup | None, from_intact: bool, started: list[bool], devices: str | None) -> TrainResult:
+def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int | None, env_setup: EnvSetup | None,
+           from_intact: bool, started: list[bool], devices: str | None, mesh: Mesh | None) -> TrainResult:
+    """The host loop: the run's set-up once, then per update the jitted update and the hooks after it."""
+    run, state = _set_up(cfg, run_dir, resume, stop_after, env_setup, from_intact, devices, mesh)
+    cfg = run.cfg
+    save, log = _Checkpoints(run), _Log(run.logger, run.ckpt, started, run.start)
+    metrics: dict = {}
+    failed = write_failed = False
+    stop = _StopFlag()
+    stop.install()  # from here on Ctrl-C or SIGTERM stops at the next update boundary, with a checkpoint
+    evaluator = query_loop = None
+    try:
+        if run.acting is not None:  # chunks with LLM query steps between them; compiled on first use
+            # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
+            adapter = checkpoint_adapter(cfg, run_dir, run.start) if resume else None
+            query_loop = QueryLoop(cfg, run.setup.market, run_dir, adapter=adapter)
+            save.with_advisor(query_loop)
+        # validation walks: the policy alone, or with the advisor (a sidecar of the walks' own, at normal priority)
+        evaluator = AgentEvaluator(cfg, run.ppo, run.setup, save.adapter, log_dir=run_dir if run.writer else None)
+        step = _Step(Update(run.ppo, cfg.ppo.num_steps, run.setup.params, query_loop), cfg, run.flops, run.start)
+        if query_loop is None and run.start < run.end:  # a finished run resumed has nothing to compile
+            step.update_fn.compile(state, run.shardings)
+        hooks = _hooks(run, save, log, evaluator, query_loop)
+        for _ in range(run.start, run.end):
+            if stop.set:  # Ctrl-C or SIGTERM: the update in flight was the last
+                break
+            state, metrics = step(state)
+            for hook in hooks:
+                hook(metrics["update"], state, metrics)
+        interrupted = stop.set and int(state.update) < run.end
+    except BaseException as error:
+        failed, write_failed = True, isinstance(error, RunWriteError)
+        raise
+    finally:
+        # Also on an exception: the last logged update is saved (not after a failed write, and not for a new run
+        # that never got going: its folder is discarded), then everything is flushed and closed.
+        try:
+            if int(state.update) == log.last and not write_failed and (started[0] or resume or not failed):
+                save(state)
+        except SidecarError as error:  # the checkpoint is saved; only its adapter is missing
+            tqdm.write(f"WARNING: the advisor's adapter for update {int(state.update)} was not saved: {error}",
+                       file=sys.stderr)
+        finally:
+            for part in (evaluator, query_loop):  # the advisor's close stops its sidecar, unlinks the shared memory
+                if part is not None:
+                    part.close()
+        _close(run, failed)
+        stop.restore()
+    if interrupted:
+        print(f"interrupted at update {int(state.update)}; checkpoint saved. Continue with: --resume {run_dir}",
+              file=sys.stderr)
+    return TrainResult(run_dir, int(state.update), interrupted, state, metrics, save.best_score, run.setup,
+                       stop.signum if interrupted else None, cfg)
+
+
+@dataclass
+class _Run:
+    """What a run's set-up builds once, before its first update."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    resume: bool
+    writer: bool  # process 0: it writes the run folder
+    setup: EnvSetup
+    acting: Any  # the advisor's acting interface; None without an advisor (--llm none)
+    ppo: PPO
+    ckpt: RunCheckpoints
+    shardings: Any
+    best_score: float | None  # its best validation score so far
+    start: int  # the update it starts from
+    end: int  # the update it stops at (cfg.num_updates, or sooner with stop_after)
+    flops: int  # an update's flops per env step
+    health: HealthMonitor
+    logger: MetricsLogger | None  # process 0's
+    bar: tqdm
+
+
+def _set_up(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int | None, env_setup: EnvSetup | None,
+            from_intact: bool, devices: str | None, mesh: Mesh | None) -> tuple[_Run, RunnerState]:
+    """The run's config, mesh, env, PPO, checkpoints, log and progress bar, and the state it starts from (not kept
+    in _Run: the loop's updates replace it). A new run's folder is written here (config.yaml, its data's zone and
+    interval), once its data and any --init-from source are checked."""
     cfg = _run_config(cfg, run_dir, resume, devices)
-    mesh = make_mesh(cfg)  # num_envs must split over the devices: checked before anything is written
+    mesh = make_mesh(cfg) if mesh is None else mesh  # num_envs must split over the devices: before anything is written
     barrier("jaxfutures-run-checked")  # every process has looked at the folder before process 0 writes to it
     print_banner(mesh, cfg)
     setup = env_setup or make_env_setup(cfg)  # before config.yaml is written: bad data leaves no run behind
@@ -160,137 +245,206 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
     end = cfg.num_updates if stop_after is None else min(cfg.num_updates, start + stop_after)
     bar = tqdm(total=cfg.num_updates, initial=start, unit="upd", disable=not (cfg.log.progress and writer),
                dynamic_ncols=True)
+    return _Run(cfg, run_dir, resume, writer, setup, acting, ppo, ckpt, shardings, best_score, start, end, flops,
+                health, logger, bar), state
 
-    def host_state() -> dict:
-        return {"update": int(state.update), "env_steps": int(state.update) * cfg.steps_per_update,
-                "best_score": best_score, "seed": cfg.seed}
 
-    metrics: dict = {}
-    last_val: tuple[int, float] | None = None  # (update, score) of the latest validation walk, for the bar
-    last_later: tuple[float, float] | None = None  # (version, accuracy) of the latest judged on later sessions
-    last_logged = start  # a checkpoint is only ever taken of an update whose metrics line is written
-    failed = write_failed = False
-    interrupted = False
-    stop = _StopFlag()
-    stop.install()  # from here on Ctrl-C or SIGTERM stops at the next update boundary, with a checkpoint
-    query_loop = None
+def _close(run: _Run, failed: bool) -> None:
+    """Flushes and closes the run's checkpoints, its log (and plots the learning advisor's later sessions, unless
+    the run failed) and its progress bar."""
+    run.ckpt.wait()
+    run.ckpt.close()
+    if run.logger is not None:
+        run.logger.close()
+        if run.cfg.hybrid.learning.enabled and not failed:
+            plot_later_sessions(run.run_dir / "metrics.jsonl", run.run_dir / LATER_SESSIONS_PLOT)
+    run.bar.close()
 
-    def adapter_now(update: int) -> str | None:  # the learning advisor's adapter, saved for this update
-        return query_loop.save_adapter(run_dir, update)
 
-    def save_checkpoint(update: int, best: bool = False) -> None:
-        """A checkpoint, and beside it the learning advisor's adapter (adapters of dropped checkpoints go). Whole
-        arrays are saved (gathered from every process), so a run resumes on any number of devices."""
+class _Step:
+    """`step(state) -> (state, metrics)`: one update (agents.training.update.Update) and its metrics.jsonl line
+    (_record), with the compile time on the first update's."""
+
+    def __init__(self, update_fn: Update, cfg: TrainConfig, flops: int, start: int):
+        self.update_fn, self.cfg, self.flops, self.start = update_fn, cfg, flops, start
+
+    def __call__(self, state: RunnerState) -> tuple[RunnerState, dict]:
+        t_update = time.perf_counter()
+        state, m = self.update_fn(state)
+        dt = time.perf_counter() - t_update
+        update = int(state.update)
+        metrics = _record(m, update, self.cfg, dt, self.flops)
+        if update == self.start + 1:
+            metrics["compile_s"] = self.update_fn.compile_s
+        return state, metrics
+
+
+class _Checkpoints:
+    """`save(state, best=False)`: a checkpoint, and beside it the learning advisor's adapter (adapters of dropped
+    checkpoints go). Whole arrays are saved (gathered from every process), so a run resumes on any number of
+    devices. Every checkpoint records the run's best validation score so far (`best_score`)."""
+
+    def __init__(self, run: _Run):
+        self.ckpt, self.run_dir, self.writer = run.ckpt, run.run_dir, run.writer
+        self.steps_per_update, self.seed = run.cfg.steps_per_update, run.cfg.seed
+        self.best_score = run.best_score
+        self.query_loop: QueryLoop | None = None  # the advisor, once started
+
+    def __call__(self, state: RunnerState, best: bool = False) -> None:
+        update = int(state.update)
         whole = to_host(state)
-        if writer:
-            (ckpt.save_best if best else ckpt.save_latest)(update, whole, host_state())
+        if self.writer:
+            host = {"update": update, "env_steps": update * self.steps_per_update, "best_score": self.best_score,
+                    "seed": self.seed}
+            (self.ckpt.save_best if best else self.ckpt.save_latest)(update, whole, host)
         barrier(f"jaxfutures-saved-{'best' if best else 'latest'}-{update}")
-        if query_loop is not None:
-            query_loop.checkpoint(run_dir, update, set(ckpt.latest.all_steps()) | set(ckpt.best.all_steps()))
+        if self.query_loop is not None:
+            self.query_loop.checkpoint(self.run_dir, update,
+                                       set(self.ckpt.latest.all_steps()) | set(self.ckpt.best.all_steps()))
 
-    evaluator = None
-    try:
-        if acting is not None:  # chunks with LLM query steps between them; compiled on first use
-            # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
-            resumed_adapter = checkpoint_adapter(cfg, run_dir, start) if resume else None
-            query_loop = QueryLoop(cfg, setup.market, run_dir, adapter=resumed_adapter)
-        # validation walks: the policy alone, or with the advisor (a sidecar of the walks' own, at normal priority)
-        evaluator = AgentEvaluator(cfg, ppo, setup, adapter_now, log_dir=run_dir if writer else None)
-        update_fn = Update(ppo, cfg.ppo.num_steps, setup.params, query_loop)
-        if query_loop is None and start < end:  # a finished run resumed has nothing to compile
-            update_fn.compile(state, shardings)
-        for _ in range(start, end):
-            if stop.set:
-                interrupted = True
-                break
-            t_update = time.perf_counter()
-            state, m = update_fn(state)
-            dt = time.perf_counter() - t_update
-            update = int(state.update)
-            metrics = _record(m, update, cfg, dt, flops)
-            if update == start + 1:
-                metrics["compile_s"] = update_fn.compile_s
-            if update == cfg.num_updates and query_loop is not None:
-                # A round started at the last update would be lost; the final checkpoint's adapter includes it.
-                metrics.update(query_loop.finish_round())
+    def with_advisor(self, query_loop: QueryLoop) -> None:
+        """From now on each checkpoint saves the advisor's store and, for one that learns, its adapter too."""
+        self.query_loop = query_loop
 
-            if cfg.checkpoint.eval_every_updates and (
-                update % cfg.checkpoint.eval_every_updates == 0 or update == cfg.num_updates
-            ) and setup.evaluate is not None:
-                # on this process's first device, from host copies of the (replicated) networks
-                policy = state.replace(params=jax.device_get(state.params), obs_norm=jax.device_get(state.obs_norm))
-                t_walk = time.perf_counter()
-                result = evaluator(policy, "val", jax.random.PRNGKey(cfg.seed + update))
-                # the walk has its own progress line: the bar's rate and ETA are the updates' (the first advised walk
-                # can take minutes, and would otherwise read as hours left)
-                if not bar.disable:
-                    walked = time.perf_counter() - t_walk
-                    bar.start_t += walked
-                    bar.last_print_t += walked
-                metrics.update({setup.score_name if k == "score" else f"eval_{k}": v for k, v in result.items()})
-                # every process walked; process 0's score decides, so all save (a collective) or none do
-                score = broadcast_from_writer(float(result["score"]))
-                if best_score is None or score > best_score:
-                    best_score = score
-                    save_checkpoint(update, best=True)
+    def adapter(self, update: int) -> str | None:
+        """The learning advisor's adapter, saved for this update (the validation walks advise with it)."""
+        return self.query_loop.save_adapter(self.run_dir, update)
 
-            warnings = health.check(metrics)
-            if warnings:
-                metrics["warnings"] = warnings
-                for w in warnings if writer else ():
-                    bar.write(f"WARNING (update {update}): {w}")
-            try:
-                if logger is not None:
-                    logger.log(metrics)
-            except RunWriteError as error:
-                good = ckpt.latest_good()
-                raise RunWriteError(f"{error}; " + (f"the last good checkpoint is latest/{good}" if good is not None
-                                                    else "no checkpoint was saved yet")) from error
-            last_logged, started[0] = update, True
-            if update == start + 1 and not resume and writer:
-                # trained: a trial on its data for the deflated Sharpe ratio (a run that died before was never tried)
-                record_trial(run_dir, cfg)
-            bar.update(1)
-            if metrics.get(setup.score_name) is not None:
-                last_val = (update, metrics[setup.score_name])
-            if "lora_later_accuracy" in metrics:
-                last_later = (metrics["lora_later_version"], metrics["lora_later_accuracy"])
-            bar.set_postfix_str(_postfix(metrics, setup.score_name, last_val, last_later), refresh=False)
 
-            if update % cfg.checkpoint.every_updates == 0 or update == cfg.num_updates:
-                save_checkpoint(update)
-        interrupted = interrupted or (stop.set and int(state.update) < end)
-    except BaseException as error:
-        failed, write_failed = True, isinstance(error, RunWriteError)
-        raise
-    finally:
-        # Also on an exception: the last logged update is saved (not after a failed write, and not for a new run
-        # that never got going: its folder is discarded), then everything is flushed and closed.
+# The hooks: what the host does after each update, each called as hook(update, state, metrics) in _hooks' order;
+# a hook adds its figures to the update's metrics before the metrics line is written.
+
+
+def _hooks(run: _Run, save: _Checkpoints, log: _Log, evaluator: AgentEvaluator, query_loop: QueryLoop | None) -> list:
+    cfg = run.cfg
+    hooks = (
+        _FinishRound(query_loop, cfg.num_updates) if query_loop is not None else None,
+        _Validation(cfg.checkpoint, cfg.num_updates, cfg.seed, evaluator, run.setup, run.bar, save),
+        _Health(run.health, run.bar, run.writer),
+        log,
+        _Trial(run.run_dir, cfg, run.start + 1) if not run.resume and run.writer else None,
+        _Bar(run.bar, run.setup.score_name),
+        _Every(cfg.checkpoint, cfg.num_updates, save),
+    )
+    return [hook for hook in hooks if hook is not None]
+
+
+class _FinishRound:
+    """At the last update, the advisor's learning round in flight is finished: a round started at the last update
+    would be lost; the final checkpoint's adapter includes it."""
+
+    def __init__(self, query_loop: QueryLoop, num_updates: int):
+        self.query_loop, self.num_updates = query_loop, num_updates
+
+    def __call__(self, update: int, state: RunnerState, metrics: dict) -> None:
+        if update == self.num_updates:
+            metrics.update(self.query_loop.finish_round())
+
+
+class _Validation:
+    """Every `eval_every_updates` updates and at the last: the validation split's walk, its figures into the
+    metrics, and a best checkpoint when its score is the best so far. The walk has its own progress line: the
+    bar's clock is moved on by the walk's time, so its rate and ETA are the updates' (the first advised walk can
+    take minutes, and would otherwise read as hours left)."""
+
+    def __init__(self, checkpoint: CheckpointConfig, num_updates: int, seed: int, evaluator: AgentEvaluator,
+                 setup: EnvSetup, bar: tqdm, save: _Checkpoints):
+        self.every, self.num_updates, self.seed = checkpoint.eval_every_updates, num_updates, seed
+        self.evaluator, self.setup, self.bar, self.save = evaluator, setup, bar, save
+
+    def __call__(self, update: int, state: RunnerState, metrics: dict) -> None:
+        if not (self.every and (update % self.every == 0 or update == self.num_updates)
+                and self.setup.evaluate is not None):
+            return
+        # on this process's first device, from host copies of the (replicated) networks
+        policy = state.replace(params=jax.device_get(state.params), obs_norm=jax.device_get(state.obs_norm))
+        t_walk = time.perf_counter()
+        result = self.evaluator(policy, "val", jax.random.PRNGKey(self.seed + update))
+        if not self.bar.disable:
+            walked = time.perf_counter() - t_walk
+            self.bar.start_t += walked
+            self.bar.last_print_t += walked
+        metrics.update({self.setup.score_name if k == "score" else f"eval_{k}": v for k, v in result.items()})
+        # every process walked; process 0's score decides, so all save (a collective) or none do
+        score = broadcast_from_writer(float(result["score"]))
+        if self.save.best_score is None or score > self.save.best_score:
+            self.save.best_score = score
+            self.save(state, best=True)
+
+
+class _Health:
+    """The ways PPO runs go wrong (agents.training.metrics.HealthMonitor): warnings into the metrics, and on
+    process 0 above the bar."""
+
+    def __init__(self, monitor: HealthMonitor, bar: tqdm, writer: bool):
+        self.monitor, self.bar, self.writer = monitor, bar, writer
+
+    def __call__(self, update: int, state: RunnerState, metrics: dict) -> None:
+        warnings = self.monitor.check(metrics)
+        if warnings:
+            metrics["warnings"] = warnings
+            for w in warnings if self.writer else ():
+                self.bar.write(f"WARNING (update {update}): {w}")
+
+
+class _Log:
+    """The update's metrics line (metrics.jsonl and TensorBoard, process 0's `logger`); a failed write stops the
+    run with a RunWriteError naming the last good checkpoint. `last`: the latest update logged (a checkpoint is only
+    ever taken of such an update); `started[0]` is set at the first."""
+
+    def __init__(self, logger: MetricsLogger | None, ckpt: RunCheckpoints, started: list[bool], start: int):
+        self.logger, self.ckpt, self.started, self.last = logger, ckpt, started, start
+
+    def __call__(self, update: int, state: RunnerState, metrics: dict) -> None:
         try:
-            if int(state.update) == last_logged and not write_failed and (started[0] or resume or not failed):
-                save_checkpoint(int(state.update))
-        except SidecarError as error:  # the checkpoint is saved; only its adapter is missing
-            tqdm.write(f"WARNING: the advisor's adapter for update {int(state.update)} was not saved: {error}",
-                       file=sys.stderr)
-        finally:
-            if evaluator is not None:
-                evaluator.close()
-            if query_loop is not None:
-                query_loop.close()  # stops the sidecar and unlinks the shared memory
-        ckpt.wait()
-        ckpt.close()
-        if logger is not None:
-            logger.close()
-            if cfg.hybrid.learning.enabled and not failed:
-                plot_later_sessions(run_dir / "metrics.jsonl", run_dir / LATER_SESSIONS_PLOT)
-        bar.close()
-        stop.restore()
+            if self.logger is not None:
+                self.logger.log(metrics)
+        except RunWriteError as error:
+            good = self.ckpt.latest_good()
+            raise RunWriteError(f"{error}; " + (f"the last good checkpoint is latest/{good}" if good is not None
+                                                else "no checkpoint was saved yet")) from error
+        self.last, self.started[0] = update, True
 
-    update = int(state.update)
-    if interrupted:
-        print(f"interrupted at update {update}; checkpoint saved. Continue with: --resume {run_dir}", file=sys.stderr)
-    return TrainResult(run_dir, update, interrupted, state, metrics, best_score, setup,
-                       stop.signum if interrupted else None)
+
+class _Trial:
+    """A new run's trial on its data, recorded (process 0) once its first update is logged, for the deflated
+    Sharpe ratio: a run that died before was never tried."""
+
+    def __init__(self, run_dir: Path, cfg: TrainConfig, first: int):
+        self.run_dir, self.cfg, self.first = run_dir, cfg, first
+
+    def __call__(self, update: int, state: RunnerState, metrics: dict) -> None:
+        if update == self.first:
+            record_trial(self.run_dir, self.cfg)
+
+
+class _Bar:
+    """The progress bar: an update done, and its figures (_postfix) with the latest validation score and the
+    learning advisor's latest version judged on later sessions."""
+
+    def __init__(self, bar: tqdm, score_name: str):
+        self.bar, self.score_name = bar, score_name
+        self.last_val: tuple[int, float] | None = None  # (update, score) of the latest validation walk
+        self.last_later: tuple[float, float] | None = None  # (version, accuracy) of the latest judged on later sessions
+
+    def __call__(self, update: int, state: RunnerState, metrics: dict) -> None:
+        self.bar.update(1)
+        if metrics.get(self.score_name) is not None:
+            self.last_val = (update, metrics[self.score_name])
+        if "lora_later_accuracy" in metrics:
+            self.last_later = (metrics["lora_later_version"], metrics["lora_later_accuracy"])
+        self.bar.set_postfix_str(_postfix(metrics, self.score_name, self.last_val, self.last_later), refresh=False)
+
+
+class _Every:
+    """The periodic checkpoint: every `every_updates` updates, and at the last."""
+
+    def __init__(self, checkpoint: CheckpointConfig, num_updates: int, save: _Checkpoints):
+        self.every, self.num_updates, self.save = checkpoint.every_updates, num_updates, save
+
+    def __call__(self, update: int, state: RunnerState, metrics: dict) -> None:
+        if update % self.every == 0 or update == self.num_updates:
+            self.save(state)
 
 
 def _run_config(cfg: TrainConfig | None, run_dir: Path, resume: bool, devices: str | None) -> TrainConfig:
