@@ -108,14 +108,14 @@ def evaluate_policy(
 
 
 
-def held_pnl(close: np.ndarray, t: np.ndarray, money_per_point: float) -> np.ndarray:
+def held_pnl(close: np.ndarray, t: np.ndarray, contract, contracts: int) -> np.ndarray:
     """Buy-and-hold's P&L of each step of a walk or a trade (`t`: the decision bars, each step marked at t + 1's
-    close): the market's move from the decision bar's close, held in the agent's size (`money_per_point`: the
-    contract's point value × env.contracts_per_trade), no costs. The gate's buy-and-hold bar (agents.evidence.gate):
+    close): the market's move from the decision bar's close, held in the agent's size (`contracts` of `contract`, a
+    jaxenv.contracts.ContractSpec), no costs. The gate's buy-and-hold bar (agents.evidence.gate):
     a hold that is never sold pays no exit, so a walk and trade.py over the same bars count the same."""
     t = np.asarray(t)
     close = np.asarray(close, np.float64)
-    return (close[t + 1] - close[t]) * money_per_point
+    return (close[t + 1] - close[t]) * float(contract.point_value) * contracts
 
 
 def buy_and_hold(env: TradingEnv, market: Market, split: str | tuple[int, int]) -> dict[str, np.ndarray]:

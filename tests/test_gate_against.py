@@ -4,6 +4,8 @@ trade.py and the walk-forward's stitched paths."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -66,7 +68,8 @@ def test_a_walk_counts_each_session_less_buy_and_holds_move_as_the_record_does()
 @pytest.mark.nojit
 def test_buy_and_holds_step_is_the_close_to_close_move_in_the_agents_size():
     close = np.array([100.0, 101.5, 101.0, 103.0])
-    assert held_pnl(close, np.array([0, 1, 2]), 40.0).tolist() == [60.0, -20.0, 80.0]
+    two_contracts = SimpleNamespace(point_value=20.0)  # $20 a point, two of them: $40 a point
+    assert held_pnl(close, np.array([0, 1, 2]), two_contracts, 2).tolist() == [60.0, -20.0, 80.0]
 
 
 @pytest.mark.nojit

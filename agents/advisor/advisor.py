@@ -117,10 +117,10 @@ class Advisor:
             texts = list(market.text_table) or None
         else:
             fields = fields(renderer)
+        num_keys = num_blocks(market.num_bars, h.query.interval) * SIDES if market is not None else 0
         root = store_root(cfg) if market is not None else None
         open_store_of = None
         if root is not None:
-            num_keys = num_blocks(market.num_bars, h.query.interval) * SIDES
             builder = fields if isinstance(fields, PromptFieldBuilder) else PromptFieldBuilder(
                 market, list(renderer.markets), cfg.env.contracts_per_trade, h.query.interval, h.shuffled)
             prompt_format = prompt_format_digest(builder, renderer, list(market.text_table) or None, num_keys)
@@ -131,8 +131,7 @@ class Advisor:
         store = open_store_of(adapter) if open_store_of is not None else None
         known = None
         if keep_known:
-            known = store.answers.copy() if store is not None else Answers.empty(
-                num_blocks(market.num_bars, h.query.interval) * SIDES)
+            known = store.answers.copy() if store is not None else Answers.empty(num_keys)
             fields.without_past(known)
         def started() -> AdvisorWorkers:
             return AdvisorPool([client]) if client else start_advisor(cfg, renderer, texts, capacity, adapter,

@@ -165,7 +165,8 @@ def out_of_sample(run_dir: str | Path, checkpoint: str = "best") -> OutOfSample:
         saved = OutOfSample([str(d) for d in daily.index], daily.astype(float).tolist(),
                             f"test split of {run.cfg.data.source}")
     bought = buy_and_hold(run.env, run.market, bounds)
-    moves = {"t": bought["t"], "pnl": held_pnl(run.market.close, bought["t"], money_per_point(run))}
+    moves = {"t": bought["t"], "pnl": held_pnl(run.market.close, bought["t"], run.market.contract,
+                                                         run.cfg.env.contracts_per_trade)}
     by_day = lambda trace: daily_pnl(trace, run.market.timestamps, run.market.sessions.day).rename(str)  # noqa: E731
     bought, moves = by_day(bought), by_day(moves)
     record = dataclasses.replace(saved, in_sample_end=end, buy_and_hold=[float(bought.get(d, 0.0)) for d in saved.days],
@@ -173,10 +174,6 @@ def out_of_sample(run_dir: str | Path, checkpoint: str = "best") -> OutOfSample:
     record.save(path)
     return record
 
-
-def money_per_point(run: LoadedRun) -> float:
-    """What a move of 1.0 in the price is worth in the size the agent trades (buy-and-hold's, for the gate's bar)."""
-    return float(run.market.contract.point_value) * run.cfg.env.contracts_per_trade
 
 
 def in_sample_end(market: Market) -> str:
@@ -193,7 +190,7 @@ def gated_walk(run: LoadedRun, trace: Trace, record: OutOfSample | None) -> tupl
     gate = Gate.start(record.before(days[0]) if record is not None and len(days) else None,
                       scale_of(run.cfg.env.prop_firm), run.cfg.gate_against)
     last = int(np.asarray(trace["t"])[-1]) + 1 if len(days) else -1  # the bar the walk's last P&L is marked at
-    held = held_pnl(run.market.close, np.asarray(trace["t"]), money_per_point(run))
+    held = held_pnl(run.market.close, np.asarray(trace["t"]), run.market.contract, run.cfg.env.contracts_per_trade)
     gated, _ = gated_trace(trace, days, gate, last >= 0 and closes_session(run.market.sessions, last), held)
     return gated, gate
 

@@ -291,8 +291,8 @@ class Session:
         from jaxenv.evaluate import held_pnl
 
         agent = self.agent
-        money = float(agent.contract.point_value) * agent.cfg.env.contracts_per_trade
-        return float(held_pnl(agent.book.column("close"), np.array([bar - 1]), money)[0])
+        close = agent.book.column("close")
+        return float(held_pnl(close, np.array([bar - 1]), agent.contract, agent.cfg.env.contracts_per_trade)[0])
 
     def _say(self, text: str) -> None:
         (self.bar.write if self.bar is not None else print)(text, file=sys.stderr)
