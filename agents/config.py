@@ -19,7 +19,17 @@ from agents.evidence.gate import GATE_BARS
 from bridge.field_comments import field_comments
 from bridge.learning import LearningOptions
 from bridge.protocol import MOCK_ANSWERS
-from jaxenv.config import DataConfig, EnvConfig, PropFirmRules, check_rules, resolve_data_config, rules_fields
+from jaxenv.config import (
+    INSTRUMENT_FORMS,
+    DataConfig,
+    EnvConfig,
+    InstrumentSource,
+    PropFirmRules,
+    check_rules,
+    resolve_data_config,
+    resolve_instruments,
+    rules_fields,
+)
 
 MOCK_READS = ("fields", "text")  # hybrid.mock.reads
 
@@ -285,9 +295,9 @@ LATENCY_MODES = ("strict", "async", "auto")
 ACTIVATIONS = ("tanh", "relu")
 
 
-def freeze_updates(cfg: TrainConfig) -> int:
+def freeze_updates(transfer: TransferConfig, steps_per_update: int) -> int:
     """Updates the transfer warm-up lasts: a partly frozen update counts as frozen."""
-    return -(-cfg.transfer.freeze_steps // cfg.steps_per_update)
+    return -(-transfer.freeze_steps // steps_per_update)
 
 
 def _is_local_path(llm: str) -> bool:
@@ -306,6 +316,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                                                                       (p.num_steps, "ppo.num_steps")) if count < 1]
     if counts:  # the checks below divide by them
         raise ConfigError(*counts)
+    frozen = freeze_updates(cfg.transfer, cfg.steps_per_update)  # updates of the transfer warm-up
     checks = [
         (p.update_epochs >= 1, "ppo.update_epochs", "must be >= 1"),
         (p.num_minibatches >= 1 and cfg.steps_per_update % p.num_minibatches == 0, "ppo.num_minibatches",
@@ -325,6 +336,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"no model folder at {cfg.llm} (a local model is a folder; a hub id is NAME or ORG/NAME)"),
         (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env; use --llm none (llm=none) with other envs"),
         (cfg.gate_against in GATE_BARS, "gate_against", f"must be one of {', '.join(GATE_BARS)}"),
+        # several instruments in one account (data.instruments): RL only, on the trading env, from scratch for now
+        (not cfg.data.instruments or cfg.llm == "none", "llm",
+         "advice for several instruments is not built yet: use --llm none"),
+        (not cfg.data.instruments or cfg.env_name == "trading", "env_name",
+         "several instruments (data.instruments) trade in the trading env: env_name must be trading"),
+        (not cfg.data.instruments or not cfg.transfer.init_from, "transfer.init_from",
+         "starting a run on several instruments from another run's agent (--init-from) is not built yet"),
         (cfg.devices == "all" or (cfg.devices.isdigit() and int(cfg.devices) > 0), "devices",
          "must be all or a positive number of local devices"),
         (cfg.hybrid.fusion in FUSION_MODES, "hybrid.fusion", f"must be one of {', '.join(FUSION_MODES)}"),
@@ -373,8 +391,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.transfer.freeze_steps >= 0, "transfer.freeze_steps", "must be >= 0"),
         (cfg.transfer.freeze_steps == 0 or bool(cfg.transfer.init_from), "transfer.freeze_steps",
          "freezes copied layers, so it needs transfer.init_from (--init-from RUN)"),
-        (freeze_updates(cfg) < cfg.num_updates or cfg.transfer.freeze_steps == 0, "transfer.freeze_steps",
-         f"a warm-up of {cfg.transfer.freeze_steps} steps ({freeze_updates(cfg)} updates of {cfg.steps_per_update}) "
+        (frozen < cfg.num_updates or cfg.transfer.freeze_steps == 0, "transfer.freeze_steps",
+         f"a warm-up of {cfg.transfer.freeze_steps} steps ({frozen} updates of {cfg.steps_per_update}) "
          f"would freeze the copied layers for the whole run of {cfg.total_steps} steps ({cfg.num_updates} updates); "
          "use fewer freeze steps or more total_steps"),
     ]
@@ -392,9 +410,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         data = resolve_data_config(cfg.data)
     except ValueError as error:
         errors.append(str(error))
+    try:  # each instrument of a set too
+        instruments = resolve_instruments(cfg.data.instruments)
+    except ValueError as error:
+        errors += str(error).splitlines()
     if errors:
         raise ConfigError(*errors)
-    return dataclasses.replace(cfg, data=data)
+    return dataclasses.replace(cfg, data=dataclasses.replace(data, instruments=instruments))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -436,7 +458,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arm, key)
             except ConfigError:
                 pass
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        expected = INSTRUMENT_FORMS if InstrumentSource in sections else _type_name(tp)
+        raise ConfigError(f"{key}: expected {expected}, got {type(value).__name__} {value!r}")
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")

@@ -20,12 +20,12 @@ def run(opts: BenchOptions) -> list[dict]:
     for n in counts:
         prompts = np.strings.ljust(np.array([b"prompt %07d |" % i for i in range(n)]), PROMPT_BYTES, b"x")
         as_list = prompts.tolist()
-        env_ids = np.arange(n, dtype=np.int32)
+        keys = np.arange(n, dtype=np.int32)
         with SidecarClient(BridgeConfig(capacity=n, max_prompt_bytes=PROMPT_BYTES, reason_bytes=16)) as client:
             client.start(command=ECHO_PEER_COMMAND)
             for kind, batch in (("bytes_array", prompts), ("list_of_bytes", as_list)):
                 def round_trip(batch=batch):
-                    client.submit(env_ids, batch)
+                    client.submit(keys, batch)
                     answers = client.collect(timeout_s=5.0)
                     assert answers.counts()["ok"] == n
 

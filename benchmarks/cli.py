@@ -35,6 +35,7 @@ from benchmarks.common import (
 
 SUITES = {  # suite name -> module exposing run(opts) -> list[dict]; `all` runs them in this order
     "env": "benchmarks.env",
+    "account": "benchmarks.account",
     "train": "benchmarks.train",
     "hybrid": "benchmarks.hybrid",
     "sb3": "benchmarks.sb3",

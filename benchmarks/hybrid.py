@@ -84,7 +84,7 @@ def smollm2_available() -> bool:
 def advisors_stopped(pool):
     """The advisor processes stopped (SIGSTOP) inside the block, continued after it; waits for their heartbeats
     to be fresh again, so that the hybrid update after it does not count them as hung."""
-    pids = [pid for pid in pool.sidecar_pids if pid]
+    pids = [worker.sidecar_pid for worker in pool.workers if worker.sidecar_pid]
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -93,7 +93,7 @@ def advisors_stopped(pool):
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and pool.alive_count < len(pool.workers):
+        while time.monotonic() < deadline and pool.metrics()["llm_workers_alive"] < len(pool.workers):
             time.sleep(0.05)
 
 
@@ -102,12 +102,15 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
     hybrid.sidecar.workers=2) alternating with RL-only updates of the same env count, after WARMUP_UPDATES of each."""
     cfg = load_config(None, base_overrides(n_envs, num_steps) + list(advisor) + list(overrides))
     rl_cfg = load_config(None, base_overrides(n_envs, num_steps) + ["llm=none"])
-    rl_ppo = make_train(rl_cfg, setup.env, setup.params)
+    rl_ppo = make_train(rl_cfg.ppo, rl_cfg.network, setup.env, setup.params, num_envs=rl_cfg.num_envs,
+                        num_updates=rl_cfg.num_updates)
     key = jax.random.PRNGKey(0)
     rl_update, _ = compile_update(rl_ppo, num_steps, setup.params, jax.eval_shape(rl_ppo.init, key, setup.params))
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, make_acting(cfg.hybrid, setup.env),
+                     num_envs=cfg.num_envs, num_updates=cfg.num_updates)
     t0 = time.perf_counter()
-    loop = QueryLoop(cfg, setup.market, None)
+    loop = QueryLoop(cfg.hybrid, cfg.llm, cfg.env, cfg.data, setup.market, None, seed=cfg.seed,
+                     num_steps=cfg.ppo.num_steps)
     update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     start_s = time.perf_counter() - t0
     states = {"rl": jax.jit(rl_ppo.init)(key, setup.params), "hybrid": jax.jit(ppo.init)(key, setup.params)}
@@ -143,7 +146,7 @@ def time_hybrid(advisor: list[str], n_envs: int, num_steps: int, reps: int, setu
     return {
         **hybrid,
         "reps": reps,
-        "latency": latency_mode(cfg),
+        "latency": latency_mode(cfg.hybrid, cfg.llm),
         "workers": len(loop.advisor.workers.workers),
         "rl_only_steps_per_s": rl["steps_per_s"],
         "ratio": hybrid["steps_per_s"] / rl["steps_per_s"],
@@ -165,7 +168,8 @@ def run(opts: BenchOptions) -> list[dict]:
     from agents.training.env_setup import make_env_setup
 
     num_steps = QUICK_NUM_STEPS if opts.quick else load_config(None, []).ppo.num_steps
-    setup = make_env_setup(load_config(None, base_overrides(256, num_steps) + ["llm=none"]))
+    rl_cfg = load_config(None, base_overrides(256, num_steps) + ["llm=none"])
+    setup = make_env_setup(rl_cfg.env_name, rl_cfg.env, rl_cfg.data, rl_cfg.checkpoint.eval_episodes)
     advisors = ["mock"] if opts.quick or not smollm2_available() else list(ADVISORS)
     root = tempfile.mkdtemp(prefix="advice_store_")  # filled once per advisor, for every env count
     fills: dict[str, dict] = {}  # per model: advisors of one model share its store (their answers are the same)
@@ -177,7 +181,8 @@ def run(opts: BenchOptions) -> list[dict]:
                 cfg = load_config(None, base_overrides(n, num_steps) + ADVISORS[advisor] + overrides)
                 if store == "filled" and cfg.llm not in fills:
                     print(f"  hybrid: filling the {cfg.llm} advisor's store (train split) ...", file=sys.stderr)
-                    fills[cfg.llm] = fill_store(at_full_rate(cfg), ["train"], progress=False)
+                    fills[cfg.llm] = fill_store(at_full_rate(cfg.hybrid), cfg.llm, cfg.env, cfg.data, ["train"],
+                                                progress=False)
                 print(f"  hybrid: {n} envs, {advisor} advisor ({store} store) and RL only, alternating ...",
                       file=sys.stderr, flush=True)
                 figures = time_hybrid(ADVISORS[advisor], n, num_steps, opts.reps, setup, overrides)

@@ -41,7 +41,7 @@ def outcome_prompts(n: int, seed: int = 0) -> tuple[list[str], np.ndarray]:
 
     cfg = load_config(CONFIG, [])
     market = load_market(cfg.data)
-    renderer, _ = prompt_template(cfg)
+    renderer, _ = prompt_template(cfg.hybrid, cfg.data)
     fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, cfg.hybrid.query.interval)
     keys = walk_keys(*market.split_range("train"), cfg.hybrid.query.interval, entries_only=True)
     rows = outcome_rows([(0, np.arange(len(keys)), keys)], fields.rendered_bar, market, market.split_range("train"),

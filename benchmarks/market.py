@@ -47,10 +47,12 @@ def time_market(days: int, n_envs: int, num_steps: int | None) -> dict:
         overrides.append(f"ppo.num_steps={num_steps}")
     cfg = load_config(None, overrides)
     t0 = time.perf_counter()
-    setup = make_env_setup(cfg)
+    setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
     load_s = time.perf_counter() - t0
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
-    loop = QueryLoop(cfg, setup.market, None)
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, make_acting(cfg.hybrid, setup.env),
+                     num_envs=cfg.num_envs, num_updates=cfg.num_updates)
+    loop = QueryLoop(cfg.hybrid, cfg.llm, cfg.env, cfg.data, setup.market, None, seed=cfg.seed,
+                     num_steps=cfg.ppo.num_steps)
     try:
         update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
         state = jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)

@@ -186,7 +186,8 @@ def hybrid_rows(path: Path, quantize: str, opts: BenchOptions, about: dict) -> l
     from benchmarks.hybrid import QUICK_ENVS, QUICK_NUM_STEPS, STORES, base_overrides, time_hybrid
 
     num_steps = QUICK_NUM_STEPS if opts.quick else load_config(None, []).ppo.num_steps
-    setup = make_env_setup(load_config(None, base_overrides(256, num_steps) + ["llm=none"]))
+    rl_cfg = load_config(None, base_overrides(256, num_steps) + ["llm=none"])
+    setup = make_env_setup(rl_cfg.env_name, rl_cfg.env, rl_cfg.data, rl_cfg.checkpoint.eval_episodes)
     advisor = [f"llm={path}", f"hybrid.sidecar.quantization={quantize}", "hybrid.query.interval=5"]
     root = tempfile.mkdtemp(prefix="advice_store_")
     fill = None
@@ -195,8 +196,8 @@ def hybrid_rows(path: Path, quantize: str, opts: BenchOptions, about: dict) -> l
         for store in STORES:
             overrides = [f"hybrid.store={root if store == 'filled' else ''}"]
             if store == "filled" and fill is None:  # the train split's keys, as scripts/advise.py fills them
-                fill = fill_store(at_full_rate(load_config(None, base_overrides(n, num_steps) + advisor + overrides)),
-                                  ["train"], progress=False)
+                cfg = load_config(None, base_overrides(n, num_steps) + advisor + overrides)
+                fill = fill_store(at_full_rate(cfg.hybrid), cfg.llm, cfg.env, cfg.data, ["train"], progress=False)
             print(f"  phi3: hybrid at {n} envs, quantize={quantize}, {store} store, and RL only, alternating ...",
                   file=sys.stderr, flush=True)
             figures = time_hybrid(advisor, n, num_steps, opts.reps, setup, overrides)

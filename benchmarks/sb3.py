@@ -27,7 +27,7 @@ from sb3_contrib import MaskablePPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from agents.config import load_config
+from agents.config import NetworkConfig, PPOConfig, load_config
 from benchmarks.common import (
     BenchOptions,
     fmt,
@@ -117,38 +117,41 @@ class UpdateTimer(BaseCallback):
         self.starts.append(time.perf_counter())  # closes the last update
 
 
-def make_maskable_ppo(vec_env: VecEnv, cfg) -> MaskablePPO:
+def make_maskable_ppo(vec_env: VecEnv, ppo: PPOConfig, network: NetworkConfig, *, steps_per_update: int,
+                      seed: int) -> MaskablePPO:
     """MaskablePPO with our PPO's hyperparameters (constant learning rate: annealing does not change the cost)."""
-    p, net = cfg.ppo, cfg.network
+    p, net = ppo, network
     activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[net.activation]
     return MaskablePPO(
         "MlpPolicy", VecNormalize(vec_env, norm_obs=True, norm_reward=False, gamma=p.gamma),
-        n_steps=p.num_steps, batch_size=cfg.steps_per_update // p.num_minibatches, n_epochs=p.update_epochs,
+        n_steps=p.num_steps, batch_size=steps_per_update // p.num_minibatches, n_epochs=p.update_epochs,
         learning_rate=p.lr, gamma=p.gamma, gae_lambda=p.gae_lambda, clip_range=p.clip_eps, ent_coef=p.ent_coef,
         vf_coef=p.vf_coef, max_grad_norm=p.max_grad_norm, normalize_advantage=p.normalize_advantages,
         policy_kwargs={"net_arch": {"pi": list(net.actor_hidden), "vf": list(net.critic_hidden)}, "activation_fn": activation},
-        device="cpu", seed=cfg.seed, verbose=0,
+        device="cpu", seed=seed, verbose=0,
     )  # fmt: skip
 
 
-def time_maskable_ppo(cfg, env, env_params, reps: int) -> dict:
+def time_maskable_ppo(ppo: PPOConfig, network: NetworkConfig, env, env_params, reps: int, *, num_envs: int,
+                      steps_per_update: int, seed: int) -> dict:
     """A warm-up update (JAX compiles the adapter's step, torch allocates), then timed updates; as many as fit
     in the rep budget at the warm-up's pace, at least 3 (or `reps` if fewer)."""
     reset_peak_memory()
     t0 = time.perf_counter()
-    model = make_maskable_ppo(SB3VecEnv(TradingVectorEnv(env, env_params, cfg.num_envs)), cfg)
-    model.learn(cfg.steps_per_update)
+    model = make_maskable_ppo(SB3VecEnv(TradingVectorEnv(env, env_params, num_envs)), ppo, network,
+                              steps_per_update=steps_per_update, seed=seed)
+    model.learn(steps_per_update)
     warmup_s = time.perf_counter() - t0
     reps = max(min(3, reps), min(reps, int(REP_BUDGET_S / warmup_s)))
     timer = UpdateTimer()
     cpu0 = time.process_time()
-    model.learn(cfg.steps_per_update * reps, callback=timer, reset_num_timesteps=False)
+    model.learn(steps_per_update * reps, callback=timer, reset_num_timesteps=False)
     cores_used = (time.process_time() - cpu0) / (timer.starts[-1] - timer.starts[0])
     update_s = np.diff(timer.starts)
     rollout_s = np.array(timer.rollout_ends) - np.array(timer.starts[:-1])
     timing = {"median_s": float(np.median(update_s)), "min_s": float(update_s.min()), "max_s": float(update_s.max())}
     return {
-        **rates(cfg.steps_per_update, timing),
+        **rates(steps_per_update, timing),
         "update_s": timing["median_s"],
         "rollout_s": float(np.median(rollout_s)),
         "learn_s": float(np.median(update_s - rollout_s)),
@@ -168,9 +171,11 @@ def run(opts: BenchOptions) -> list[dict]:
     for n in envs:
         cfg, ppo = build_ppo(n, num_steps, env, env_params)
         print(f"  sb3: {n} envs, our PPO ...", file=sys.stderr, flush=True)
-        ours, _ = time_updates(cfg, ppo, opts.reps)
+        ours, _ = time_updates(ppo, env_params, opts.reps, num_steps=cfg.ppo.num_steps,
+                               steps_per_update=cfg.steps_per_update)
         print(f"  sb3: {n} envs, MaskablePPO ...", file=sys.stderr, flush=True)
-        sb3 = time_maskable_ppo(cfg, env, env_params, opts.reps)
+        sb3 = time_maskable_ppo(cfg.ppo, cfg.network, env, env_params, opts.reps, num_envs=cfg.num_envs,
+                                steps_per_update=cfg.steps_per_update, seed=cfg.seed)
         results.append({
             "suite": "sb3", "case": "maskable_ppo", "envs": n, "num_steps": cfg.ppo.num_steps, **sb3,
             "baseline": "our JAX PPO (same run)", "baseline_steps_per_s": ours["steps_per_s"],

@@ -53,8 +53,9 @@ def time_devices(devices: int, n_envs: int, num_steps: int, reps: int) -> dict:
                              "total_steps=1000000000", f"devices={devices}"])
     env = TradingEnv(EnvConfig())
     env_params = env.make_params(load_market(DataConfig(source="synthetic:default")), "train")
-    mesh = make_mesh(cfg)
-    ppo = make_train(cfg, env, env_params, None, mesh)
+    mesh = make_mesh(cfg.num_envs, cfg.devices)
+    ppo = make_train(cfg.ppo, cfg.network, env, env_params, None, mesh, num_envs=cfg.num_envs,
+                     num_updates=cfg.num_updates)
     key = jax.random.PRNGKey(0)
     shardings = state_shardings(jax.eval_shape(ppo.init, key, env_params), mesh, n_envs)
     holder = {"state": jax.jit(ppo.init, out_shardings=shardings)(key, env_params)}
@@ -95,7 +96,8 @@ def run(opts: BenchOptions) -> list[dict]:
         print(f"  scale: {n_envs} envs on {devices} device(s) ...", file=sys.stderr, flush=True)
         rows.append({"suite": "scale", "case": "devices", "envs": n_envs, "num_steps": num_steps,
                      "devices": devices, **measure_devices(devices, n_envs, num_steps, opts.reps)})
-    setup = make_env_setup(load_config(None, base_overrides(n_envs, num_steps) + ["llm=none"]))
+    rl_cfg = load_config(None, base_overrides(n_envs, num_steps) + ["llm=none"])
+    setup = make_env_setup(rl_cfg.env_name, rl_cfg.env, rl_cfg.data, rl_cfg.checkpoint.eval_episodes)
     for workers in WORKERS:
         print(f"  scale: {n_envs} envs, mock advisor with {workers} worker(s) ...", file=sys.stderr, flush=True)
         figures = time_hybrid(ADVISORS["mock"], n_envs, num_steps, opts.reps, setup,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import jax
 
@@ -50,7 +49,7 @@ MEMORY_HEADROOM = 0.8  # run a size only if its projected peak fits in this shar
 
 def build_ppo(n_envs: int, num_steps: int, env, env_params):
     cfg = load_config(None, ["llm=none", f"num_envs={n_envs}", f"ppo.num_steps={num_steps}", "total_steps=1000000000"])
-    return cfg, make_train(cfg, env, env_params)
+    return cfg, make_train(cfg.ppo, cfg.network, env, env_params, num_envs=cfg.num_envs, num_updates=cfg.num_updates)
 
 
 def compile_update(ppo, num_steps: int, env_params, state, shardings=None) -> tuple[Update, float]:
@@ -72,11 +71,11 @@ def projected_peak_mb(measured: list[dict], steps_per_update: int) -> float | No
     return mean_y + slope * (steps_per_update - mean_x)
 
 
-def time_updates(cfg, ppo, env_params, reps: int) -> tuple[dict, object]:
+def time_updates(ppo, env_params, reps: int, *, num_steps: int, steps_per_update: int) -> tuple[dict, object]:
     """Whole PPO updates: compile, then a warm-up and timed updates. Returns the figures and the state after them."""
     reset_peak_memory()
     key = jax.random.PRNGKey(0)
-    update, compile_s = compile_update(ppo, cfg.ppo.num_steps, env_params, jax.eval_shape(ppo.init, key, env_params))
+    update, compile_s = compile_update(ppo, num_steps, env_params, jax.eval_shape(ppo.init, key, env_params))
     holder = {"state": jax.jit(ppo.init)(key, env_params)}
 
     def one_update():
@@ -84,7 +83,7 @@ def time_updates(cfg, ppo, env_params, reps: int) -> tuple[dict, object]:
 
     timing = timed_repeats(one_update, reps, budget_s=REP_BUDGET_S)
     figures = {
-        **rates(cfg.steps_per_update, timing),
+        **rates(steps_per_update, timing),
         "compile_s": compile_s,
         "update_s": timing["median_s"],
         "update_min_s": timing["min_s"],
@@ -103,7 +102,8 @@ def bench_one(n_envs: int, num_steps: int, reps: int, env, env_params, measured:
     if need_mb is not None and need_mb / 1024 > MEMORY_HEADROOM * available_memory_gb():
         return {**row, "skipped": f"needs ~{need_mb / 1024:.1f} GiB (projected from the smaller sizes), "
                                   f"{available_memory_gb():.1f} GiB available"}  # fmt: skip
-    figures, state = time_updates(cfg, ppo, env_params, reps)
+    figures, state = time_updates(ppo, env_params, reps, num_steps=cfg.ppo.num_steps,
+                                  steps_per_update=cfg.steps_per_update)
     row.update(figures)
     # Where the time goes: the rollout alone (compiled apart); learning (GAE + epochs) is the rest.
     rollout = jax.jit(ppo.rollout_chunk, static_argnums=1).lower(state, num_steps, env_params).compile()

@@ -54,12 +54,13 @@ def walk_row(condition: str, beside: int, n_keys: int) -> dict:
     val_start, val_end = market.split_range("val")
     k = cfg.hybrid.query.interval
     with busy_processes(beside):
-        train = training_pacer(cfg, market, None)  # training's advisor, as QueryLoop starts it
+        # training's advisor, as QueryLoop starts it
+        train = training_pacer(cfg.hybrid, cfg.llm, cfg.env, cfg.data, cfg.seed, market, None)
         walk = None
         try:
             train_keys = walk_keys(train_start, train_end, k)
             train.advisor.submit(train_keys[:train.budget])  # busy with its latest query step, as at a walk
-            walk = walk_pacer(cfg, market)
+            walk = walk_pacer(cfg.hybrid, cfg.llm, cfg.env, cfg.data, market)
             keys = walk_keys(val_start, val_end, k, cfg.hybrid.query.entries_only)[:n_keys]
             load = load_average()
             t0 = time.perf_counter()

@@ -9,7 +9,7 @@ Public API (what the hybrid training loop uses):
         client.start(backend="mock", prompts=renderer)              # spawns `python -m llm_sidecar serve`
         # or: client.start(backend="transformers", prompts=renderer, model="smollm2", mode="score")
         prompts = renderer.render(fields, texts)   # fields: float32 [N, len(PROMPT_FIELDS)]; texts: headlines
-        seq = client.submit(env_ids, prompts)      # never blocks
+        seq = client.submit(keys, prompts)      # never blocks
         answers = client.collect(timeout_s=0.0)    # oldest pending submission; unanswered rows → timeout
         answers.probs, answers.confidence, answers.status   # [N, 6], [N], [N] (STATUS_OK ... BACKEND_ERROR)
         if not client.alive:

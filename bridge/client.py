@@ -69,7 +69,7 @@ class Answers:
     """Answers to one submission, in the order the prompts were submitted."""
 
     seq: int
-    env_ids: np.ndarray  # int32 [n]
+    keys: np.ndarray  # int32 [n]
     probs: np.ndarray  # float32 [n, 6]; uniform where status != ok
     action: np.ndarray  # int8 [n]; the answer's action, -1 where status != ok
     confidence: np.ndarray  # float32 [n]; 0 where status != ok
@@ -79,7 +79,7 @@ class Answers:
     # learns, version 0)
 
     def __len__(self) -> int:
-        return len(self.env_ids)
+        return len(self.keys)
 
     def counts(self) -> dict[str, int]:
         """Rows per status name."""
@@ -140,11 +140,11 @@ class _Resources:
 
 
 def answer_problems(status: np.ndarray, probs: np.ndarray, confidence: np.ndarray, action: np.ndarray,
-                    env_ids: np.ndarray, submitted: np.ndarray) -> np.ndarray:
+                    keys: np.ndarray, submitted: np.ndarray) -> np.ndarray:
     """Why each row's answer cannot be used ('' where it can): shared memory is written by another process, so an
     answer is checked before it reaches the advice table. A status outside the known ones, or an ok row whose
     probabilities are not a finite distribution, whose confidence is not in [0, 1], whose action is out of range,
-    or an ok or no-view row whose env id is not the one asked about."""
+    or an ok or no-view row whose key is not the one asked about."""
     problems = np.full(len(status), "", dtype=object)
     known = (status >= -1) & (status < len(STATUS_NAMES))
     ok = status == STATUS_OK
@@ -156,7 +156,7 @@ def answer_problems(status: np.ndarray, probs: np.ndarray, confidence: np.ndarra
             (ok & (np.abs(probs.sum(axis=1) - 1) > 1e-3), "probabilities do not sum to 1"),
             (ok & ~(np.isfinite(confidence) & (confidence >= 0) & (confidence <= 1)), "confidence outside [0, 1]"),
             (ok & ((action < 0) | (action >= NUM_ACTIONS)), "action out of range"),
-            ((ok | (status == STATUS_NO_VIEW)) & (env_ids != submitted), "env id differs from the one asked about"),
+            ((ok | (status == STATUS_NO_VIEW)) & (keys != submitted), "key differs from the one asked about"),
         )
     for bad, why in reversed(checks):  # the first failed check names the row
         problems[bad] = why
@@ -169,7 +169,7 @@ class SidecarClient:
     Usage:
         with SidecarClient(BridgeConfig()) as client:
             client.start(backend="mock", prompts=renderer)
-            seq = client.submit(env_ids, renderer.render(fields, texts))
+            seq = client.submit(keys, renderer.render(fields, texts))
             answers = client.collect(timeout_s=1.0)
     At most two submissions may await collect(); collect() always takes the oldest.
     """
@@ -373,7 +373,7 @@ class SidecarClient:
             return True
         return self._down_reason() != ""
 
-    def submit(self, env_ids: np.ndarray | Sequence[int], prompts: np.ndarray | Sequence[bytes | str],
+    def submit(self, keys: np.ndarray | Sequence[int], prompts: np.ndarray | Sequence[bytes | str],
                think: np.ndarray | Sequence[bool] | None = None) -> int:
         """Copies prompts into the request slab and signals the sidecar; never waits. Returns the seq.
         `think` marks rows to answer with chain of thought (generate mode) instead of the sidecar's usual mode."""
@@ -382,10 +382,10 @@ class SidecarClient:
         if len(self._pending) >= tp.NUM_SLOTS:
             raise SidecarError(f"{len(self._pending)} submissions already await collect(); collect one first")
         matrix, lengths = self._pack(prompts)
-        env_ids = np.asarray(env_ids, dtype=np.int32)
+        keys = np.asarray(keys, dtype=np.int32)
         n = len(lengths)
-        if env_ids.shape != (n,):
-            raise ValueError(f"env_ids has shape {env_ids.shape} but there are {n} prompts")
+        if keys.shape != (n,):
+            raise ValueError(f"keys has shape {keys.shape} but there are {n} prompts")
         if n > self.config.capacity:
             raise ValueError(f"{n} prompts exceed BridgeConfig.capacity={self.config.capacity}")
         seq = self._next_seq
@@ -394,7 +394,7 @@ class SidecarClient:
         req = self._res.request
         header = req["header"]
         header[tp.REQ_SLOT_SEQ + slot] = -1  # seqlock: being written
-        req[f"env_ids{slot}"][:n] = env_ids
+        req[f"keys{slot}"][:n] = keys
         req[f"lengths{slot}"][:n] = lengths
         req[f"prompts{slot}"][:n, : matrix.shape[1]] = matrix
         req[f"think{slot}"][:n] = 0 if think is None else np.asarray(think, dtype=bool)
@@ -458,7 +458,7 @@ class SidecarClient:
         if missing.any():
             answers.status[missing] = STATUS_BACKEND_ERROR if failure else STATUS_TIMEOUT
             answers.reasons[missing] = (failure or "timeout").encode()[: self.config.reason_bytes]
-            answers.env_ids[missing] = self._res.request[f"env_ids{sub.slot}"][: sub.count][missing]
+            answers.keys[missing] = self._res.request[f"keys{sub.slot}"][: sub.count][missing]
             header = self._res.request["header"]
             header[tp.REQ_ABANDONED] = max(int(header[tp.REQ_ABANDONED]), sub.seq)
         self._pending.popleft()
@@ -478,20 +478,20 @@ class SidecarClient:
         reason_width = self.config.reason_bytes
         reasons = np.ascontiguousarray(resp[f"reasons{s}"][:n]).view(f"S{reason_width}").ravel().copy()
         reasons[~done] = b""
-        env_ids = resp[f"env_ids{s}"][:n].copy()
-        submitted = self._res.request[f"env_ids{s}"][:n]
+        keys = resp[f"keys{s}"][:n].copy()
+        submitted = self._res.request[f"keys{s}"][:n]
         problems = answer_problems(status, resp[f"probs{s}"][:n], resp[f"confidence{s}"][:n], resp[f"action{s}"][:n],
-                                   env_ids, submitted)
+                                   keys, submitted)
         invalid = problems != ""
         if invalid.any():
             status[invalid] = STATUS_PARSE_ERROR
             reasons[invalid] = [f"invalid answer: {why}".encode()[:reason_width] for why in problems[invalid]]
-            env_ids[invalid] = submitted[invalid]
+            keys[invalid] = submitted[invalid]
             self.counters["invalid_answers"] += int(invalid.sum())
         ok = status == STATUS_OK
         return Answers(
             seq=sub.seq,
-            env_ids=env_ids,
+            keys=keys,
             probs=np.where(ok[:, None], resp[f"probs{s}"][:n], np.float32(1.0 / NUM_ACTIONS)).astype(np.float32),
             action=np.where(ok, resp[f"action{s}"][:n], -1).astype(np.int8),
             confidence=np.where(ok, resp[f"confidence{s}"][:n], 0).astype(np.float32),

@@ -30,7 +30,7 @@ def _spoil(kind: str, request, probs, action, confidence):
     elif kind == "action":
         action[:] = NUM_ACTIONS + 3
     elif kind == "env_id":
-        request.env_ids[:] = 1_000_000  # echoed back by write_answers
+        request.keys[:] = 1_000_000  # echoed back by write_answers
     return probs, action, confidence
 
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--version", type=int, default=0, help="report the answers as given by this advisor version "
                         "(a LoRA-learning sidecar's adopted rounds)")
     parser.add_argument("--bad", choices=BAD_ANSWERS, help="answer every row wrongly, with status ok: NaN or negative "
-                        "probabilities, infinite confidence, an action or env id out of range")
+                        "probabilities, infinite confidence, an action or key out of range")
     args = parser.parse_args(argv)
     peer.exit_on_sigterm_only()
     endpoint = peer.connect(args)

@@ -83,7 +83,7 @@ def request_layout(capacity: int, prompt_bytes: int, static_bytes: int, outcome_
     fields = [("header", np.int64, (REQ_HEADER_WORDS,)), ("static", np.uint8, (static_bytes,))]
     for s in range(NUM_SLOTS):
         fields += [
-            (f"env_ids{s}", np.int32, (capacity,)),
+            (f"keys{s}", np.int32, (capacity,)),
             (f"lengths{s}", np.int32, (capacity,)),
             (f"think{s}", np.int8, (capacity,)),  # 1 = answer this row with chain of thought
             (f"prompts{s}", np.uint8, (capacity, prompt_bytes)),
@@ -107,7 +107,7 @@ def response_layout(capacity: int, reason_bytes: int):
     for s in range(NUM_SLOTS):
         fields += [
             (f"row_seq{s}", np.int64, (capacity,)),
-            (f"env_ids{s}", np.int32, (capacity,)),
+            (f"keys{s}", np.int32, (capacity,)),
             (f"action{s}", np.int8, (capacity,)),
             (f"status{s}", np.int8, (capacity,)),
             (f"confidence{s}", np.float32, (capacity,)),
@@ -219,7 +219,7 @@ class Request:
 
     seq: int
     slot: int
-    env_ids: np.ndarray  # int32 [n]
+    keys: np.ndarray  # int32 [n]
     lengths: np.ndarray  # int32 [n]
     prompts: np.ndarray  # uint8 [n, prompt_bytes], NUL padded
     think: np.ndarray  # bool [n]: answer with chain of thought
@@ -228,7 +228,7 @@ class Request:
         return [bytes(row[:length]).decode("utf-8", errors="replace") for row, length in zip(self.prompts, self.lengths)]
 
     def __len__(self) -> int:
-        return len(self.env_ids)
+        return len(self.keys)
 
 
 class PeerEndpoint:
@@ -298,7 +298,7 @@ class PeerEndpoint:
             request = None if not 0 <= n <= self.capacity else Request(
                 seq=seq,
                 slot=slot,
-                env_ids=self.request[f"env_ids{slot}"][:n].copy(),
+                keys=self.request[f"keys{slot}"][:n].copy(),
                 lengths=self.request[f"lengths{slot}"][:n].copy(),
                 prompts=self.request[f"prompts{slot}"][:n].copy(),
                 think=self.request[f"think{slot}"][:n] != 0,
@@ -337,7 +337,7 @@ class PeerEndpoint:
         """Writes answers for `rows` (indices into the request, or a slice) and signals the client."""
         s = request.slot
         r = self.response
-        r[f"env_ids{s}"][rows] = request.env_ids[rows]
+        r[f"keys{s}"][rows] = request.keys[rows]
         r[f"probs{s}"][rows] = probs
         r[f"action{s}"][rows] = action
         r[f"confidence{s}"][rows] = confidence
@@ -350,7 +350,7 @@ class PeerEndpoint:
             r[f"reasons{s}"][rows] = packed.view(np.uint8).reshape(len(packed), self.reason_bytes)
             r[f"reason_len{s}"][rows] = np.strings.str_len(packed)
         r[f"row_seq{s}"][rows] = request.seq  # last: marks the rows above as complete
-        r["header"][RESP_ANSWERED] += len(request.env_ids[rows])
+        r["header"][RESP_ANSWERED] += len(request.keys[rows])
         self.response_signal.post()
 
     def take_outcomes(self) -> dict[str, np.ndarray] | None:

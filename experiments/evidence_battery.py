@@ -41,11 +41,11 @@ from agents.advice.table import SIDES, AdviceTable, num_blocks
 from agents.advisor.numeric_mock import NumericMock
 from agents.advisor.prompt_fields import PromptFieldBuilder
 from agents.command_line import CommandParser
-from agents.config import load_config
+from agents.config import HybridConfig, load_config
 from agents.evidence.eprocess import ALPHA, LOSS_BOUND, prefix_log_e, scale_of
 from bridge.prompts import DEFAULT_PROMPTS_PATH, PromptRenderer
 from bridge.protocol import BUY, NUM_ACTIONS, SELL, STATUS_OK
-from jaxenv.config import PropFirmRules
+from jaxenv.config import EnvConfig, PropFirmRules
 from jaxenv.env import TradingEnv
 from jaxenv.market import load_market
 
@@ -153,11 +153,11 @@ def market_path(source: str, seed: int) -> tuple:
                                   float(record_scale(params, interval, horizon)))
 
 
-def mock_sides(cfg, market, answers: str) -> np.ndarray:
+def mock_sides(hybrid: HybridConfig, env: EnvConfig, market, answers: str) -> np.ndarray:
     """[K] the mock advisor's call per block's flat key: +1 BUY, −1 SELL, 0 none (PASS or another action)."""
-    blocks = num_blocks(market.num_bars, cfg.hybrid.query.interval)
+    blocks = num_blocks(market.num_bars, hybrid.query.interval)
     renderer = PromptRenderer.from_yaml(DEFAULT_PROMPTS_PATH)
-    fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, cfg.hybrid.query.interval)
+    fields = PromptFieldBuilder(market, list(renderer.markets), env.contracts_per_trade, hybrid.query.interval)
     keys = np.arange(blocks) * SIDES + 1
     mock = NumericMock(answers, renderer, list(market.text_table) or None)
     mock.submit(keys, fields.build(keys))
@@ -210,7 +210,8 @@ def record(placebos: int, informed_seeds: list[int], rng_seed: int = 0) -> dict:
     hcfg, hmarket, hpath = market_path("synthetic:headlines_then_trend", 0)
     blocks = num_blocks(market.num_bars, cfg.hybrid.query.interval)
     session_blocks = 390 // cfg.hybrid.query.interval
-    rules, news = mock_sides(cfg, market, "rules"), mock_sides(hcfg, hmarket, "news_pass")
+    rules = mock_sides(cfg.hybrid, cfg.env, market, "rules")
+    news = mock_sides(hcfg.hybrid, hcfg.env, hmarket, "news_pass")
     always = np.ones(blocks, np.int64)
 
     def shifts(p: PricePath) -> np.ndarray:  # at least a session's blocks each way
@@ -237,7 +238,7 @@ def record(placebos: int, informed_seeds: list[int], rng_seed: int = 0) -> dict:
     informed = []
     for seed in tqdm(informed_seeds, desc="informed advice", file=sys.stderr):
         icfg, imarket, ipath = market_path("synthetic:headlines_then_trend", seed)
-        side = mock_sides(icfg, imarket, "news_pass")
+        side = mock_sides(icfg.hybrid, icfg.env, imarket, "news_pass")
         informed.append({"seed": seed, "bound_at_look": record_binds(ipath, side, rng, RUN_PER_LOOK, RUN_LOOKS),
                          "calls": int((side[ipath.blocks] != 0).sum())})
     tenth = RUN_LOOKS // 10

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from agents.command_line import print_error
-from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
+from agents.config import RUN_CONFIG_FILE, ConfigError, HybridConfig, load_config, to_dict
 from agents.runs.lock import RunLocked
 from jaxenv.config import DataConfig
 from jaxenv.market_files import BARS_FILE, MARKET_FILE, NEWS_FILE, write_market, written_market
@@ -168,14 +168,14 @@ def run_config(plan: Plan, arm: str, seed: int):
 REPORTING_KEYS = ("log.progress",)  # config keys that change how a run reports, not what it learns
 
 
-def flat_config(cfg) -> dict[str, Any]:
-    """A config as {dotted key: value}."""
+def flat_config(settings: dict) -> dict[str, Any]:
+    """A whole config as data (`settings`: agents.config.to_dict's) as {dotted key: value}."""
     def walk(d: dict, prefix: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in d.items():
             out.update(walk(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out
-    return walk(to_dict(cfg), "")
+    return walk(settings, "")
 
 
 def check_saved_runs(plan: Plan) -> None:
@@ -187,7 +187,8 @@ def check_saved_runs(plan: Plan) -> None:
             path = plan.run_dir(arm, seed) / RUN_CONFIG_FILE
             if not path.exists():
                 continue
-            saved, wanted = flat_config(load_config(path)), flat_config(run_config(plan, arm, seed))
+            saved = flat_config(to_dict(load_config(path)))
+            wanted = flat_config(to_dict(run_config(plan, arm, seed)))
             differ = [k for k in wanted if k not in REPORTING_KEYS and saved.get(k) != wanted[k]
                       and not (k.startswith("hybrid.") and wanted["llm"] == "none")]  # no advisor: no hybrid
             if differ:
@@ -224,10 +225,10 @@ def fresh_market(data: DataConfig, days: int, offset: int = FRESH_SEED_OFFSET) -
     return dataclasses.replace(data, source=str(folder / BARS_FILE), news=str(news) if data.news else "")
 
 
-def veto_walks(cfg) -> tuple[str, str]:
+def veto_walks(hybrid: HybridConfig) -> tuple[str, str]:
     """(the walk the agent as trained is, the walk with its veto switched): fused_veto and fused_no_veto."""
     on, off = "fused_veto", "fused_no_veto"
-    return (on, off) if cfg.hybrid.veto.enabled else (off, on)
+    return (on, off) if hybrid.veto.enabled else (off, on)
 
 
 def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
@@ -269,7 +270,7 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
                 ablations = ablation_walks(run)
                 walks["llm_only"] = score(run, ablations["llm_only"].walk, "test")
                 walks["val_llm_only"] = score(run, ablations["llm_only"].walk, "val")
-                trained, switched = veto_walks(run.cfg)
+                trained, switched = veto_walks(run.cfg.hybrid)
                 walks[trained] = walks["agent"]
                 if kind == "latest":
                     walks[switched] = score(run, ablations[switched].walk, "test")
@@ -287,7 +288,7 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
                     ablations = ablation_walks(run)
                     walks["fresh_llm_only"] = score(run, ablations["llm_only"].walk, "all")
                     if kind == "latest":
-                        trained, switched = veto_walks(run.cfg)
+                        trained, switched = veto_walks(run.cfg.hybrid)
                         walks[f"fresh_{trained}"] = walks["fresh_agent"]
                         walks[f"fresh_{switched}"] = score(run, ablations[switched].walk, "all")
         finally:

@@ -74,14 +74,17 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
     train_s = time.perf_counter() - t0
     if result.interrupted:
         raise SystemExit(f"seed {seed}: training was interrupted")
-    learned = checkpoint_adapter(cfg, run_dir, result.update)
+    learned = checkpoint_adapter(cfg.hybrid, run_dir, result.update)
     if not last_rounds(run_dir):  # the adapter is the base model's: frozen and learned would compare equal
         buffer = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1]).get("lora_buffer", 0)
         print(f"WARNING: seed {seed}: no learning round finished ({buffer:.0f} examples gathered, "
               f"hybrid.learning.min_examples {cfg.hybrid.learning.min_examples}): use more --updates, or "
               "hybrid.link.latency=strict so that every query is answered", flush=True)
-    ppo = make_train(cfg, result.setup.env, result.setup.params, make_acting(cfg, result.setup.env))
-    evaluator = AgentEvaluator(cfg, ppo, result.setup, lambda update: learned)
+    ppo = make_train(cfg.ppo, cfg.network, result.setup.env, result.setup.params,
+                     make_acting(cfg.hybrid, result.setup.env), num_envs=cfg.num_envs, num_updates=cfg.num_updates)
+    evaluator = AgentEvaluator(ppo, result.setup, cfg.hybrid, cfg.llm, cfg.env, cfg.data, lambda update: learned,
+                               normalize_obs=cfg.ppo.normalize_obs, greedy=cfg.checkpoint.eval_deterministic,
+                               progress=cfg.log.progress)
     walks: dict = {}
     try:
         for split in args.splits:

@@ -120,7 +120,7 @@ def llm_only_walks(run_dir: Path, adapter: str) -> None:
     from agents.evaluation.saved_run import advised_walk, load_run
 
     run = load_run(run_dir, "latest")
-    walks = {"frozen": run_ablations(run.cfg)[FROZEN_ABLATION],
+    walks = {"frozen": run_ablations(run.cfg.hybrid)[FROZEN_ABLATION],
              "learned": {**ABLATIONS["llm_only"], "adapter": adapter}}
     bars, key = run.market.split_range("val"), jax.random.PRNGKey(run.cfg.seed + 10_000)  # the experiment's key
     try:

@@ -122,10 +122,12 @@ def walks(args: argparse.Namespace, prompts_file: str) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for arm in ARMS:
         cfg = walk_config(args, arm, prompts_file)
-        setup = make_env_setup(cfg)
-        ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+        setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
+        ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, make_acting(cfg.hybrid, setup.env),
+                         num_envs=cfg.num_envs, num_updates=cfg.num_updates)
         state = ppo.init(jax.random.PRNGKey(0), setup.params)
-        walker = AdvisedWalker(cfg, ppo, setup.env, setup.market)
+        walker = AdvisedWalker(cfg.hybrid, cfg.llm, cfg.data, ppo, setup.env, setup.market,
+                               normalize_obs=cfg.ppo.normalize_obs, greedy=cfg.checkpoint.eval_deterministic)
         try:
             for split in args.splits:
                 start, end = setup.market.split_range(split)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from agents.command_line import print_error
-from agents.config import RUN_CONFIG_FILE, ConfigError, load_config
+from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
 from experiments.fusion import ADVISED, ARMS, BASELINE, flat_config, parse_seeds, seeds_and_days_interval
 from jaxenv.folds import Fold, FoldPlan, plan_folds, session_starts
 
@@ -76,8 +76,10 @@ class Plan:
     def trial(self, arm: str, seed: int) -> dict:
         """A trial, as the ledger counts it: the arm's config (every key but the fold's and the seed), whether each fold
         starts from the previous fold's agent, and the seed."""
-        cfg = flat_config(self.run_config(self.folds[0], arm, seed))
+        cfg = flat_config(to_dict(self.run_config(self.folds[0], arm, seed)))
         kept = {k: v for k, v in cfg.items() if k not in ("seed", "data.splits", *REPORTING_KEYS)}
+        if not kept.get("data.instruments"):  # one instrument: its digest as before data.instruments existed
+            kept.pop("data.instruments", None)
         if self.warm_start:  # fold 0 has no transfer.init_from to tell; fresh walk-forwards' digests stay as they were
             kept["warm_start"] = True
         digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -94,7 +96,8 @@ def check_saved_runs(plan: Plan) -> None:
                 path = plan.run_dir(fold, arm, seed) / RUN_CONFIG_FILE
                 if not path.exists():
                     continue
-                saved, wanted = flat_config(load_config(path)), flat_config(plan.run_config(fold, arm, seed))
+                saved = flat_config(to_dict(load_config(path)))
+                wanted = flat_config(to_dict(plan.run_config(fold, arm, seed)))
                 differ = [k for k in wanted if k not in REPORTING_KEYS and saved.get(k) != wanted[k]
                           and not (k.startswith("hybrid.") and wanted["llm"] == "none")]
                 if differ:
@@ -490,6 +493,8 @@ def plan_from_args(args) -> Plan:
                  *([f"total_steps={args.total_steps}"] if args.total_steps else []),
                  *([f"num_envs={args.envs}"] if args.envs else [])]
     cfg = load_config(args.config, [*ARMS[BASELINE], *overrides])
+    if cfg.data.instruments:
+        raise ValueError("a config on several instruments (data.instruments): walkforward.py does not walk it yet")
     market = load_market(cfg.data)  # a file that does not fit the run's instrument stops here, in one line
     sessions = len(session_starts(market.sessions.session_id)) - 1
     folds = plan_folds(sessions, FoldPlan(args.folds, args.test_sessions, args.val_sessions, args.purge,

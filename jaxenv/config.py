@@ -64,6 +64,18 @@ class EnvConfig:
 
 
 @dataclass
+class InstrumentSource:
+    """One instrument of a set traded in one account (DataConfig.instruments): its contract and its bars."""
+
+    contract: str | ContractSpec = ""  # a built-in name or a full ContractSpec (a mapping in YAML)
+    source: str = ""  # a CSV/Parquet path or synthetic:PRESET
+
+
+# How data.instruments' items are written, for its error lines
+INSTRUMENT_FORMS = "SYMBOL=PATH, or a mapping {contract: SYMBOL or a full spec, source: PATH}"
+
+
+@dataclass
 class DataConfig:
     source: str = "synthetic:default"  # a CSV/Parquet path or synthetic:PRESET
     # The instrument the bars are of: a built-in name (jaxenv.contracts.CONTRACTS) or a full ContractSpec (a mapping
@@ -89,6 +101,43 @@ class DataConfig:
     # the splits by whole sessions instead ("train=0:60,val=60:72,test=74:86": sessions [a, b) counted from 0; the
     # sessions between splits are in none): a walk-forward's fold (jaxenv.folds). "" = the fractions above
     splits: str = ""
+    # Several instruments traded in one account, in order (docs/training.md, Several instruments): each item SYMBOL=PATH
+    # or a mapping {contract: SYMBOL or a full spec, source: PATH}; the other data keys apply to each. [] = the one
+    # instrument of source and contract above
+    instruments: list[str | InstrumentSource] = field(default_factory=list)
+
+
+def resolve_instruments(items: list) -> list[InstrumentSource]:
+    """data.instruments' items, each an InstrumentSource whose contract is a complete ContractSpec. A ValueError lists
+    every bad item, one line each, under its key: an item of neither form, a contract that does not resolve, a symbol
+    given twice."""
+    errors, out, seen = [], [], {}
+    for i, item in enumerate(items):
+        key = f"data.instruments[{i}]"
+        if isinstance(item, str):
+            symbol, _, source = item.partition("=")
+            item = InstrumentSource(symbol.strip(), source.strip()) if symbol.strip() and source.strip() else None
+        if isinstance(item, InstrumentSource) and not (item.contract and item.source):
+            errors.append(f"{key}: no {'source' if item.contract else 'contract'} (expected {INSTRUMENT_FORMS})")
+            continue
+        if not isinstance(item, InstrumentSource):
+            errors.append(f"{key}: expected {INSTRUMENT_FORMS}, got {items[i]!r}")
+            continue
+        try:
+            contract = resolve_contract(item.contract)
+        except InstrumentError as error:
+            errors.append(error.keyed(f"{key}.contract"))
+            continue
+        symbol = contract.symbol.upper()
+        if symbol in seen:
+            errors.append(f"{key}: {contract.symbol} is given twice (also data.instruments[{seen[symbol]}]); each "
+                          "instrument once")
+            continue
+        seen[symbol] = i
+        out.append(InstrumentSource(contract, item.source))
+    if errors:
+        raise ValueError("\n".join(errors))
+    return out
 
 
 def resolve_data_config(cfg: DataConfig) -> DataConfig:

@@ -1,7 +1,9 @@
 """A synthetic market written as a user's files: bars.csv (OHLCV, stamps with their UTC offsets), news.csv (one row
 per story, for a preset with news) and market.json (the preset, days, seed and instrument they were drawn with, so
 that a fresh path of the same market can be written beside them). Loaded with data.news_items=1 and
-data.news_max_age=4D, the files give the market of `synthetic:PRESET` with the same days and seed."""
+data.news_max_age=4D, the files give the market of `synthetic:PRESET` with the same days and seed. A pair preset
+(synthetic:pair, synthetic:pair_signal) writes one bars file per instrument instead, named by its symbol (NQ.csv,
+ES.csv): jaxenv.market_set.load_market_set loads them as a set."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 
 from jaxenv.contracts import get_contract
-from jaxenv.synthetic import generate_market
+from jaxenv.synthetic import PAIR_PRESETS, generate_market, generate_pair
 
 BARS_FILE = "bars.csv"
 NEWS_FILE = "news.csv"
@@ -55,6 +57,29 @@ def write_market(out: Path, preset: str, contract: str, days: int, seed: int, sp
     spec = {"preset": preset, "contract": contract, "days": days, "seed": seed}
     _replace(out / MARKET_FILE, lambda p: p.write_text(json.dumps(spec, indent=1)))
     return out / BARS_FILE, news_path
+
+
+def write_pair(out: Path, preset: str, contracts: tuple[str, str], days: int, seed: int) -> tuple[Path, Path]:
+    """Writes a pair preset (jaxenv.synthetic.PAIR_PRESETS) into folder `out`: one bars file per instrument, named
+    by its symbol (NQ.csv, ES.csv), and market.json last. Returns the two bars files, in the pair's order; loaded
+    with jaxenv.market_set.load_market_set([("NQ", "OUT/NQ.csv"), ("ES", "OUT/ES.csv")], data) they give the set
+    of `synthetic:PRESET` with the same days and seed."""
+    if preset not in PAIR_PRESETS:
+        raise ValueError(f"unknown synthetic pair preset {preset!r}; choose one of {', '.join(PAIR_PRESETS)}")
+    if len(contracts) != 2:
+        raise ValueError(f"a pair preset needs two instruments (--contract NQ,ES), got {len(contracts)}")
+    specs = tuple(get_contract(name) for name in contracts)
+    if specs[0].symbol == specs[1].symbol:
+        raise ValueError(f"a pair needs two different instruments, got {specs[0].symbol} twice")
+    frames = generate_pair(preset, specs, days, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = tuple(out / f"{spec.symbol}.csv" for spec in specs)
+    for path, frame in zip(paths, frames):
+        _replace(path, lambda p, frame=frame: frame.to_csv(p, index=True))
+    spec = {"preset": preset, "contracts": [s.symbol for s in specs], "days": days, "seed": seed,
+            "files": {s.symbol: path.name for s, path in zip(specs, paths)}}
+    _replace(out / MARKET_FILE, lambda p: p.write_text(json.dumps(spec, indent=1)))
+    return paths[0], paths[1]
 
 
 def written_market(bars_file: str | Path) -> dict | None:

@@ -167,14 +167,16 @@ def trades_table(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int = 1)
     return frame
 
 
-def walk_metrics(trace: Trace, timestamps: pd.DatetimeIndex, rules: PropFirmRules, days: Days | None = None) -> dict:
+def walk_metrics(trace: Trace, timestamps: pd.DatetimeIndex, rules: PropFirmRules, days: Days | None = None,
+                 trades: pd.DataFrame | None = None) -> dict:
     """Every metric of METRICS for one walk: the one scorer of a walk (training's validation, evaluate.py, the
     benchmarks and experiments), trading days from `days` (the market's `sessions.day`; else each bar's date). None
-    where a metric is undefined (e.g. profit factor without a losing trade), so JSON stays valid."""
+    where a metric is undefined (e.g. profit factor without a losing trade), so JSON stays valid. `trades`: the walk's
+    trades_table (an account's: every instrument's trades); None reads them from the trace's one position."""
     pnl = np.asarray(trace["pnl"], np.float64)
     days = step_days(trace, timestamps, days)
     daily = pd.Series(pnl).groupby(days.to_numpy()).sum()
-    trades = trades_table(trace, timestamps)
+    trades = trades_table(trace, timestamps) if trades is None else trades
     commissions = float(np.asarray(trace["commission"], np.float64).sum())
     net = float(pnl.sum())
     gross = net + commissions

@@ -9,6 +9,12 @@ Presets:
 - `headlines_then_trend`: the news of `headlines` in the session's first half only, and trend regimes a policy can
   read from prices (independent of the news) in its second half only: the two edges never drift the same bar, and
   the clock says which one is on.
+
+Pair presets, two instruments drawn together (`generate_pair`; loaded as a set, jaxenv.market_set):
+- `pair`: two correlated index futures (the first leg at NQ's price level, the second at ES's) with no edge: their
+  same-bar moves correlate, neither leads, each alone is a random walk.
+- `pair_signal`: the second leg's move leads the first leg's by a few bars, an edge only the pair shows: each series
+  alone is a random walk (no autocorrelation) and their same-bar moves are uncorrelated.
 """
 
 from __future__ import annotations
@@ -124,8 +130,13 @@ def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> 
 
 def generate_market(preset: str, contract: ContractSpec, days: int, seed: int) -> SyntheticMarket:
     """The bars of `generate_bars` and, for a preset with news, its stories as items."""
+    if preset in PAIR_PRESETS:
+        raise ValueError(f"synthetic:{preset} is a pair of instruments: load it as a set of two "
+                         f"(jaxenv.market_set.load_market_set([(\"NQ\", \"synthetic:{preset}\"), "
+                         f"(\"ES\", \"synthetic:{preset}\")], data))")
     if preset not in PRESETS:
-        raise ValueError(f"unknown synthetic preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise ValueError(f"unknown synthetic preset {preset!r}; choose one of {', '.join(PRESETS)} (pairs of "
+                         f"instruments: {', '.join(PAIR_PRESETS)})")
     if days < 2:
         raise ValueError(f"synthetic markets need at least 2 days (data.synthetic_days), got {days}")
     p = PRESETS[preset]
@@ -239,3 +250,85 @@ def headline_sentiment(text: str) -> int:
         return any(max(t.split("{co}"), key=len) in text for t in pool)
 
     return int(found(_POSITIVE)) - int(found(_NEGATIVE))
+
+
+@dataclass(frozen=True)
+class PairPreset:
+    """Two instruments' minute bars drawn together, without regimes: Student-t shocks on the intraday smile."""
+
+    start_prices: tuple[float, float] = (18_000.0, 4_800.0)  # the first leg at NQ's level, the second at ES's
+    daily_vols: tuple[float, float] = (0.014, 0.011)
+    overnight_gap_vol: float = 0.004
+    tail_df: float = 4.0
+    correlation: float = 0.0  # of the two legs' same-bar shocks (and overnight gaps)
+    lead_bars: int = 0  # the second leg's shock at bar t moves the first leg at bar t + lead_bars ...
+    lead_weight: float = 0.0  # ... by this many of the first leg's bar sigmas per sigma of the second's
+
+
+# A single lag and no same-bar correlation in pair_signal: then the first leg's shocks stay serially uncorrelated (a
+# random walk alone), and the lead is the only thing the pair adds.
+PAIR_PRESETS: dict[str, PairPreset] = {
+    "pair": PairPreset(correlation=0.85),
+    "pair_signal": PairPreset(lead_bars=3, lead_weight=0.35),
+}
+
+
+def generate_pair(preset: str, contracts: tuple[ContractSpec, ContractSpec], days: int, seed: int
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Regular-hours minute bars (09:30-15:59) of two instruments on the same stamps, each indexed in its contract's
+    exchange zone and on its tick grid: `pair` correlated with no edge, `pair_signal` with the second leg leading
+    the first by `lead_bars` bars (PAIR_PRESETS)."""
+    if preset not in PAIR_PRESETS:
+        raise ValueError(f"unknown synthetic pair preset {preset!r}; choose one of {', '.join(PAIR_PRESETS)}")
+    if days < 2:
+        raise ValueError(f"synthetic markets need at least 2 days (data.synthetic_days), got {days}")
+    if len(contracts) != 2:
+        raise ValueError(f"synthetic:{preset} is a pair: it needs two instruments, got {len(contracts)}")
+    p = PAIR_PRESETS[preset]
+    rng = np.random.default_rng(seed)
+    n = days * BARS_PER_SESSION
+    session_days = pd.bdate_range("2024-01-02", periods=days)
+    minute_offsets = pd.to_timedelta(np.arange(BARS_PER_SESSION) + 9 * 60 + 30, unit="min")
+    wall = pd.DatetimeIndex((session_days.values[:, None] + minute_offsets.values[None, :]).reshape(-1))
+    smile = np.tile(_intraday_vol_smile(BARS_PER_SESSION), days)
+
+    def t_shocks(size) -> np.ndarray:
+        return rng.standard_t(p.tail_df, size=size) / np.sqrt(p.tail_df / (p.tail_df - 2.0))
+
+    lead_z, own_z = t_shocks(n), t_shocks(n)  # the second leg's shocks; the first leg's own
+    lagged = np.zeros(n)
+    if p.lead_bars:
+        lagged[p.lead_bars:] = lead_z[:-p.lead_bars]
+    own_weight = np.sqrt(1.0 - p.correlation**2 - p.lead_weight**2)
+    first_z = p.correlation * lead_z + p.lead_weight * lagged + own_weight * own_z
+    gaps = rng.normal(0.0, p.overnight_gap_vol, size=(days, 2))
+    gaps[:, 0] = p.correlation * gaps[:, 1] + np.sqrt(1.0 - p.correlation**2) * gaps[:, 0]
+    wick_draws = np.abs(rng.normal(0.0, 1.0, size=(2, 2, n)))
+    volume_draws = rng.lognormal(0.0, 0.35, size=(2, n))
+
+    frames = []
+    for leg, (z, contract) in enumerate(zip((first_z, lead_z), contracts)):
+        bar_sigma = p.daily_vols[leg] / np.sqrt(BARS_PER_SESSION)
+        sig = bar_sigma * smile
+        log_ret = sig * z
+        gap = np.zeros(n)
+        gap[BARS_PER_SESSION::BARS_PER_SESSION] = gaps[1:, leg]  # before each session's first bar but the first
+        log_open = np.log(p.start_prices[leg]) + np.cumsum(gap) + np.concatenate([[0.0], np.cumsum(log_ret)[:-1]])
+        log_close = log_open + log_ret
+        open_, close = np.exp(log_open), np.exp(log_close)
+        high = np.maximum(open_, close) * np.exp(wick_draws[leg, 0] * sig * 0.5)
+        low = np.minimum(open_, close) * np.exp(-wick_draws[leg, 1] * sig * 0.5)
+        tick = contract.tick_size
+
+        def to_ticks(x: np.ndarray) -> np.ndarray:
+            return np.round(x / tick) * tick
+
+        open_, close = to_ticks(open_), to_ticks(close)
+        high = np.maximum(to_ticks(high), np.maximum(open_, close))
+        low = np.minimum(to_ticks(low), np.minimum(open_, close))
+        volume = np.round(800.0 * smile**2 * volume_draws[leg] * (1.0 + np.abs(z)))
+        frame = pd.DataFrame({"open": open_, "high": high, "low": low, "close": close, "volume": volume},
+                             index=wall.tz_localize(contract.timezone))
+        frame.index.name = "timestamp"
+        frames.append(frame)
+    return frames[0], frames[1]

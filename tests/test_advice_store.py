@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from agents.advice.table import SIDES
-from agents.advisor.store import AdviceStore, Answers
+from agents.advisor.store import AdviceStore, KnownAdvice
 from agents.config import ConfigError, load_config
 from bridge.protocol import FIELD_INDEX, STATUS_OK
 
@@ -25,14 +25,14 @@ SMALL = ["num_envs=32", "ppo.num_steps=20", "ppo.num_minibatches=2", "ppo.update
          "llm=mock", "hybrid.link.budget=256"]
 
 
-def answers(n_keys: int, keys: list[int]) -> Answers:
-    a = Answers.empty(n_keys)
+def answers(n_keys: int, keys: list[int]) -> KnownAdvice:
+    a = KnownAdvice.empty(n_keys)
     rows = np.eye(6, dtype=np.float32)[np.arange(len(keys)) % 6]
     a.put(np.array(keys), rows, np.full(len(keys), 0.7, np.float32), np.full(len(keys), STATUS_OK, np.int32), 0)
     return a
 
 
-def held(store: AdviceStore, a: Answers) -> AdviceStore:
+def held(store: AdviceStore, a: KnownAdvice) -> AdviceStore:
     """The store holding `a`'s answers of version 0."""
     keys = np.flatnonzero(a.filled(0))
     store.keep(keys, a.probs[keys], a.confidence[keys], a.status[keys])
@@ -254,7 +254,8 @@ def test_a_local_model_folder_is_one_store_however_its_path_is_spelled(tmp_path,
     monkeypatch.setattr("agents.devices.gpus.visible_gpus", lambda: 0)
 
     def store_of(llm: str) -> AdviceStore:
-        ident = identity(load_config(None, SMALL + [f"llm={llm}"]), market, "t", None, "p", tmp_path / "store")
+        cfg = load_config(None, SMALL + [f"llm={llm}"])
+        ident = identity(cfg.hybrid, cfg.llm, cfg.env, market, "t", None, "p", tmp_path / "store")
         return AdviceStore(tmp_path / "store", ident, 10)
 
     spellings = {llm: store_of(llm) for llm in ("m", "./m", "m/", str(tmp_path / "m"), "n/../m")}
@@ -288,8 +289,9 @@ def test_a_template_naming_an_accounts_figures_is_refused_in_one_line(tmp_path):
     template["context"] += " bal{balance}"
     path = tmp_path / "prompts.yaml"
     path.write_text(yaml.safe_dump(template))
+    cfg = load_config(None, [f"hybrid.link.prompts={path}"])
     with pytest.raises(ConfigError, match=r"prompts.yaml: context names balance"):
-        prompt_template(load_config(None, [f"hybrid.link.prompts={path}"]))
+        prompt_template(cfg.hybrid, cfg.data)
 
 
 def advise(*args: str) -> subprocess.CompletedProcess:
@@ -357,7 +359,7 @@ def test_answers_carry_the_version_that_gave_them_and_the_store_keeps_version_0_
     asked = {0: np.array([300, 301, 302]), 2: np.array([400, 401])}
     for version, keys in asked.items():
         client = SidecarClient(BridgeConfig(capacity=16)).start(command=(*ECHO_PEER_COMMAND, "--version", str(version)))
-        link = walk_pacer(cfg, market, client=client)
+        link = walk_pacer(cfg.hybrid, cfg.llm, cfg.env, cfg.data, market, client=client)
         link.advisor.submit(keys, version=0)  # asked as version 0
         rows = link._collect(wait=True)
         assert rows[4].tolist() == [version] * len(keys) and (link.advisor.known.version[keys] == version).all()
@@ -385,7 +387,7 @@ def test_the_store_identity_moves_with_the_prompt_format_the_model_files_and_the
 
     cfg = load_config(None, SMALL)
     market = load_market(cfg.data)
-    renderer, template = prompt_template(cfg)
+    renderer, template = prompt_template(cfg.hybrid, cfg.data)
     texts = list(market.text_table) or None
     fields = PromptFieldBuilder(market, list(renderer.markets), 1, 5)
     n = len(fields.split_start) * SIDES
@@ -408,12 +410,14 @@ def test_the_store_identity_moves_with_the_prompt_format_the_model_files_and_the
     (model / "model.safetensors").write_bytes(b"retrained")
     assert model_digest(str(model), tmp_path / "store") != before
     smollm2 = load_config(None, SMALL + ["llm=smollm2"])
-    on = {gpus: identity(smollm2, market, template, None, base, tmp_path / "store") for gpus in (0,)}
+    on = {gpus: identity(smollm2.hybrid, smollm2.llm, smollm2.env, market, template, None, base, tmp_path / "store")
+          for gpus in (0,)}
     monkeypatch.setattr("agents.devices.gpus.visible_gpus", lambda: 1)
-    on[1] = identity(smollm2, market, template, None, base, tmp_path / "store")
+    on[1] = identity(smollm2.hybrid, smollm2.llm, smollm2.env, market, template, None, base, tmp_path / "store")
     assert on[0]["advisor"]["device"] == "cpu" and on[1]["advisor"]["dtype"] == "bfloat16" and on[0] != on[1]
     learning = load_config(None, SMALL + ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.query.bind_on=trust"])
-    assert identity(learning, market, template, None, base, tmp_path / "store") != on[1]  # its own arm
+    assert identity(learning.hybrid, learning.llm, learning.env, market, template, None, base,
+                    tmp_path / "store") != on[1]  # its own arm
 
 
 def test_a_runs_training_and_its_walks_leave_both_splits_keys_in_the_store(tmp_path):

@@ -87,7 +87,7 @@ def test_each_version_is_judged_on_sessions_after_every_bar_an_outcome_reached_a
     from agents.advice.table import SIDES, key_side, num_blocks
     from agents.advisor.later_sessions import LaterSessions, session_starts
     from agents.advisor.prompt_fields import PromptFieldBuilder
-    from agents.advisor.store import Answers
+    from agents.advisor.store import KnownAdvice
     from jaxenv import load_market
 
     cfg = load_config(None, ["llm=smollm2", "hybrid.learning.enabled=true", "hybrid.query.bind_on=trust",
@@ -109,7 +109,7 @@ def test_each_version_is_judged_on_sessions_after_every_bar_an_outcome_reached_a
     assert (later.session_start[later.eligible] > cut).all()
     assert (starts[~later.eligible] <= cut).all()
 
-    known = Answers.empty(num_blocks(market.num_bars, cfg.hybrid.query.interval) * SIDES)
+    known = KnownAdvice.empty(num_blocks(market.num_bars, cfg.hybrid.query.interval) * SIDES)
     later2 = LaterSessions(market, fields, cfg.hybrid.query.interval, cfg.hybrid.learning, seed=0)
     assert later2.figures(known, 0) == {} and len(later2.due(known, 0)) == 64
     rise = later2.moves > 0
@@ -469,9 +469,9 @@ def test_a_run_whose_advisor_learns_saves_adapters_with_checkpoints_and_evaluati
     started = []
     init = query_loop.QueryLoop.__init__
 
-    def starting(self, cfg, market, run_dir, client=None, adapter=None):
+    def starting(self, *args, adapter=None, **kwargs):
         started.append(adapter)
-        init(self, cfg, market, run_dir, client, adapter)
+        init(self, *args, adapter=adapter, **kwargs)
 
     monkeypatch.setattr(query_loop.QueryLoop, "__init__", starting)
     train(None, run_dir, resume=True)

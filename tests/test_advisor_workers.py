@@ -39,6 +39,11 @@ def test_split_follows_the_weights_and_sums_to_n():
     assert split_counts(5, [0.0, 0.0]).tolist() == [0, 0]
 
 
+def weights(pool: AdvisorPool) -> np.ndarray:
+    """Each worker's share of the pool's next submission."""
+    return pool.shares.weights(pool.shares.up(pool.workers))
+
+
 class _Worker:
     def __init__(self, alive: bool):
         self.alive = alive
@@ -47,11 +52,11 @@ class _Worker:
 
 def test_weights_are_measured_rates_with_equal_shares_until_measured():
     pool = AdvisorPool([_Worker(True), _Worker(True), _Worker(False)])
-    assert pool.weights().tolist() == [1.0, 1.0, 0.0]  # nothing measured: equal; the dead worker: none
-    pool.rates[:] = [30.0, np.nan, 50.0]
-    assert pool.weights().tolist() == [30.0, 30.0, 0.0]  # unmeasured: the mean of the measured live ones
-    pool.rates[1] = 10.0
-    assert split_counts(40, pool.weights()).tolist() == [30, 10, 0]
+    assert weights(pool).tolist() == [1.0, 1.0, 0.0]  # nothing measured: equal; the dead worker: none
+    pool.shares.rates[:] = [30.0, np.nan, 50.0]
+    assert weights(pool).tolist() == [30.0, 30.0, 0.0]  # unmeasured: the mean of the measured live ones
+    pool.shares.rates[1] = 10.0
+    assert split_counts(40, weights(pool)).tolist() == [30, 10, 0]
 
 
 def test_learning_takes_one_worker():
@@ -64,9 +69,11 @@ def test_learning_takes_one_worker():
 def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
     # strict (the mock's auto latency); 0.1 s per prompt keeps the test's prompts in flight when a worker is killed
     cfg = load_config(None, SMALL + ["hybrid.mock.latency_s=0.1"])
-    setup = make_env_setup(cfg)
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
-    loop = QueryLoop(cfg, setup.market, tmp_path)
+    setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, make_acting(cfg.hybrid, setup.env),
+                     num_envs=cfg.num_envs, num_updates=cfg.num_updates)
+    loop = QueryLoop(cfg.hybrid, cfg.llm, cfg.env, cfg.data, setup.market, tmp_path,
+                     seed=cfg.seed, num_steps=cfg.ppo.num_steps)
     update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     try:
         assert len(loop.advisor.workers.workers) == 2
@@ -82,13 +89,13 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
         state = loop.pacer.drain(state)  # nothing of the update in flight: the next submission is the test's
         pool = loop.advisor.workers
         ids = np.arange(8, dtype=np.int32)
-        n0 = int(split_counts(8, pool.weights())[0])  # worker 0's share; worker 1 gets the rest
+        n0 = int(split_counts(8, weights(pool))[0])  # worker 0's share; worker 1 gets the rest
         assert 0 < n0 < 8
         pool.submit(ids, np.array([f"RSI {20 + i} ADX 30".encode() for i in ids]))  # 0.1 s of work per prompt
-        old_pid = pool.sidecar_pids[1]
+        old_pid = pool.workers[1].sidecar_pid
         os.kill(old_pid, signal.SIGKILL)  # worker 1 dies with its share in flight
         answers = pool.collect(timeout_s=30.0)
-        assert answers.env_ids.tolist() == ids.tolist()  # merged in submission order
+        assert answers.keys.tolist() == ids.tolist()  # merged in submission order
         assert (answers.status[n0:] == STATUS_BACKEND_ERROR).all()  # the dead worker's share
         assert (answers.status[:n0] != STATUS_BACKEND_ERROR).all()  # the other answered its own
 
@@ -101,7 +108,7 @@ def test_two_workers_answer_and_a_killed_one_is_restarted(tmp_path):
             back = m if m["llm_answered_w1"] > 0 else None
         assert back is not None and back["llm_workers_alive"] == 2
         pool = loop.advisor.workers
-        assert pool.sidecar_pids[1] != old_pid
+        assert pool.workers[1].sidecar_pid != old_pid
         assert pool.workers[1].stats()["restarts"] == 1 and pool.workers[0].stats()["restarts"] == 0
     finally:
         loop.close()
@@ -184,7 +191,7 @@ def test_a_restarted_worker_answers_with_the_adapter_the_pool_loaded(tmp_path):
         pool.command("load", path=str(tmp_path / "adapter"))
         adapted = ask()
         assert np.abs(adapted - base).max() > 1e-3
-        worker, old_pid = pool.workers[0], pool.sidecar_pid
+        worker, old_pid = pool.workers[0], pool.workers[0].sidecar_pid
         os.kill(old_pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while worker.sidecar_pid == old_pid:  # restarted once it is seen dead
@@ -194,9 +201,9 @@ def test_a_restarted_worker_answers_with_the_adapter_the_pool_loaded(tmp_path):
         while not worker.alive:  # its new process reports ready
             assert time.monotonic() < deadline, "the worker did not come back"
             time.sleep(0.05)
-        assert not pool.alive and pool.weights()[0] == 0  # ready, but still answering with its start flags' model
+        assert not pool.alive and weights(pool)[0] == 0  # ready, but still answering with its start flags' model
         pool.restart_dead()  # sends it the pool's load before anything else
-        assert pool.alive and pool.weights()[0] > 0 and worker.stats()["restarts"] == 1
+        assert pool.alive and weights(pool)[0] > 0 and worker.stats()["restarts"] == 1
         assert np.allclose(ask(), adapted, atol=1e-5)  # the adapter's answers, not the base model's
     finally:
         pool.close()

@@ -51,13 +51,13 @@ def test_round_trip_4096_prompts_of_512_bytes():
     with SidecarClient(config(capacity=4096, max_prompt_bytes=512, reason_bytes=32)) as client:
         client.start(command=ECHO_PEER_COMMAND)
         prompts = distinct_prompts(4096, 512)
-        env_ids = np.arange(4096, dtype=np.int32)[::-1].copy()
+        keys = np.arange(4096, dtype=np.int32)[::-1].copy()
         for round_ in range(3):
-            seq = client.submit(env_ids, prompts)
+            seq = client.submit(keys, prompts)
             answers = client.collect(timeout_s=5.0)
             assert answers.seq == seq == round_ + 1
             assert (answers.status == STATUS_OK).all()
-            assert (answers.env_ids == env_ids).all()
+            assert (answers.keys == keys).all()
             assert np.allclose(answers.probs.sum(axis=1), 1.0)
             # the echo peer returns each prompt's first bytes as the reason: every row went through intact
             assert (answers.reasons == np.array([p[:32] for p in prompts])).all()
@@ -82,15 +82,15 @@ def test_prompts_longer_than_the_slab_are_an_error_or_counted_truncations():
 
 
 def test_a_no_view_answer_is_accepted_but_only_for_the_env_asked_about():
-    """A no-view row carries no distribution to check, but it is written to its env's advice: its env id must be the
+    """A no-view row carries no distribution to check, but it is written to its env's advice: its key must be the
     one asked about, as an ok row's. Errors and unknown statuses are refused as before."""
     from bridge.client import answer_problems
 
     uniform = np.full((4, 6), 1 / 6, np.float32)
     status = np.array([STATUS_NO_VIEW, STATUS_NO_VIEW, STATUS_PARSE_ERROR, 9], np.int8)
     problems = answer_problems(status, uniform, np.zeros(4, np.float32), np.full(4, -1, np.int8),
-                               env_ids=np.array([3, 7, 8, 5]), submitted=np.array([3, 5, 5, 5]))
-    assert problems.tolist() == ["", "env id differs from the one asked about", "", "unknown status"]
+                               keys=np.array([3, 7, 8, 5]), submitted=np.array([3, 5, 5, 5]))
+    assert problems.tolist() == ["", "key differs from the one asked about", "", "unknown status"]
 
 
 def test_unanswered_rows_time_out_and_late_answers_are_never_taken_as_new():
@@ -101,7 +101,7 @@ def test_unanswered_rows_time_out_and_late_answers_are_never_taken_as_new():
         answers = client.collect(timeout_s=0.05)
         assert time.monotonic() - t0 < 0.25
         assert answers.seq == first and (answers.status == STATUS_TIMEOUT).all()
-        assert (answers.env_ids == [7, 8]).all() and np.allclose(answers.probs, 1 / 6)
+        assert (answers.keys == [7, 8]).all() and np.allclose(answers.probs, 1 / 6)
         time.sleep(0.45)  # the peer now writes its late answers to `first` into that slot
         client.submit([1], [b"second"])
         assert client.collect(timeout_s=5.0).reasons.tolist() == [b"second"]

@@ -157,10 +157,12 @@ def test_a_lora_adapter_goes_to_a_transformers_sidecar_and_is_checked(tmp_path):
     from agents.advisor.sidecar import sidecar_options
 
     cfg = load_config(None, ["llm=smollm2", f"hybrid.sidecar.adapter={tmp_path}"])
-    assert sidecar_options(cfg) == ("transformers", {**sidecar_options(load_config(None, ["llm=smollm2"]))[1],
-                                                     "lora": str(tmp_path)})
+    plain = load_config(None, ["llm=smollm2"])
+    assert sidecar_options(cfg.hybrid, cfg.llm) == ("transformers", {**sidecar_options(plain.hybrid, plain.llm)[1],
+                                                                     "lora": str(tmp_path)})
+    gone = load_config(None, ["llm=smollm2", f"hybrid.sidecar.adapter={tmp_path / 'gone'}"])
     with pytest.raises(ConfigError, match="no LoRA adapter directory at"):
-        sidecar_options(load_config(None, ["llm=smollm2", f"hybrid.sidecar.adapter={tmp_path / 'gone'}"]))
+        sidecar_options(gone.hybrid, gone.llm)
     with pytest.raises(ConfigError, match="hybrid.sidecar.adapter"):
         load_config(None, ["llm=mock", f"hybrid.sidecar.adapter={tmp_path}"])
 

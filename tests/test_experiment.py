@@ -401,7 +401,7 @@ def test_the_shuffled_control_asks_about_a_block_of_the_past_of_its_own_split():
     split's first session have no such block and are answered PASS without asking."""
     from agents.advice.table import SIDES, num_blocks
     from agents.advisor.prompt_fields import PromptFieldBuilder
-    from agents.advisor.store import Answers
+    from agents.advisor.store import KnownAdvice
     from bridge.protocol import BUY, SELL, STATUS_NO_VIEW
     from jaxenv.config import DataConfig
     from jaxenv.market import load_market
@@ -419,7 +419,7 @@ def test_the_shuffled_control_asks_about_a_block_of_the_past_of_its_own_split():
     split_of = lambda bar: np.searchsorted([e for _, e in market.splits.values()], bar, side="right")  # noqa: E731
     assert (split_of(shown[has]) == split_of(own_bar[has])).all()  # ... of the key's own split
     assert np.array_equal(far.build(keys[has]), own.build(keys[has] - far.shift * SIDES), equal_nan=True)
-    known = Answers.empty(len(keys))
+    known = KnownAdvice.empty(len(keys))
     far.without_past(known)
     assert (known.status[~has] == STATUS_NO_VIEW).all() and not known.filled()[has].any()
 

@@ -212,8 +212,9 @@ def test_a_checkpoint_whose_manifest_was_never_written_is_an_unfinished_save(sto
     with pytest.raises(CheckpointDamaged, match="has no manifest.json \\(its save never finished\\)"):
         restore_policy(run, "latest")  # evaluation names it, and lists the intact ones
     cfg = load_config(run / "config.yaml")
-    setup = make_env_setup(cfg)
-    ppo = make_train(cfg, setup.env, setup.params, None)
+    setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, None,
+                     num_envs=cfg.num_envs, num_updates=cfg.num_updates)
     ckpt = RunCheckpoints(run, keep=3)
     state, host = ckpt.restore(jax.eval_shape(ppo.init, jax.random.PRNGKey(0), setup.params))  # resumed: from update 3
     ckpt.close()
@@ -450,7 +451,7 @@ def test_answers_that_no_answer_can_be_are_counted_parse_errors(bad):
         client.submit([3, 5], [b"RSI 20", b"RSI 80"])
         answers = client.collect(timeout_s=10.0)
         assert answers.status.tolist() == [STATUS_PARSE_ERROR] * 2
-        assert answers.env_ids.tolist() == [3, 5]  # the envs asked about, never an id from shared memory
+        assert answers.keys.tolist() == [3, 5]  # the envs asked about, never an id from shared memory
         assert np.allclose(answers.probs, 1 / 6) and (answers.confidence == 0).all() and (answers.action == -1).all()
         assert all(r.startswith(b"invalid answer: ") for r in answers.reasons)
         stats = client.stats()
@@ -493,11 +494,13 @@ def test_the_trainer_counts_bad_answers_as_parse_errors_and_keeps_training(tmp_p
                              "total_steps=320", "network.actor_hidden=[16]", "network.critic_hidden=[16]",
                              "data.source=synthetic:headlines", "data.synthetic_days=30", "llm=mock",
                              "hybrid.link.budget=8", "log.progress=false", "log.tensorboard=false"])
-    setup = make_env_setup(cfg)
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+    setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, make_acting(cfg.hybrid, setup.env),
+                     num_envs=cfg.num_envs, num_updates=cfg.num_updates)
     before = shm_segments()
     client = SidecarClient(BridgeConfig(capacity=16)).start(command=(*ECHO_PEER_COMMAND, "--bad", "nan_probs"))
-    loop = QueryLoop(cfg, setup.market, tmp_path, client=client)
+    loop = QueryLoop(cfg.hybrid, cfg.llm, cfg.env, cfg.data, setup.market, tmp_path, client=client,
+                     seed=cfg.seed, num_steps=cfg.ppo.num_steps)
     update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     try:
         state = jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)

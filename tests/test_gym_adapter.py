@@ -115,6 +115,6 @@ def test_maskable_ppo_trains_through_the_sb3_wrapper(env_and_params):
     assert ended >= N_ENVS
 
     cfg = load_config(None, [f"num_envs={N_ENVS}", "ppo.num_steps=8", "ppo.num_minibatches=2", "total_steps=96"])
-    model = make_maskable_ppo(vec_env, cfg)
+    model = make_maskable_ppo(vec_env, cfg.ppo, cfg.network, steps_per_update=cfg.steps_per_update, seed=cfg.seed)
     model.learn(2 * cfg.steps_per_update)
     assert model.num_timesteps == 2 * cfg.steps_per_update

@@ -43,9 +43,11 @@ def hybrid_loop(overrides: list[str], run_dir: Path):
     """(QueryLoop with its mock sidecar started, the Update it plugs into, initial RunnerState) for SMALL +
     overrides; closed after."""
     cfg = load_config(None, SMALL + overrides)
-    setup = make_env_setup(cfg)
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
-    loop = QueryLoop(cfg, setup.market, run_dir)
+    setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, make_acting(cfg.hybrid, setup.env),
+                     num_envs=cfg.num_envs, num_updates=cfg.num_updates)
+    loop = QueryLoop(cfg.hybrid, cfg.llm, cfg.env, cfg.data, setup.market, run_dir,
+                     seed=cfg.seed, num_steps=cfg.ppo.num_steps)
     update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     try:
         yield loop, update, jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)
@@ -118,16 +120,18 @@ def test_a_slow_async_advisor_never_stalls_the_rollout_and_its_answers_still_arr
 def test_training_survives_a_killed_sidecar(tmp_path):
     # strict: collecting must notice the dead sidecar instead of waiting
     cfg = load_config(None, SMALL + ["hybrid.mock.reads=text"])
-    setup = make_env_setup(cfg)
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+    setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, make_acting(cfg.hybrid, setup.env),
+                     num_envs=cfg.num_envs, num_updates=cfg.num_updates)
     before = shm_segments()
-    loop = QueryLoop(cfg, setup.market, tmp_path)
+    loop = QueryLoop(cfg.hybrid, cfg.llm, cfg.env, cfg.data, setup.market, tmp_path,
+                     seed=cfg.seed, num_steps=cfg.ppo.num_steps)
     update = Update(ppo, cfg.ppo.num_steps, setup.params, loop)
     try:
         state = jax.jit(ppo.init)(jax.random.PRNGKey(0), setup.params)
         state, first = update(state)
         assert first["llm_prompts"] > 0
-        os.kill(loop.advisor.workers.sidecar_pid, signal.SIGKILL)
+        os.kill(loop.advisor.workers.workers[0].sidecar_pid, signal.SIGKILL)
         state, second = update(state)  # goes on without advice while a new sidecar starts
         assert int(state.update) == 2 and np.isfinite(second["policy_loss"])
         deadline = time.monotonic() + 60
@@ -136,7 +140,7 @@ def test_training_survives_a_killed_sidecar(tmp_path):
             state, later = update(state)
             answered = later["llm_ok"]
         assert answered > 0
-        assert loop.advisor.workers.stats()["restarts"] == 1
+        assert loop.advisor.workers.metrics()["restarts"] == 1
     finally:
         loop.close()
     assert shm_segments() == before

@@ -19,7 +19,7 @@ def every_key(data: str):
     """(keys, their prompt fields, renderer, text table) of every key of a 30-day market, k = 5."""
     cfg = load_config(None, ["llm=mock", f"data.source={data}", "data.synthetic_days=30"])
     market = load_market(cfg.data)
-    renderer, _ = prompt_template(cfg)
+    renderer, _ = prompt_template(cfg.hybrid, cfg.data)
     keys = np.arange(num_blocks(market.num_bars, 5) * SIDES)
     fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, 5).build(keys)
     return keys, fields, renderer, list(market.text_table) or None
@@ -35,7 +35,7 @@ def test_answers_from_fields_are_the_text_mocks_on_every_key(answers):
     assert len(np.unique(want.action)) >= {"rules": 4, "random": 6}.get(answers, 3)  # the answers depend on the key
     if answers == "news_pass":
         assert (want.status == STATUS_NO_VIEW).any()
-    np.testing.assert_array_equal(got.env_ids, keys)
+    np.testing.assert_array_equal(got.keys, keys)
     for name in ("probs", "action", "confidence", "status", "reasons"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
 

@@ -80,7 +80,9 @@ class Compiled:
     def __init__(self):
         self.env = GuessEnv()
         self.params = self.env.default_params
-        self.ppo = make_train(tiny_cfg(), self.env, self.params)
+        cfg = tiny_cfg()
+        self.ppo = make_train(cfg.ppo, cfg.network, self.env, self.params, num_envs=cfg.num_envs,
+                              num_updates=cfg.num_updates)
         self.update = Update(self.ppo, tiny_cfg().ppo.num_steps, self.params)
         self.chunk = jax.jit(self.ppo.rollout_chunk, static_argnums=1)
         self.learn = jax.jit(self.ppo.learn)
@@ -218,7 +220,8 @@ def test_first_minibatch_ratio_is_one():
     minibatch the only gradient step happens at ratio 1, so nothing is clipped and approx_kl is ~0."""
     env = GuessEnv()
     cfg = tiny_cfg("ppo.update_epochs=1", "ppo.num_minibatches=1")
-    ppo = make_train(cfg, env, env.default_params)
+    ppo = make_train(cfg.ppo, cfg.network, env, env.default_params, num_envs=cfg.num_envs,
+                     num_updates=cfg.num_updates)
     update = Update(ppo, cfg.ppo.num_steps, env.default_params)
     rs = ppo.init(jax.random.PRNGKey(0), env.default_params)
     for _ in range(3):  # later updates too, after the normaliser has moved
@@ -267,7 +270,7 @@ def test_flop_count_from_layer_shapes():
 
 # ---------------------------------------------------------------------------------------------------- learning
 def _train_updates(cfg, env, params, n, seed=0):
-    ppo = make_train(cfg, env, params)
+    ppo = make_train(cfg.ppo, cfg.network, env, params, num_envs=cfg.num_envs, num_updates=cfg.num_updates)
     update = Update(ppo, cfg.ppo.num_steps, params)
     rs = ppo.init(jax.random.PRNGKey(seed), params)
     history = []
@@ -308,8 +311,9 @@ def test_the_market_is_an_argument_of_the_update_program_not_a_constant_folded_i
     for days in (30, 60):
         cfg = load_config(None, ["llm=mock", "num_envs=8", "ppo.num_steps=10", "ppo.num_minibatches=2",
                                  f"data.synthetic_days={days}", "log.progress=false"])
-        setup = make_env_setup(cfg)
-        ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env))
+        setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
+        ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, make_acting(cfg.hybrid, setup.env),
+                         num_envs=cfg.num_envs, num_updates=cfg.num_updates)
         update = Update(ppo, cfg.ppo.num_steps, setup.params)
         state = jax.eval_shape(ppo.init, jax.random.PRNGKey(0), setup.params)
         text = jax.jit(update._program).lower(state, setup.params).as_text()

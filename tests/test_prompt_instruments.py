@@ -38,7 +38,7 @@ def rendered(renderer: PromptRenderer, symbol: str, price: float) -> str:
 def test_every_instrument_renders_its_symbol_its_price_at_its_precision_and_its_kind(spec):
     cfg = load_config(None, ["llm=smollm2", f"data.contract={spec.symbol}"] if spec.symbol in CONTRACTS else
                       ["llm=smollm2"])
-    renderer = (prompt_template(cfg)[0] if spec.symbol in CONTRACTS
+    renderer = (prompt_template(cfg.hybrid, cfg.data)[0] if spec.symbol in CONTRACTS
                 else PromptRenderer.from_yaml(instrument=prompt_instrument(spec)))
     assert spec.symbol in renderer.markets
     price = PRICES[spec.kind]

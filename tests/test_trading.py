@@ -158,10 +158,9 @@ def test_trading_a_file_decides_and_earns_exactly_as_evaluating_it(runs, replays
 
         # the API on arrays that double twice on the way (256 -> 1024 bars: the table grows, the steps recompile)
         from agents.trading import Agent
-        from agents.trading.advice import LivePacer
 
         agent = Agent.load(run, "latest", end=FILE_BARS, capacity=256)
-        agent.advisor = LivePacer(agent.cfg, agent.book, agent.saved.adapter)
+        agent.open_advisor()
         frame = pd.read_csv(run / "F.csv")
         actions = []
         for row in frame.itertuples():
@@ -443,7 +442,6 @@ def test_a_resume_exactly_at_capacity_keeps_every_key_of_the_grown_table(runs, t
     them, so keys past the old size are written and read, and decisions equal an uninterrupted agent's."""
     from agents.advice.table import SIDES, num_blocks
     from agents.trading import Agent
-    from agents.trading.advice import LivePacer
     from agents.trading.journal import Journal
 
     run, capacity = runs["mock"], 512
@@ -453,7 +451,7 @@ def test_a_resume_exactly_at_capacity_keeps_every_key_of_the_grown_table(runs, t
 
     def agent():
         a = Agent.load(run, "latest", end=len(bars), capacity=capacity)
-        a.advisor = LivePacer(a.cfg, a.book, a.saved.adapter)
+        a.open_advisor()
         return a
 
     def taken(a, rows):
@@ -488,17 +486,16 @@ def test_realtime_trading_marks_the_keys_it_asks_as_in_flight(runs):
     from bridge import Answers
     from bridge.protocol import STATUS_BACKEND_ERROR
     from agents.trading import Agent
-    from agents.trading.advice import LivePacer
 
     run = runs["mock"]
     frame = pd.read_csv(run / "F.csv").iloc[:FIRST_DECISION_BAR + 20]
     agent = Agent.load(run, "latest", advice="realtime", end=len(frame))
-    agent.advisor = advisor = LivePacer(agent.cfg, agent.book, agent.saved.adapter)
+    advisor = agent.open_advisor()
 
     class Silent:
         """An advisor that takes prompts and answers none of them until told (then, as a dead worker's rows: errors)."""
 
-        reads_fields, pending, alive, oldest_done = True, 0, True, False
+        reads_fields, alive, oldest_done = True, True, False
 
         def submit(self, ids, prompts, think=None):
             submitted.append(ids)
@@ -548,7 +545,7 @@ def test_trading_and_evaluation_advise_with_the_checkpoints_adapter(runs, tmp_pa
     (learned / "adapter_config.json").write_text("{}")
     started = []
     monkeypatch.setattr(opened, "start_advisor",
-                        lambda cfg, renderer, texts, rows, adapter, log, learning: started.append(adapter))
+                        lambda hybrid, llm, renderer, texts, rows, adapter, log, learning: started.append(adapter))
     try:
         walked = load_run(run, "latest")
         asked = {}

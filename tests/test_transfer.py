@@ -39,8 +39,10 @@ def test_the_261_feature_policy_starts_acting_exactly_like_the_228_feature_one(s
     cfg = load_config(None, TINY + ["total_steps=128", f"transfer.init_from={source_dir}"])
     env, market = TradingEnv(cfg.env), load_market(cfg.data)
     params = env.make_params(market, "train")
-    ppo = make_train(cfg, env, params)
-    state = start_from(jax.jit(ppo.init)(jax.random.PRNGKey(7), params), load_source(cfg, env, params), cfg)
+    ppo = make_train(cfg.ppo, cfg.network, env, params, num_envs=cfg.num_envs, num_updates=cfg.num_updates)
+    state = start_from(jax.jit(ppo.init)(jax.random.PRNGKey(7), params),
+                       load_source(cfg.transfer, cfg.network, cfg.env_name, cfg.env.window, env, params),
+                       cfg.transfer, cfg.steps_per_update)
     source = restore_policy(source_dir, "latest")
     assert ppo.obs_dim == 261 and source.obs_dim == 228
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.config import load_config
+from agents.config import load_config, to_dict
 from agents.runs.trials import TRIALS_FILE, count_trials, read_trials
 from agents.training.loop import train
 
@@ -38,7 +38,7 @@ def test_a_run_that_trains_one_update_is_one_trial_stopped_or_resumed(tmp_path):
     assert train(cfg, runs / "a", stop_after=1).update == 1  # stopped after its first update: it was tried
     [trial] = read_trials(runs / TRIALS_FILE)
     assert (trial["run"], trial["seed"], trial["data"]) == ("a", cfg.seed, "synthetic:signal")
-    assert "trained" in trial and count_trials(runs / "a", cfg) == 1
+    assert "trained" in trial and count_trials(runs / "a", to_dict(cfg)) == 1
     assert train(None, runs / "a", resume=True).update == 2
     assert len((runs / TRIALS_FILE).read_text().splitlines()) == 1  # resuming it tries nothing new
 

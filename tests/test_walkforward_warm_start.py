@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from agents.config import to_dict
 from experiments.walkforward import Plan, count_trials, summarize, table
 from jaxenv.folds import FoldPlan, plan_folds
 
@@ -49,11 +50,11 @@ def test_a_run_started_from_another_runs_agent_is_another_trial_in_its_folders_l
     fold = FOLDS[1]
     fresh_dir, warm_dir = fresh.run_dir(fold, "rl_only", 0), warm.run_dir(fold, "rl_only", 0)
     fresh_dir.parent.mkdir(parents=True)
-    record_trial(fresh_dir, fresh.run_config(fold, "rl_only", 0))
-    assert run_trials(warm_dir, warm.run_config(fold, "rl_only", 0)) == 2
+    record_trial(fresh_dir, to_dict(fresh.run_config(fold, "rl_only", 0)))
+    assert run_trials(warm_dir, to_dict(warm.run_config(fold, "rl_only", 0))) == 2
     moved = plan(tmp_path / "elsewhere", True)  # where the agent it starts from lies is not a setting tried
     assert moved.trial("rl_only", 0) == warm.trial("rl_only", 0)
-    assert run_trials(fresh_dir, fresh.run_config(fold, "rl_only", 0)) == 1  # a fresh run's digest as it was
+    assert run_trials(fresh_dir, to_dict(fresh.run_config(fold, "rl_only", 0))) == 1  # a fresh run's digest as it was
 
 
 def made_up_summary(p: Plan) -> dict:

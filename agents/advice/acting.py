@@ -24,7 +24,7 @@ from agents.advice.risk_veto import RULES, VetoState, apply_veto
 from agents.advice.record import AdviceRecord
 from agents.advice.rules import ENTRIES, STOP_MOVES, EntryRules, RuleState
 from agents.advice.table import SIDES, AdviceTable, AdviceView, num_blocks, view
-from agents.config import GATED_FUSIONS, QueryConfig, VetoConfig
+from agents.config import GATED_FUSIONS, HybridConfig, QueryConfig, VetoConfig
 from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
 from bridge.protocol import NUM_ACTIONS, action_flags
 
@@ -252,18 +252,25 @@ def trust_where_valid(network, params, features: jax.Array, valid: jax.Array) ->
     return jnp.where(valid, gate, 0.0)
 
 
-def make_acting(cfg, env) -> HybridActing:
-    h = cfg.hybrid
+def make_acting(hybrid: HybridConfig, env) -> HybridActing:
+    """Acting with the advice of the run's advisor as `hybrid` says, in the trading env `env`."""
+    h = hybrid
     columns = tuple(env.observation_column(name) for name in CONTEXT_FEATURES)
     return HybridActing(h.fusion, h.query, h.veto, h.llm_weight, columns, gate_lr_scale=h.gate_lr_scale)
 
 
-def acting_of(cfg, env) -> HybridActing:
+def training_acting(hybrid: HybridConfig, llm: str, env) -> HybridActing | None:
+    """How a run's agent acts while it trains (and what its networks are: the trust gate's): with its advisor
+    (make_acting), or None for a run without one (llm: none), which samples from the policy alone."""
+    return make_acting(hybrid, env) if llm != "none" else None
+
+
+def acting_of(hybrid: HybridConfig, llm: str, env) -> HybridActing:
     """How a run's agent acts outside training (a walk, a trade): with its advisor (make_acting), or for a run
     without one (llm: none) the policy alone: no fusion, no veto, no record. One acting step then serves both."""
-    if cfg.llm != "none":
-        return make_acting(cfg, env)
-    h = cfg.hybrid
+    if llm != "none":
+        return make_acting(hybrid, env)
+    h = hybrid
     alone = dataclasses.replace(h, fusion="none", veto=dataclasses.replace(h.veto, enabled=False),
                                 query=dataclasses.replace(h.query, bind_on="always"))
-    return make_acting(dataclasses.replace(cfg, hybrid=alone), env)
+    return make_acting(alone, env)

@@ -1,6 +1,6 @@
 """The run's advisor on one market: the only object that talks to the model (docs/design.md, "The advisor").
 
-    advisor = Advisor.open(cfg, market, capacity, adapter)  # template, prompt fields, store, host copy, workers
+    advisor = Advisor.open(hybrid, llm, env, data, market, capacity, adapter)  # template, fields, store, workers
     advisor.submit(keys)             # the keys' prompts (or their prompt fields, for the mock reading them) asked
     taken = advisor.collect(wait)    # the oldest submission's answers: kept in the host's copy of the table and the
                                      # store, counted and logged; `taken.rows` are the advice table's rows
@@ -23,25 +23,34 @@ import numpy as np
 from agents.advice.table import SIDES, Rows, answered, key_side, num_blocks
 from agents.advisor.prompt_fields import ACCOUNT_FIELDS, PromptFieldBuilder, prompt_instrument
 from agents.advisor.sidecar import start_advisor
-from agents.advisor.store import AdviceStore, Answers, identity, open_store, prompt_format_digest, store_root
+from agents.advisor.store import AdviceStore, KnownAdvice, identity, open_store, prompt_format_digest, store_root
 from agents.advisor.workers import AdvisorPool, AdvisorWorkers
-from agents.config import ConfigError
+from agents.config import ConfigError, HybridConfig
 from agents.runs.adapters import starting_adapter
 from bridge import STATUS_NAMES, PromptRenderer
-from bridge import Answers as Collected
+from bridge import Answers
 from bridge.prompts import DEFAULT_PROMPTS_PATH
 from bridge.protocol import NUM_ACTIONS, STATUS_BACKEND_ERROR
+from jaxenv.config import DataConfig, EnvConfig
 from jaxenv.contracts import resolve_contract
 
 MAX_IN_FLIGHT = 2  # submissions the advisor may have to answer; while it has this many, nobody more is asked
+LATENCY_PERCENTILES = (50, 95, 99)
+
+
+def latency_metrics(seconds) -> dict[str, float]:
+    """llm_latency_pQ_s: percentiles of answer latencies (seconds from asking to the answer; 0 when none), one
+    definition for training, walks and trading."""
+    lat = np.asarray(list(seconds) or [0.0], np.float64)
+    return {f"llm_latency_p{q}_s": float(np.nanpercentile(lat, q)) for q in LATENCY_PERCENTILES}
 
 
 
-def prompt_template(cfg) -> tuple[PromptRenderer, str]:
+def prompt_template(hybrid: HybridConfig, data: DataConfig) -> tuple[PromptRenderer, str]:
     """The run's prompt renderer for the run's instrument and its template's text; refuses a template naming one
     account's fields."""
-    path = Path(cfg.hybrid.link.prompts or DEFAULT_PROMPTS_PATH)
-    renderer = PromptRenderer.from_yaml(path, prompt_instrument(resolve_contract(cfg.data.contract)))
+    path = Path(hybrid.link.prompts or DEFAULT_PROMPTS_PATH)
+    renderer = PromptRenderer.from_yaml(path, prompt_instrument(resolve_contract(data.contract)))
     account = sorted(renderer.fields_used & set(ACCOUNT_FIELDS))
     if account:
         raise ConfigError(f"{path}: context names {', '.join(account)}: advice is keyed by market context (bar block "
@@ -59,7 +68,6 @@ class Submitted:
     prompts: np.ndarray  # as submitted: rendered prompts, or prompt-field rows for an advisor reading them
     keys: np.ndarray  # the keys asked about
     version: int  # the advisor's version when asked, for an advisor that does not report its own with each answer
-    late: bool = False  # async: not all answered a query step later
 
 
 @dataclass
@@ -68,7 +76,7 @@ class Taken:
     advice table's rows (a key whose answer did not come set back to missing: asked again) and how long it took."""
 
     sent: Submitted
-    answers: Collected
+    answers: Answers
     rows: Rows
     latency_s: float
 
@@ -79,7 +87,7 @@ class Advisor:
     the store of the advisor's own answers (version 0), its counters and its LLM log."""
 
     def __init__(self, workers: AdvisorWorkers | Callable[[], AdvisorWorkers], fields, renderer: PromptRenderer,
-                 texts: list[str] | None, known: Answers | None, store: AdviceStore | None, reasoning: bool = False,
+                 texts: list[str] | None, known: KnownAdvice | None, store: AdviceStore | None, reasoning: bool = False,
                  open_store_of: Callable[[str | None], AdviceStore | None] | None = None,
                  llm_log: Path | None = None, log_limit: int = 0):
         """Built by `open`: `workers`, or what starts them at the first submission; `known` None keeps no host copy
@@ -98,7 +106,8 @@ class Advisor:
         self.counting_since = time.perf_counter()
 
     @classmethod
-    def open(cls, cfg, market, capacity: int, adapter: str | None, *,
+    def open(cls, hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, market, capacity: int,
+             adapter: str | None, *,
              fields: Callable[[PromptRenderer], Any] | None = None, texts: list[str] | None = None,
              log_stem: Path | None = None, learning: dict | None = None, client=None, keep_known: bool = True,
              llm_log: Path | None = None, start: bool = True) -> Advisor:
@@ -108,33 +117,34 @@ class Advisor:
         workers (`client`: one started sidecar instead), answering submissions of up to `capacity` keys with LoRA
         `adapter` (None: the run's starting one). `learning`: the sidecar learns from outcomes (training's). `start`
         False: the workers start at the first submission (a fill that may find every key answered asks nobody)."""
-        renderer, template = prompt_template(cfg)
-        h = cfg.hybrid
-        adapter = adapter or starting_adapter(cfg)
+        renderer, template = prompt_template(hybrid, data)
+        h = hybrid
+        adapter = adapter or starting_adapter(hybrid)
         if fields is None:
-            fields = PromptFieldBuilder(market, list(renderer.markets), cfg.env.contracts_per_trade, h.query.interval,
+            fields = PromptFieldBuilder(market, list(renderer.markets), env.contracts_per_trade, h.query.interval,
                                         h.shuffled)
             texts = list(market.text_table) or None
         else:
             fields = fields(renderer)
         num_keys = num_blocks(market.num_bars, h.query.interval) * SIDES if market is not None else 0
-        root = store_root(cfg) if market is not None else None
+        root = store_root(hybrid, llm) if market is not None else None
         open_store_of = None
         if root is not None:
             builder = fields if isinstance(fields, PromptFieldBuilder) else PromptFieldBuilder(
-                market, list(renderer.markets), cfg.env.contracts_per_trade, h.query.interval, h.shuffled)
+                market, list(renderer.markets), env.contracts_per_trade, h.query.interval, h.shuffled)
             prompt_format = prompt_format_digest(builder, renderer, list(market.text_table) or None, num_keys)
 
             def open_store_of(with_adapter: str | None) -> AdviceStore:
-                return open_store(root, identity(cfg, market, template, with_adapter, prompt_format, root), num_keys)
+                return open_store(root, identity(hybrid, llm, env, market, template, with_adapter, prompt_format, root),
+                                  num_keys)
 
         store = open_store_of(adapter) if open_store_of is not None else None
         known = None
         if keep_known:
-            known = store.answers.copy() if store is not None else Answers.empty(num_keys)
+            known = store.answers.copy() if store is not None else KnownAdvice.empty(num_keys)
             fields.without_past(known)
         def started() -> AdvisorWorkers:
-            return AdvisorPool([client]) if client else start_advisor(cfg, renderer, texts, capacity, adapter,
+            return AdvisorPool([client]) if client else start_advisor(hybrid, llm, renderer, texts, capacity, adapter,
                                                                       log_stem, learning)
 
         workers = started() if start else started
@@ -155,7 +165,7 @@ class Advisor:
     @property
     def can_take(self) -> bool:
         """The advisor is up and has fewer than MAX_IN_FLIGHT submissions to answer."""
-        return self.workers is None or (self.workers.alive and self.workers.pending < MAX_IN_FLIGHT)
+        return self.workers is None or (self.workers.alive and len(self.pending) < MAX_IN_FLIGHT)
 
     def submit(self, keys: np.ndarray, version: int = 0, step: int = 0) -> Submitted:
         """Asks about `keys` (never waits): their prompt fields to an advisor that reads them, else the prompts
@@ -187,8 +197,8 @@ class Advisor:
         versions = answers.version if answers.version is not None else np.full(len(answers), sent.version, np.int32)
         if self.store is not None:  # the store holds the answers of the advisor its identity names: version 0
             own = np.asarray(answered(status)) & (versions == 0)
-            self.store.keep(answers.env_ids[own], answers.probs[own], answers.confidence[own], status[own])
-        taken = Taken(sent, answers, (answers.env_ids.astype(np.int32), answers.probs.astype(np.float32),
+            self.store.keep(answers.keys[own], answers.probs[own], answers.confidence[own], status[own])
+        taken = Taken(sent, answers, (answers.keys.astype(np.int32), answers.probs.astype(np.float32),
                                       answers.confidence.astype(np.float32), status, versions.astype(np.int32)),
                       time.perf_counter() - sent.at)
         for name, count in answers.counts().items():
@@ -199,7 +209,7 @@ class Advisor:
         return taken
 
     # ---------------------------------------------------------------------------------- what it knows
-    def merged(self, table: Answers) -> Answers:
+    def merged(self, table: KnownAdvice) -> KnownAdvice:
         """The host's copy with what the store's other holders added since and `table`'s answers (a resumed run's
         table) taken where it has none: what a fresh advice table is given."""
         if self.store is not None:
@@ -219,7 +229,7 @@ class Advisor:
         self.workers.command("load", path=path, timeout_s=600.0)
         self.save_store()
         self.store = self._open_store_of(path) if self._open_store_of is not None else None
-        known = self.store.answers.copy() if self.store is not None else Answers.empty(self.known.num_keys)
+        known = self.store.answers.copy() if self.store is not None else KnownAdvice.empty(self.known.num_keys)
         self.fields.without_past(known)
         self.known = known
 
@@ -233,23 +243,20 @@ class Advisor:
         self.latencies = []
         self.counting_since = time.perf_counter()
         if self._log is not None:
-            self._log.logged = 0  # each update logs its first hybrid.link.log_llm answers
+            self._log.restart()  # each update logs its first hybrid.link.log_llm answers
         if self.workers is not None:
             self.workers.reset_counters()
 
     def metrics(self) -> dict:
         """The advisor's counters since reset_counters(), and how much of the host's copy is filled."""
-        stats = self.workers.stats() if self.workers is not None else {}
-        hits, misses = stats.get("cache_hits", 0), stats.get("cache_misses", 0)
-        lat = np.array(self.latencies) if self.latencies else np.array([0.0])
+        workers = self.workers.metrics() if self.workers is not None else {}
+        hits, misses = workers.get("cache_hits", 0), workers.get("cache_misses", 0)
         out = {"llm_rate": self.answered.get("ok", 0) / max(time.perf_counter() - self.counting_since, 1e-9),
-               "llm_latency_p50_s": float(np.nanpercentile(lat, 50)),
-               "llm_latency_p95_s": float(np.nanpercentile(lat, 95)),
-               "llm_cache_hit_rate": hits / max(hits + misses, 1)}
+               **latency_metrics(self.latencies), "llm_cache_hit_rate": hits / max(hits + misses, 1)}
         if self.known is not None:
             out["advice_keys_filled"] = float(self.known.filled().mean())
             out["advice_keys_filled_current"] = float(self.known.filled(self.version).mean())
-        out.update(self.workers.metrics() if self.workers is not None else {})
+        out.update({name: value for name, value in workers.items() if name.startswith("llm_")})
         for name in STATUS_NAMES:
             out[f"llm_{name}"] = self.answered.get(name, 0)
         return out
@@ -263,10 +270,14 @@ class LlmLog:
         self.file, self.limit, self.renderer, self.texts, self.fields = open(path, "a"), limit, renderer, texts, fields
         self.logged = 0
 
+    def restart(self) -> None:
+        """Logs the first `limit` answers from now on (each update's)."""
+        self.logged = 0
+
     def close(self) -> None:
         self.file.close()
 
-    def write(self, prompts, answers: Collected) -> None:
+    def write(self, prompts, answers: Answers) -> None:
         if self.logged >= self.limit:
             return
 
@@ -276,9 +287,9 @@ class LlmLog:
         n = min(len(answers), self.limit - self.logged)
         if np.asarray(prompts).dtype.kind == "f":  # prompt-field rows (the mock reading them): the prompts they mean
             prompts = self.renderer.render(prompts[:n], self.texts)
-        bars = self.fields.rendered_bar(answers.env_ids[:n])  # the bar each prompt was rendered from
+        bars = self.fields.rendered_bar(answers.keys[:n])  # the bar each prompt was rendered from
         for i in range(n):
-            key = int(answers.env_ids[i])
+            key = int(answers.keys[i])
             self.file.write(json.dumps({
                 "key": key,
                 "bar": int(bars[i]),

@@ -18,7 +18,8 @@ from agents.advisor.advisor import Advisor, ask_every
 from agents.advisor.sidecar import at_full_rate
 from agents.advisor.store import store_root
 from agents.command_line import CommandParser, print_error
-from agents.config import ConfigError, add_config_flags, config_overrides, load_config
+from agents.config import ConfigError, HybridConfig, add_config_flags, config_overrides, load_config
+from jaxenv.config import DataConfig, EnvConfig
 
 SAVE_EVERY_S = 60.0
 SPLITS = ("train", "val", "test")
@@ -45,13 +46,14 @@ def split_keys(market, splits: list[str], interval: int, entries_only: bool) -> 
 def fill(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *config_overrides(args)]
     cfg = load_config(args.config, overrides)
+    hybrid = cfg.hybrid
     if not any(o.startswith(("hybrid.sidecar.threads=", "hybrid.sidecar.nice=")) for o in overrides):
-        cfg = at_full_rate(cfg)  # nothing else runs beside a fill
+        hybrid = at_full_rate(hybrid)  # nothing else runs beside a fill
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     bad = [s for s in splits if s not in SPLITS]
     if bad or not splits:
         raise ConfigError(f"--splits: {', '.join(bad) or 'none given'}: choose among {', '.join(SPLITS)}")
-    result = fill_store(cfg, splits, args.batch)
+    result = fill_store(hybrid, cfg.llm, cfg.env, cfg.data, splits, args.batch)
     if result["stopped"]:
         print("stopped (Ctrl-C): the answers so far are saved; run the same command again to continue",
               file=sys.stderr)
@@ -59,22 +61,24 @@ def fill(args: argparse.Namespace) -> int:
     return 0
 
 
-def fill_store(cfg, splits: list[str], batch: int | None = None, progress: bool = True) -> dict:
+def fill_store(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, splits: list[str],
+               batch: int | None = None, progress: bool = True) -> dict:
     """Asks every key of `splits` the run's store has no answer for; {asked, answered, seconds, keys_per_s, filled,
     keys, stopped} (filled: the store's share of the splits' keys after)."""
-    if cfg.llm == "none":
+    if llm == "none":
         raise ConfigError("--llm none: there is no advisor to ask")
-    root = store_root(cfg)
+    root = store_root(hybrid, llm)
     if root is None:
         raise ConfigError("hybrid.store: no store for this advisor (the mock's default); pass --store PATH")
 
     from jaxenv import load_market
 
-    market = load_market(cfg.data)
-    batch = int(batch or cfg.hybrid.link.max_budget)
-    advisor = Advisor.open(cfg, market, batch, None, start=False)  # its workers start when there is a key to ask
+    market = load_market(data)
+    batch = int(batch or hybrid.link.max_budget)
+    # its workers start when there is a key to ask
+    advisor = Advisor.open(hybrid, llm, env, data, market, batch, None, start=False)
     known = advisor.known  # the store's answers, and every answer this fill adds
-    keys = split_keys(market, splits, cfg.hybrid.query.interval, cfg.hybrid.query.entries_only)
+    keys = split_keys(market, splits, hybrid.query.interval, hybrid.query.entries_only)
     todo = keys[~known.filled()[keys]]
     print(f"advice store {advisor.store.dir}: {len(keys) - len(todo)} of {len(keys)} keys of {', '.join(splits)} "
           f"answered; asking {len(todo)}", file=sys.stderr)

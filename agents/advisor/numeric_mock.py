@@ -10,15 +10,16 @@ from collections import deque
 
 import numpy as np
 
+from agents.config import HybridConfig
 from bridge import Answers, answer_probabilities
 from bridge.protocol import FIELD_INDEX, NUM_ACTIONS, STATUS_NO_VIEW, STATUS_OK
 from bridge.prompts import PromptRenderer
 from bridge import mock_rules
 
 
-def reads_fields(cfg) -> bool:
+def reads_fields(hybrid: HybridConfig, llm: str) -> bool:
     """Whether the run's advisor is the mock answering from the prompt fields in the trainer's process."""
-    return cfg.llm == "mock" and cfg.hybrid.mock.reads == "fields"
+    return llm == "mock" and hybrid.mock.reads == "fields"
 
 
 class NumericMock:
@@ -26,8 +27,7 @@ class NumericMock:
 
     reads_fields = True  # the advisor submits prompt-field rows, not rendered prompts (AdvisorWorkers)
     workers: list = []  # no processes
-    sidecar_pids: list = []
-    alive, alive_count, oldest_done = True, 1, True
+    alive, oldest_done = True, True
 
     def __init__(self, answers: str, renderer: PromptRenderer, texts: list[str] | None):
         self.answers = answers
@@ -44,10 +44,6 @@ class NumericMock:
         if len(self._sentiment) != len(texts) + 1:
             self._sentiment = np.array([mock_rules.sentiment(t) for t in texts] + [0], np.int64)
         return self._sentiment
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
 
     def submit(self, keys: np.ndarray, fields: np.ndarray, think: np.ndarray | None = None) -> int:
         n = len(keys)
@@ -87,9 +83,6 @@ class NumericMock:
 
     def reset_counters(self) -> None:
         pass
-
-    def stats(self) -> dict[str, int]:
-        return {}
 
     def metrics(self) -> dict:
         return {}

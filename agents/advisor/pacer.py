@@ -36,6 +36,7 @@ from agents.config import ConfigError, HybridConfig
 from agents.devices.parallel import gather_processes, is_writer, to_host
 from bridge import STATUS_OK, SidecarClient
 from bridge.protocol import STATUS_BACKEND_ERROR, STATUS_TIMEOUT
+from jaxenv.config import DataConfig, EnvConfig
 
 AUTO_START = 16  # budget `auto`: B of the first query step (async takes a submission once all of it is answered) ...
 AUTO_MIN = 4  # ... and the least it shrinks to (a few prompts keep the rate measurable)
@@ -43,12 +44,12 @@ MAX_LAG = 16  # an async advisor is asked at most this many query steps further 
 SAVE_EVERY_S = 60.0  # the advice store gets a query step's new answers at most this often (and at the end)
 
 
-def latency_mode(cfg) -> str:
+def latency_mode(hybrid: HybridConfig, llm: str) -> str:
     """`hybrid.link.latency`, auto resolved: strict for the mock advisor (it answers in milliseconds, and tests need
     bit-reproducible runs), async for a model (on a CPU, waiting for it would cost most of the throughput)."""
-    if cfg.hybrid.link.latency != "auto":
-        return cfg.hybrid.link.latency
-    return "strict" if cfg.llm == "mock" else "async"
+    if hybrid.link.latency != "auto":
+        return hybrid.link.latency
+    return "strict" if llm == "mock" else "async"
 
 
 def query_capacity(h: HybridConfig, market, processes: int = 1) -> int:
@@ -56,7 +57,8 @@ def query_capacity(h: HybridConfig, market, processes: int = 1) -> int:
     return min(h.link.max_budget, num_blocks(market.num_bars, h.query.interval) * SIDES // processes)
 
 
-def training_pacer(cfg, market, run_dir: Path | None, client: SidecarClient | None = None, learn: bool = False,
+def training_pacer(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, seed: int, market,
+                   run_dir: Path | None, client: SidecarClient | None = None, learn: bool = False,
                    adapter: str | None = None, ahead: tuple[int, int] = (0, 2)) -> QueryPacer:
     """Training's query steps and their advisor (at the run's niceness; `learn`: it learns from outcomes; `adapter`:
     a resumed run's learned one). Several processes: each asks its own workers about its share of the keys, only
@@ -66,21 +68,23 @@ def training_pacer(cfg, market, run_dir: Path | None, client: SidecarClient | No
         raise ConfigError("hybrid.learning: the advisor learns from outcomes in one process only; turn learning "
                           "off or train in one process (on all its local devices)")
     processes = jax.process_count() if shared else 1
-    cap = query_capacity(cfg.hybrid, market, processes)
-    advisor = Advisor.open(cfg, market, cap, adapter, log_stem=run_dir and run_dir / "advisor",
-                           learning=learning_options(cfg) if learn else None, client=client,
+    cap = query_capacity(hybrid, market, processes)
+    advisor = Advisor.open(hybrid, llm, env, data, market, cap, adapter, log_stem=run_dir and run_dir / "advisor",
+                           learning=learning_options(hybrid, seed) if learn else None, client=client,
                            llm_log=run_dir / "llm_log.jsonl" if run_dir else None)
-    return QueryPacer(advisor, cfg.hybrid, market, latency_mode(cfg), shared=shared, ahead=ahead, keep_written=learn)
+    return QueryPacer(advisor, hybrid, market, latency_mode(hybrid, llm), shared=shared, ahead=ahead,
+                      keep_written=learn)
 
 
-def walk_pacer(cfg, market, client: SidecarClient | None = None, log_dir: Path | None = None) -> QueryPacer:
+def walk_pacer(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, market,
+               client: SidecarClient | None = None, log_dir: Path | None = None) -> QueryPacer:
     """The query steps every advised walk asks through: one account, strict latency (a walk must be reproducible,
     whatever the run's training latency), its own sidecar at every core and normal priority (at_full_rate), logging
     to log_dir/advisor_eval_w0.log where a log_dir is given; it asks every key its account reads before reading it."""
-    cfg = at_full_rate(cfg)
-    advisor = Advisor.open(cfg, market, query_capacity(cfg.hybrid, market), None,
+    hybrid = at_full_rate(hybrid)
+    advisor = Advisor.open(hybrid, llm, env, data, market, query_capacity(hybrid, market), None,
                            log_stem=log_dir and log_dir / "advisor_eval", client=client)
-    return QueryPacer(advisor, cfg.hybrid, market, "strict", walk=True)
+    return QueryPacer(advisor, hybrid, market, "strict", walk=True)
 
 
 @dataclass
@@ -143,7 +147,8 @@ class QueryPacer:
         self.picks = None  # the latest selection (device arrays), sent by send()
         self.last_step_at: float | None = None
         self.saved_at = time.perf_counter()
-        self.on_answers = None  # optional hook(answers) for callers that keep the answers (evaluation: reasons)
+        self.late_steps: set[int] = set()  # async: query steps whose submission was not all answered a step later
+        self.reasons: dict[int, str] | None = {} if walk else None  # a walk's: each key's reason, since reset
         self.reset_counters()
         # training asks the keys its record lacks too (a walk asks every key its account reads before it reads it)
         self._step = query_program(h.query, cap, self.processes, self.count, all_sides=walk,
@@ -155,6 +160,8 @@ class QueryPacer:
     def reset_counters(self) -> None:
         self.counts = QueryCounts()
         self.advisor.reset_counters()
+        if self.reasons is not None:
+            self.reasons = {}
 
     def sync(self, carry):
         """The carry with its advice table holding the advisor's host copy (the store's answers and every answer
@@ -184,7 +191,7 @@ class QueryPacer:
         taken = []
         while advisor.pending and advisor.pending[0].step < step:
             if self.latency == "async" and not advisor.workers.oldest_done:
-                advisor.pending[0].late = True  # the advisor was busy with it for at least a whole chunk
+                self.late_steps.add(advisor.pending[0].step)  # the advisor was busy with it for at least a chunk
                 break
             taken.append(self._collect(wait=self.latency == "strict", since_s=since))
         rows = table_rows(taken, MAX_IN_FLIGHT * self.budget.cap)  # padded: one compiled query step
@@ -267,20 +274,23 @@ class QueryPacer:
         return taken.rows
 
     def _took(self, taken: Taken, waited: float, since_s: float | None) -> None:
-        """The pacing after one collection (`waited` seconds for it): the async lag, budget `auto`, the caller's hook,
+        """The pacing after one collection (`waited` seconds for it): the async lag, budget `auto`, a walk's reasons,
         the outcomes kept for learning."""
+        late = taken.sent.step in self.late_steps
+        self.late_steps.discard(taken.sent.step)
         self.counts.wait_s += waited
         if not len(taken.answers):
             return
         if self.latency == "async" and since_s:  # answers taking L query steps serve the envs L - 1 steps on
             self.lag = int(np.clip(np.ceil(taken.latency_s / since_s) - 1, 0, MAX_LAG))
         if self.budget.auto and since_s:
-            self.budget.resize(taken.answers, taken.latency_s, taken.sent.late or waited > 0.05 * since_s, since_s)
-        if self.on_answers is not None:
-            self.on_answers(taken.answers)
+            self.budget.resize(taken.answers, taken.latency_s, late or waited > 0.05 * since_s, since_s)
+        if self.reasons is not None:
+            self.reasons.update((int(key), reason.decode(errors="replace"))
+                                for key, reason in zip(taken.answers.keys, taken.answers.reasons))
         ok = np.flatnonzero(taken.rows[3] == STATUS_OK)
         if self.keep_written and len(ok):
-            self.written.append((taken.answers.seq, ok, taken.answers.env_ids[ok]))
+            self.written.append((taken.answers.seq, ok, taken.answers.keys[ok]))
 
     def metrics(self) -> dict:
         """The query steps' counters since reset_counters() and the advisor's."""

@@ -52,7 +52,7 @@ class PromptFieldBuilder:
 
     def without_past(self, answers) -> None:
         """The shuffled control's keys with no block to read (rendered_bar -1) answered PASS (no view) in `answers`
-        (an agents.advisor.store.Answers), so that nobody asks for them."""
+        (an agents.advisor.store.KnownAdvice), so that nobody asks for them."""
         keys = np.flatnonzero(self.rendered_bar(np.arange(answers.num_keys)) < 0)
         keys = keys[~answers.filled()[keys]]
         answers.put(keys, np.full((len(keys), NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32), np.zeros(len(keys), np.float32),

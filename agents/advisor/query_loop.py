@@ -19,9 +19,11 @@ from agents.advice.usage import advice_metrics
 from agents.advisor.later_sessions import LaterSessions
 from agents.advisor.outcomes import outcome_rows, permuted_across_sessions
 from agents.advisor.pacer import training_pacer
+from agents.config import HybridConfig
 from agents.devices.parallel import gather_processes, is_writer
 from agents.runs.adapters import adapter_dir, prune_adapters
 from bridge import STATUS_NAMES, SidecarClient
+from jaxenv.config import DataConfig, EnvConfig
 
 FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: a CPU advisor's round can take many minutes
 
@@ -32,22 +34,24 @@ class QueryLoop:
     sends each update's outcomes to the sidecar and starts a LoRA round every M updates (the sidecar learns between
     answering batches, so the rollout does not wait for it)."""
 
-    def __init__(self, cfg, market, run_dir: Path | None, client: SidecarClient | None = None,
-                 adapter: str | None = None):
-        self.num_steps, self.interval = cfg.ppo.num_steps, cfg.hybrid.query.interval
-        self.learning = cfg.hybrid.learning if cfg.hybrid.learning.enabled else None
+    def __init__(self, hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, market,
+                 run_dir: Path | None, client: SidecarClient | None = None, adapter: str | None = None, *,
+                 seed: int, num_steps: int):
+        """`num_steps`: ppo.num_steps, the rollout's length."""
+        self.num_steps, self.interval = num_steps, hybrid.query.interval
+        self.learning = hybrid.learning if hybrid.learning.enabled else None
         self.market = market  # its prices measure the market's move after each answer (the outcomes' `move`)
-        self.pacer = training_pacer(cfg, market, run_dir if is_writer() else None, client,
+        self.pacer = training_pacer(hybrid, llm, env, data, seed, market, run_dir if is_writer() else None, client,
                                     learn=self.learning is not None, adapter=adapter,
                                     ahead=update_ahead(self.num_steps, self.interval))
         self.advisor = self.pacer.advisor
-        self.mock = cfg.llm == "mock"
+        self.mock = llm == "mock"
         self.rounds_seen = 0
         self.synced = False  # the run's advice table holds the store's answers (after the first query step)
         self.sent = 0  # outcomes sent during the update
-        self.placebo_rng = np.random.default_rng(cfg.seed + 7)  # hybrid.learning.placebo's permutations
+        self.placebo_rng = np.random.default_rng(seed + 7)  # hybrid.learning.placebo's permutations
         # each advisor version judged on sessions after every bar it could have learned from
-        self.later = (LaterSessions(market, self.advisor.fields, self.interval, self.learning, cfg.seed)
+        self.later = (LaterSessions(market, self.advisor.fields, self.interval, self.learning, seed)
                       if self.learning and self.learning.judge_keys > 0 and is_writer() else None)
 
     def close(self) -> None:

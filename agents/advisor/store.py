@@ -39,8 +39,10 @@ from pathlib import Path
 import numpy as np
 
 from agents.advice.table import STATUS_NONE, answered
+from agents.config import HybridConfig
 from agents.runs.storage import fsync_dir
 from bridge.protocol import NUM_ACTIONS
+from jaxenv.config import EnvConfig
 
 DATABASE_FILE = "answers.sqlite"
 STORE_FORMAT = 2  # 2: SQLite, merged by key; the identity holds the model's files, device class and prompt format
@@ -50,12 +52,12 @@ MODEL_DIGESTS_FILE = "model-digests.json"  # <root>/: the digests of model files
 DEFAULT_ROOT = Path("runs") / "advice_store"  # hybrid.store: auto, for a model advisor
 
 
-def store_root(cfg) -> Path | None:
+def store_root(hybrid: HybridConfig, llm: str) -> Path | None:
     """Where the run's store lives: hybrid.store, where `auto` is DEFAULT_ROOT for a model advisor and no store for
     the mock (it answers faster than a store is read) and '' is none."""
-    store = cfg.hybrid.store
+    store = hybrid.store
     if store == "auto":
-        return None if cfg.llm in ("mock", "none") else DEFAULT_ROOT
+        return None if llm in ("mock", "none") else DEFAULT_ROOT
     return Path(store) if store else None
 
 
@@ -146,17 +148,18 @@ def prompt_format_digest(fields, renderer, texts: list[str] | None, num_keys: in
     return _digest(np.ascontiguousarray(rows).tobytes(), b"\n".join(bytes(p) for p in rendered))
 
 
-def identity(cfg, market, template: str, adapter: str | None, prompt_format: str, root: Path) -> dict:
+def identity(hybrid: HybridConfig, llm: str, env: EnvConfig, market, template: str, adapter: str | None,
+             prompt_format: str, root: Path) -> dict:
     """What the answers depend on (`template`: the prompt template's text; `prompt_format`: prompt_format_digest)."""
     from agents.devices.gpus import visible_gpus
 
-    h = cfg.hybrid
-    advisor = {"llm": model_name(cfg.llm)}  # a local folder's one name, however cfg.llm spells its path
-    if cfg.llm == "mock":
+    h = hybrid
+    advisor = {"llm": model_name(llm)}  # a local folder's one name, however llm spells its path
+    if llm == "mock":
         advisor["mock_answers"] = h.mock.answers
     else:
         gpu = visible_gpus() > 0  # the transformers backend answers in bfloat16 on a GPU, float32 on a CPU
-        advisor.update(mode=h.sidecar.mode, quantization=h.sidecar.quantization, model=model_digest(cfg.llm, root),
+        advisor.update(mode=h.sidecar.mode, quantization=h.sidecar.quantization, model=model_digest(llm, root),
                        device="cuda" if gpu else "cpu", dtype="bfloat16" if gpu else "float32")
     if h.shuffled:  # named only when on: the stores of every other advisor keep their folders
         advisor["shuffled"] = True
@@ -164,12 +167,12 @@ def identity(cfg, market, template: str, adapter: str | None, prompt_format: str
         advisor["learning"] = h.learning.options()
     return {"format": STORE_FORMAT, "advisor": advisor, "adapter": adapter_digest(adapter),
             "template": hashlib.sha256(template.encode()).hexdigest(), "prompt_format": prompt_format,
-            "data": data_digest(market), "interval": cfg.hybrid.query.interval,
-            "contracts": cfg.env.contracts_per_trade, "reasoning": bool(h.reasoning.enabled)}
+            "data": data_digest(market), "interval": h.query.interval,
+            "contracts": env.contracts_per_trade, "reasoning": bool(h.reasoning.enabled)}
 
 
 @dataclass
-class Answers:
+class KnownAdvice:
     """The host's copy of an advice table: per key, probabilities, confidence, status and advisor version."""
 
     probs: np.ndarray  # [K, 6] float32
@@ -178,7 +181,7 @@ class Answers:
     version: np.ndarray  # [K] int32
 
     @classmethod
-    def empty(cls, num_keys: int) -> Answers:
+    def empty(cls, num_keys: int) -> KnownAdvice:
         return cls(np.full((num_keys, NUM_ACTIONS), 1 / NUM_ACTIONS, np.float32), np.zeros(num_keys, np.float32),
                    np.full(num_keys, STATUS_NONE, np.int32), np.full(num_keys, -1, np.int32))
 
@@ -197,24 +200,24 @@ class Answers:
         self.version[keys] = version
 
     def keep(self, answers, version: int) -> np.ndarray:
-        """Puts the real answers (`answered`) of a collected submission (bridge.client.Answers, keyed by its env ids),
+        """Puts the real answers (`answered`) of a collected submission (bridge.client.Answers, keyed by its keys),
         each under the advisor version that gave it (the sidecar's report; `version` for an advisor that reports
         none); every row's status, int32."""
         status = answers.status.astype(np.int32)
         got = np.asarray(answered(status))
         versions = np.full(len(status), version, np.int32) if answers.version is None else answers.version
-        self.put(answers.env_ids[got], answers.probs[got], answers.confidence[got], status[got], versions[got])
+        self.put(answers.keys[got], answers.probs[got], answers.confidence[got], status[got], versions[got])
         return status
 
     def take_missing(self, other) -> None:
-        """Puts the answers `other` has and this copy lacks (`other`: Answers, or a host copy of an AdviceTable,
+        """Puts the answers `other` has and this copy lacks (`other`: KnownAdvice, or a host copy of an AdviceTable,
         whose fields are named alike), each under its version there."""
         take = np.asarray(answered(other.status)) & ~self.filled()
         self.put(np.flatnonzero(take), other.probs[take], other.confidence[take], other.status[take],
                  other.version[take])
 
-    def copy(self) -> Answers:
-        return Answers(self.probs.copy(), self.confidence.copy(), self.status.copy(), self.version.copy())
+    def copy(self) -> KnownAdvice:
+        return KnownAdvice(self.probs.copy(), self.confidence.copy(), self.status.copy(), self.version.copy())
 
 
 _OPEN: dict[Path, AdviceStore] = {}  # this process's stores, by folder: one holder per identity
@@ -241,7 +244,7 @@ class AdviceStore:
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
         self.dir = Path(root) / digest[:24]
         self.path = self.dir / DATABASE_FILE
-        self.answers = Answers.empty(num_keys)
+        self.answers = KnownAdvice.empty(num_keys)
         self.on_disk = np.zeros(num_keys, bool)  # keys whose answer the file holds
 
     def _set_aside(self, why: str) -> None:
@@ -291,7 +294,7 @@ class AdviceStore:
             raise ValueError(f"key {keys[np.argmax(bad)]} holds a value no answer can have")
         return keys, probs, confidence, status
 
-    def load(self) -> Answers:
+    def load(self) -> KnownAdvice:
         """Reads the file's answers into `answers` (a missing store is empty; a damaged one is set aside)."""
         self.refresh()
         return self.answers

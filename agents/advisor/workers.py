@@ -44,10 +44,9 @@ class AdvisorWorkers(Protocol):
 
     reads_fields: bool  # submissions are prompt-field rows (the mock), not rendered prompts
     alive: bool  # at least one worker is up
-    pending: int  # submissions not collected yet
     oldest_done: bool  # the oldest submission is answered
 
-    def submit(self, env_ids: np.ndarray, prompts: np.ndarray, think: np.ndarray | None = None) -> int: ...
+    def submit(self, keys: np.ndarray, prompts: np.ndarray, think: np.ndarray | None = None) -> int: ...
 
     def collect(self, timeout_s: float | None = None) -> Answers: ...
 
@@ -57,9 +56,9 @@ class AdvisorWorkers(Protocol):
 
     def reset_counters(self) -> None: ...
 
-    def stats(self) -> dict[str, int]: ...
-
-    def metrics(self) -> dict: ...
+    def metrics(self) -> dict:
+        """Counters since reset_counters(): the workers' cache_hits and cache_misses, then llm_* metrics."""
+        ...
 
     def close(self) -> None: ...
 
@@ -72,6 +71,51 @@ class _Part:
     submitted_at: float
 
 
+class WorkerShares:
+    """Per worker: its measured rate (which sets its share of a submission), its ok answers since the counters were
+    reset, when it was last restarted and whether it still needs the pool's last `load` (it may not answer yet)."""
+
+    def __init__(self, count: int):
+        self.rates = np.full(count, np.nan)  # EMA of answers/s per worker; nan until measured
+        self.answered = np.zeros(count, np.int64)
+        self.last_restart = np.full(count, -np.inf)
+        self.reload = np.zeros(count, bool)  # restarted since the pool's last load: answers with its start adapter
+
+    def up(self, workers: list[SidecarClient]) -> np.ndarray:
+        """Per worker: it can answer, with the pool's adapter (a restarted one only once the load is replayed)."""
+        return np.array([w.alive for w in workers]) & ~self.reload
+
+    def weights(self, up: np.ndarray) -> np.ndarray:
+        """Each worker's share of the next submission: its measured rate; a worker not yet measured gets the mean
+        of the measured ones (all equal when none is); a worker that is down gets nothing."""
+        measured = up & np.isfinite(self.rates) & (self.rates > 0)
+        fill = self.rates[measured].mean() if measured.any() else 1.0
+        return np.where(up, np.where(measured, self.rates, fill), 0.0)
+
+    def measure(self, part: _Part, answers: Answers) -> None:
+        """A worker's rate sample: rows answered ÷ time since submit. Exact when it was still busy when collected
+        (the loop waited, or rows timed out); a lower bound when all was ready, which still moves prompts to it."""
+        done = int(((answers.status != STATUS_TIMEOUT) & (answers.status != STATUS_BACKEND_ERROR)).sum())
+        self.answered[part.worker] += int((answers.status == STATUS_OK).sum())
+        if done:
+            sample = done / max(time.perf_counter() - part.submitted_at, 1e-6)
+            old = self.rates[part.worker]
+            self.rates[part.worker] = sample if np.isnan(old) else (1 - RATE_EMA) * old + RATE_EMA * sample
+
+    def restarted(self, worker: int, now: float, reload: bool) -> None:
+        self.last_restart[worker] = now
+        self.rates[worker] = np.nan  # a new process: measured afresh
+        self.reload[worker] = reload
+
+    def metrics(self, up: np.ndarray) -> dict:
+        """Workers up now, and per worker its measured rate (answers/s, 0 until measured) and ok answers."""
+        out = {"llm_workers_alive": int(up.sum())}
+        for i in range(len(self.rates)):
+            out[f"llm_rate_w{i}"] = 0.0 if np.isnan(self.rates[i]) else float(self.rates[i])
+            out[f"llm_answered_w{i}"] = int(self.answered[i])
+        return out
+
+
 class AdvisorPool:
     """N advisor workers that look like one SidecarClient to the advisor (AdvisorWorkers). At most two submissions
     await collect()."""
@@ -81,11 +125,8 @@ class AdvisorPool:
     def __init__(self, workers: list[SidecarClient]):
         self.workers = workers
         self.config = workers[0].config
-        self.rates = np.full(len(workers), np.nan)  # EMA of answers/s per worker; nan until measured
-        self.answered = np.zeros(len(workers), np.int64)  # ok answers per worker since reset_counters()
-        self.last_restart = np.full(len(workers), -np.inf)
+        self.shares = WorkerShares(len(workers))
         self._load: tuple[dict, float] | None = None  # the last `load` command's arguments and timeout
-        self._reload = np.zeros(len(workers), bool)  # restarted since that load: answers with its start adapter
         self._pending: deque[tuple[int, list[_Part]]] = deque()
         self._next_seq = 1
 
@@ -116,77 +157,45 @@ class AdvisorPool:
 
     # ---- health ------------------------------------------------------------------------------------------
 
-    def _up(self) -> np.ndarray:
-        """Per worker: it can answer, with the pool's adapter (a restarted one only once the load is replayed)."""
-        return np.array([w.alive for w in self.workers]) & ~self._reload
-
     @property
     def alive(self) -> bool:
         """At least one worker can answer."""
-        return bool(self._up().any())
-
-    @property
-    def alive_count(self) -> int:
-        return int(self._up().sum())
+        return bool(self.shares.up(self.workers).any())
 
     def restart_dead(self) -> None:
         """Restarts (without waiting) each dead worker, at most once per start timeout: a worker still loading
         is not up yet either. A restarted worker that is ready again first gets the pool's last `load` (waiting
         for its reply): it started with its start flags' adapter, and its answers count as the loaded one's."""
-        for i in np.flatnonzero(self._reload):
+        for i in np.flatnonzero(self.shares.reload):
             if self.workers[i].alive:
                 args, timeout_s = self._load
                 try:
                     self.workers[i].command("load", timeout_s=timeout_s, **args)
-                    self._reload[i] = False
+                    self.shares.reload[i] = False
                 except SidecarError:  # down again, or the load failed: it stays out of the split and is retried
                     pass
         now = time.monotonic()
         for i, worker in enumerate(self.workers):
-            if not worker.alive and now - self.last_restart[i] > self.config.start_timeout_s:
+            if not worker.alive and now - self.shares.last_restart[i] > self.config.start_timeout_s:
                 worker.restart(wait=False)
-                self.last_restart[i] = now
-                self.rates[i] = np.nan  # a new process: measured afresh
-                self._reload[i] = self._load is not None
-
-    @property
-    def sidecar_pid(self) -> int | None:
-        """Worker 0's process id."""
-        return self.workers[0].sidecar_pid
-
-    @property
-    def sidecar_pids(self) -> list[int | None]:
-        return [w.sidecar_pid for w in self.workers]
+                self.shares.restarted(i, now, reload=self._load is not None)
 
     # ---- prompts and answers -----------------------------------------------------------------------------
-
-    @property
-    def pending(self) -> int:
-        """Submissions awaiting collect()."""
-        return len(self._pending)
 
     @property
     def oldest_done(self) -> bool:
         """collect() would not wait: every worker's share of the oldest submission is answered (or it is down)."""
         return all(self.workers[part.worker].oldest_done for part in self._pending[0][1])
 
-    def weights(self) -> np.ndarray:
-        """Each worker's share of the next submission: its measured rate; a worker not yet measured gets the mean
-        of the measured ones (all equal when none is); a worker that is down gets nothing."""
-        up = self._up()
-        measured = up & np.isfinite(self.rates) & (self.rates > 0)
-        fill = self.rates[measured].mean() if measured.any() else 1.0
-        return np.where(up, np.where(measured, self.rates, fill), 0.0)
-
-    def submit(self, env_ids: np.ndarray, prompts: np.ndarray, think: np.ndarray | None = None) -> int:
-        """Splits the prompts (contiguous runs, in order) across the workers that are up; never waits. Returns
-        the pool's seq of this submission."""
-        counts = split_counts(len(env_ids), self.weights())
+    def submit(self, keys: np.ndarray, prompts: np.ndarray, think: np.ndarray | None = None) -> int:
+        """Splits the prompts (contiguous runs, in order) across the workers that are up, in proportion to their
+        measured rates (WorkerShares.weights); never waits. Returns the pool's seq of this submission."""
+        counts = split_counts(len(keys), self.shares.weights(self.shares.up(self.workers)))
         parts, start, now = [], 0, time.perf_counter()
         for i, count in enumerate(counts):
             if count:
                 stop = start + int(count)
-                self.workers[i].submit(env_ids[start:stop], prompts[start:stop],
+                self.workers[i].submit(keys[start:stop], prompts[start:stop],
                                        None if think is None else think[start:stop])
                 parts.append(_Part(i, start, stop, now))
                 start = stop
@@ -204,7 +213,7 @@ class AdvisorPool:
         for part in parts:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             answers = self.workers[part.worker].collect(remaining)
-            self._measure(part, answers)
+            self.shares.measure(part, answers)
             merged.append(answers)
         if len(merged) == 1:  # one worker answered it all: its seq names the answers (learning joins outcomes by it)
             return merged[0]
@@ -213,18 +222,8 @@ class AdvisorPool:
                            np.zeros(0, np.float32), np.zeros(0, np.int8), np.zeros(0, "S1"), np.zeros(0, np.int32))
         versions = [a.version if a.version is not None else np.zeros(len(a), np.int32) for a in merged]
         return Answers(seq, *(np.concatenate([getattr(a, f) for a in merged])
-                              for f in ("env_ids", "probs", "action", "confidence", "status", "reasons")),
+                              for f in ("keys", "probs", "action", "confidence", "status", "reasons")),
                        np.concatenate(versions))
-
-    def _measure(self, part: _Part, answers: Answers) -> None:
-        """A worker's rate sample: rows answered ÷ time since submit. Exact when it was still busy when collected
-        (the loop waited, or rows timed out); a lower bound when all was ready, which still moves prompts to it."""
-        done = int(((answers.status != STATUS_TIMEOUT) & (answers.status != STATUS_BACKEND_ERROR)).sum())
-        self.answered[part.worker] += int((answers.status == STATUS_OK).sum())
-        if done:
-            sample = done / max(time.perf_counter() - part.submitted_at, 1e-6)
-            old = self.rates[part.worker]
-            self.rates[part.worker] = sample if np.isnan(old) else (1 - RATE_EMA) * old + RATE_EMA * sample
 
     # ---- commands, outcomes, counters --------------------------------------------------------------------
 
@@ -234,7 +233,7 @@ class AdvisorPool:
         replies = [w.command(op, timeout_s=timeout_s, **args) for w in self.workers]
         if op == "load":
             self._load = (args, timeout_s)
-            self._reload[:] = False  # every worker has it now
+            self.shares.reload[:] = False  # every worker has it now
         return replies[0]
 
     def send_outcomes(self, rows: dict[str, np.ndarray], wait_s: float = 0.0) -> int:
@@ -242,20 +241,13 @@ class AdvisorPool:
         return self.workers[0].send_outcomes(rows, wait_s=wait_s)
 
     def reset_counters(self) -> None:
-        self.answered[:] = 0
-
-    def stats(self) -> dict[str, int]:
-        """The workers' client and sidecar counters, summed."""
-        total: dict[str, int] = {}
-        for worker in self.workers:
-            for key, value in worker.stats().items():
-                total[key] = total.get(key, 0) + value
-        return total
+        self.shares.answered[:] = 0
 
     def metrics(self) -> dict:
-        """Workers up now, and per worker its measured rate (answers/s, 0 until measured) and ok answers."""
-        out = {"llm_workers_alive": self.alive_count}
-        for i in range(len(self.workers)):
-            out[f"llm_rate_w{i}"] = 0.0 if np.isnan(self.rates[i]) else float(self.rates[i])
-            out[f"llm_answered_w{i}"] = int(self.answered[i])
-        return out
+        """The workers' client and sidecar counters, summed (cache_hits, cache_misses, ...), then the shares'
+        metrics (WorkerShares.metrics)."""
+        out: dict = {}
+        for worker in self.workers:
+            for key, value in worker.stats().items():
+                out[key] = out.get(key, 0) + value
+        return out | self.shares.metrics(self.shares.up(self.workers))

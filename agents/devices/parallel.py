@@ -16,33 +16,34 @@ from typing import Any
 import jax
 import numpy as np
 
-from agents.config import ConfigError, TrainConfig
+from agents.config import ConfigError
 from agents.devices.gpus import visible_gpus
 from agents.rl.sharding import env_mesh
 
 
-def local_device_count(cfg: TrainConfig) -> int:
-    """The local devices `cfg.devices` asks for; more than this process has is a ConfigError naming the flag."""
+def local_device_count(devices: str) -> int:
+    """The local devices `devices` (all, or a count) asks for; more than this process has is a ConfigError naming
+    the flag."""
     have = jax.local_device_count()
-    if cfg.devices == "all":
+    if devices == "all":
         return have
-    want = int(cfg.devices)
+    want = int(devices)
     if want > have:
         raise ConfigError(f"devices (--devices): {want} asked, this process has {have} "
                           f"{jax.default_backend()} device(s)")
     return want
 
 
-def make_mesh(cfg: TrainConfig):
+def make_mesh(num_envs: int, devices: str):
     """The env mesh: `devices` local devices of every process, process by process, so each process's envs are a
     contiguous block on its own devices. num_envs must divide by the mesh's size (ConfigError naming both)."""
-    per_process = local_device_count(cfg)
-    devices = [d for p in range(jax.process_count()) for d in jax.local_devices(process_index=p)[:per_process]]
-    if cfg.num_envs % len(devices):
+    per_process = local_device_count(devices)
+    used = [d for p in range(jax.process_count()) for d in jax.local_devices(process_index=p)[:per_process]]
+    if num_envs % len(used):
         where = f"{jax.process_count()} processes × {per_process}" if jax.process_count() > 1 else f"{per_process}"
-        raise ConfigError(f"num_envs (--envs): {cfg.num_envs} envs do not split evenly over {where} devices; use a "
-                          f"multiple of {len(devices)} or another --devices")
-    return env_mesh(devices)
+        raise ConfigError(f"num_envs (--envs): {num_envs} envs do not split evenly over {where} devices; use a "
+                          f"multiple of {len(used)} or another --devices")
+    return env_mesh(used)
 
 
 def is_writer() -> bool:
@@ -94,19 +95,19 @@ def from_host(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(place, tree, shardings)
 
 
-def advisor_device(cfg: TrainConfig) -> str | None:
+def advisor_device(llm: str) -> str | None:
     """The torch device the run's advisor sidecars use (they pick cuda when torch sees a GPU), or None without one."""
-    if cfg.llm == "none":
+    if llm == "none":
         return None
-    if cfg.llm == "mock":
+    if llm == "mock":
         return "none (the mock advisor runs no model)"
     gpus = visible_gpus()
     return f"cuda ({gpus} GPU(s), worker i on GPU i)" if gpus else "cpu"
 
 
-def backend_banner(mesh=None, cfg: TrainConfig | None = None) -> str:
+def backend_banner(mesh=None, llm: str | None = None) -> str:
     """`jax backend: cpu, devices: 2 x cpu` (with the mesh's size and the process when several), the advisor's
-    torch device where `cfg` uses one, and a warning when a GPU is visible but JAX runs on CPU."""
+    torch device where the run's advisor `llm` uses one, and a warning when a GPU is visible but JAX runs on CPU."""
     local = jax.local_devices()
     kinds = sorted({d.device_kind for d in local})
     text = f"jax {jax.__version__} backend: {jax.default_backend()}, devices: {len(local)} x {', '.join(kinds)}"
@@ -116,7 +117,7 @@ def backend_banner(mesh=None, cfg: TrainConfig | None = None) -> str:
         text += f" (process {jax.process_index()} of {jax.process_count()}, {jax.device_count()} devices in all)"
     if jax.default_backend() == "gpu" and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == "false":
         text += "; JAX allocates GPU memory as it needs it (XLA_PYTHON_CLIENT_PREALLOCATE=false)"
-    torch_device = advisor_device(cfg) if cfg is not None else None
+    torch_device = advisor_device(llm) if llm is not None else None
     if torch_device is not None:
         text += f"\nadvisor (sidecar) torch device: {torch_device}"
     gpus = visible_gpus()
@@ -126,9 +127,9 @@ def backend_banner(mesh=None, cfg: TrainConfig | None = None) -> str:
     return text
 
 
-def print_banner(mesh=None, cfg: TrainConfig | None = None) -> None:
+def print_banner(mesh=None, llm: str | None = None) -> None:
     if is_writer():
-        print(backend_banner(mesh, cfg), file=sys.stderr)
+        print(backend_banner(mesh, llm), file=sys.stderr)
 
 
 def add_device_flags(ap, processes: bool = False) -> None:

@@ -9,7 +9,7 @@ advice table at the next, waiting for them (strict), so a walk with the mock adv
 from every answer the walks' advisor has (the advice store's, earlier walks'), so keys answered once are not asked
 again. Acting is greedy by default: the most probable action of the distribution the agent acts from.
 
-    walker = AdvisedWalker(cfg, ppo, env, market)
+    walker = AdvisedWalker(cfg.hybrid, cfg.llm, cfg.data, ppo, env, market, normalize_obs=True, greedy=True)
     trace = walker.walk(params, obs_norm, "val", key)                          # the agent as trained
     trace = walker.walk(params, obs_norm, "val", key, **ABLATIONS["llm_only"])  # the advisor alone
     walker.close()                                                              # stops the sidecar
@@ -34,9 +34,10 @@ from agents.advice.record import record_metrics
 from agents.advice.table import view, walk_keys
 from agents.advice.usage import STAT_PREFIX, walk_advice_metrics
 from agents.advisor.pacer import QueryPacer, walk_pacer
-from agents.config import VetoConfig
+from agents.config import HybridConfig, VetoConfig
 from agents.rl.networks import ActorCritic
 from agents.runs.adapters import starting_adapter
+from jaxenv.config import DataConfig
 from jaxenv.env import EnvState
 from jaxenv.evaluate import continue_after_breach, trace_step
 from jaxenv.metrics import walk_metrics
@@ -59,11 +60,11 @@ ABLATIONS: dict[str, dict] = {
 FROZEN_ABLATION = "llm_only_frozen"
 
 
-def run_ablations(cfg) -> dict[str, dict]:
+def run_ablations(hybrid: HybridConfig) -> dict[str, dict]:
     """The ablations a hybrid run is scored with: ABLATIONS, and FROZEN_ABLATION when its advisor learned."""
-    if not cfg.hybrid.learning.enabled:
+    if not hybrid.learning.enabled:
         return dict(ABLATIONS)
-    return {**ABLATIONS, FROZEN_ABLATION: {**ABLATIONS["llm_only"], "adapter": starting_adapter(cfg)}}
+    return {**ABLATIONS, FROZEN_ABLATION: {**ABLATIONS["llm_only"], "adapter": starting_adapter(hybrid)}}
 
 
 def advised_summary(trace: dict, timestamps, rules, days=None) -> dict:
@@ -86,23 +87,28 @@ class WalkCarry:
 class AdvisedWalker:
     """Walks splits with a hybrid run's network and the run's advisor (one sidecar, started on first use)."""
 
-    def __init__(self, cfg, ppo, env, market, client=None, log_dir: Path | None = None, progress: bool = False):
-        """The walker starts a sidecar of its own at its first advised walk and keeps it, asleep, between walks: at
-        every core and normal priority, never at training's niceness (training waits for its walks, and a niced
-        advisor would crawl beside any other work on the machine). `log_dir`: the sidecar's log
-        lines go to log_dir/advisor_eval_w0.log (a run folder during training: they would break the progress bar)
-        instead of stderr. `progress`: an advised walk shows its own progress line (the keys it asks ahead, blocks
-        walked, ETA) under the training bar: a walk whose keys the advisor must answer first takes minutes on a
-        CPU."""
-        self.cfg, self.ppo, self.env, self.market = cfg, ppo, env, market
+    def __init__(self, hybrid: HybridConfig, llm: str, data: DataConfig, ppo, env, market, client=None,
+                 log_dir: Path | None = None, progress: bool = False, *, normalize_obs: bool, greedy: bool):
+        """The run's config sections and `ppo` (agents.rl.ppo.PPO) walking the trading env `env` (whose config,
+        env.config, its advisor's prompts read) on `market`; `normalize_obs`: ppo.normalize_obs; `greedy`:
+        checkpoint.eval_deterministic, the walks act greedily. The walker starts a sidecar of its own at its first
+        advised walk and keeps it, asleep, between walks: at every core and normal priority, never at training's
+        niceness (training waits for its walks, and a niced advisor would crawl beside any other work on the
+        machine). `log_dir`: the sidecar's log lines go to log_dir/advisor_eval_w0.log (a run folder during training:
+        they would break the progress bar) instead of stderr. `progress`: an advised walk shows its own progress line
+        (the keys it asks ahead, blocks walked, ETA) under the training bar: a walk whose keys the advisor must answer
+        first takes minutes on a CPU."""
+        self.hybrid, self.llm, self.data = hybrid, llm, data
+        self.ppo, self.env, self.market = ppo, env, market
+        self.normalize_obs = normalize_obs
         self.log_dir = log_dir
         self.progress = progress
-        self.acting = dataclasses.replace(acting_of(cfg, env), greedy=cfg.checkpoint.eval_deterministic)
+        self.acting = dataclasses.replace(acting_of(hybrid, llm, env), greedy=greedy)
         self._client = client
         self._pacer: QueryPacer | None = None
-        self.k = cfg.hybrid.query.interval
+        self.k = hybrid.query.interval
         self._compiled: dict[tuple, Any] = {}
-        self._adapter = starting_adapter(cfg)  # the adapter the sidecar answers with
+        self._adapter = starting_adapter(hybrid)  # the adapter the sidecar answers with
 
     def _chunk_fn(self, acting: HybridActing, k: int):
         """The jitted k-bar walk for this acting variant (the configs inside are not hashable: cache by key; the veto
@@ -110,26 +116,27 @@ class AdvisedWalker:
         key = (acting.fusion, dataclasses.astuple(acting.veto), acting.greedy, k)
         if key not in self._compiled:
             self._compiled[key] = jax.jit(partial(_chunk, self.env, acting, self.ppo.network,
-                                                  self.cfg.ppo.normalize_obs, k=k))
+                                                  self.normalize_obs, k=k))
         return self._compiled[key]
 
     @property
     def pacer(self) -> QueryPacer:
         """The walks' query steps and their advisor (agents.advisor.pacer.walk_pacer), opened at the first walk."""
         if self._pacer is None:
-            self._pacer = walk_pacer(self.cfg, self.market, self._client, self.log_dir)
+            self._pacer = walk_pacer(self.hybrid, self.llm, self.env.config, self.data, self.market, self._client,
+                                     self.log_dir)
         return self._pacer
 
     def close(self) -> None:
         if self._pacer is not None:
             self._pacer.close()
             self._pacer = None
-        self._adapter = starting_adapter(self.cfg)
+        self._adapter = starting_adapter(self.hybrid)
 
     def use_adapter(self, path: str | None) -> None:
         """The advisor answers the next walks with LoRA adapter `path` (None: the base model). A run whose
         advisor learned has one per checkpoint; other runs keep the adapter they started with."""
-        if self.cfg.llm in ("none", "mock") or path == self._adapter:
+        if self.llm in ("none", "mock") or path == self._adapter:
             return
         self.pacer.advisor.use_adapter(path)
         self._adapter = path
@@ -166,16 +173,9 @@ class AdvisedWalker:
         state = jax.vmap(self.env.initial_state, in_axes=(0, None))(k_init[None], env_params)
         carry = WalkCarry(env_state=state, hybrid=acting.carry_for_walk(env_params, record), key=key)
 
-        reasons: dict[int, str] = {}
-
-        def keep_reason(answers) -> None:
-            for key_id, reason in zip(answers.env_ids, answers.reasons):
-                reasons[int(key_id)] = reason.decode(errors="replace")
-
         if uses_advice:
             pacer = self.pacer
-            pacer.reset_counters()
-            pacer.on_answers = keep_reason
+            pacer.reset_counters()  # and its reasons: this walk's
             # every key the walk reads, asked ahead in full batches (a handful a query step would leave the advisor's
             # batches nearly empty); the walk's query steps then ask only what got no answer
             start, end = int(env_params.start_bar), int(env_params.end_bar)
@@ -202,11 +202,9 @@ class AdvisedWalker:
                 pacer.advisor.save_store()
         finally:
             bar.close()
-            if uses_advice:
-                pacer.on_answers = None
         out = {name: np.concatenate([np.asarray(p[name]) for p in pieces]) for name in pieces[0]}
         out["advice_from"] = out.pop("advice_key")
-        out["reasons"] = reasons
+        out["reasons"] = dict(self.pacer.reasons) if uses_advice else {}
         if uses_advice:
             out["llm"] = pacer.metrics()
         if carry.hybrid.record is not None:  # the record at the walk's end (the trained agent's, and the walk's calls)

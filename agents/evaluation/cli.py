@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:  # what train.py's load report says of dropped rows, on one line
             if run.market.dropped_rows:
                 print(f"warning: {run.market.source}: dropped {dropped_text(run.market)}", file=sys.stderr)
-        print_banner(None, runs[0].cfg)  # walks are one env each: they run on the first device
+        print_banner(None, runs[0].cfg.llm)  # walks are one env each: they run on the first device
         result = evaluate(runs, options)
     except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError) as e:
         print_error(e)

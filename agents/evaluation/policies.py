@@ -76,6 +76,52 @@ def make_episode_evaluator(env, env_params, n: int) -> Evaluator:
     return evaluate
 
 
+# An account of several instruments (jaxenv.account_evaluate's walk): act(policy_state, obs, state, params, key) ->
+# actions [I], every head under its sequential mask (env.sample_actions); policy_state () for the baselines.
+
+
+def account_flat(policy_state: Any, obs: Any, state: Any, params: Any, key: jax.Array) -> jax.Array:
+    """Never trades: HOLD for every instrument."""
+    return jnp.zeros((params.num_instruments,), jnp.int32)
+
+
+def account_random_valid(env) -> Callable:
+    """Uniform over each head's valid actions, head by head under the account's sequential masks."""
+
+    def act(policy_state, obs, state, params, key):
+        return env.sample_actions(key, state, params, jnp.zeros((params.num_instruments, env.num_actions)))[0]
+
+    return act
+
+
+def account_always(env, action: int) -> Callable:
+    """`action` for every instrument whenever its sequential mask allows it, else action 0 (HOLD): e.g. always long."""
+    logits = jnp.zeros(env.num_actions).at[0].set(1.0).at[action].set(2.0)
+
+    def act(policy_state, obs, state, params, key):
+        every = jnp.broadcast_to(logits, (params.num_instruments, env.num_actions))
+        return env.sample_actions(key, state, params, every, deterministic=True)[0]
+
+    return act
+
+
+def make_account_act(ppo: PPO, env, normalize_obs: bool, deterministic: bool) -> Callable:
+    """The trained account agent as a walk acts: act((network params, obs normaliser), obs, state, params, key), its
+    heads chosen in the env's instrument order under the sequential masks (jaxenv.account_evaluate.logits_policy),
+    greedy where `deterministic`. Made once per run so evaluation compiles once."""
+    from agents.rl.normalization import normalize_obs as normalized
+    from jaxenv.account_evaluate import logits_policy
+
+    logits_of = type(ppo.network).logits
+
+    def logits(policy_state, obs):
+        params, obs_norm = policy_state
+        obs = obs.replace(instruments=obs.instruments.astype(jnp.float32), account=obs.account.astype(jnp.float32))
+        return ppo.network.apply(params, normalized(obs_norm, obs) if normalize_obs else obs, method=logits_of)
+
+    return logits_policy(env, logits, deterministic)
+
+
 def make_act(ppo: PPO, deterministic: bool) -> Callable:
     """act(act_params, obs, mask, key) for one env with act_params = (network params, obs normaliser); made once
     per run so evaluation compiles once."""

@@ -30,11 +30,12 @@ def run_row(run_dir: Path) -> dict:
     from agents.evaluation.report import verdict
     from agents.evaluation.saved_run import out_of_sample
     from agents.evidence.eprocess import scale_of
+    from agents.config import to_dict
     from agents.runs.saved_runs import load_run_config
     from agents.runs.trials import count_trials
 
     cfg = load_run_config(run_dir)
-    v = verdict(out_of_sample(run_dir, "best"), count_trials(run_dir, cfg), scale_of(cfg.env.prop_firm),
+    v = verdict(out_of_sample(run_dir, "best"), count_trials(run_dir, to_dict(cfg)), scale_of(cfg.env.prop_firm),
                 cfg.gate_against)
     gate = v.pop("gate")
     return {"run": str(run_dir), "data": str(cfg.data.source), "llm": cfg.llm, "steps": cfg.total_steps, **v,

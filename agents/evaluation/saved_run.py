@@ -33,16 +33,16 @@ import numpy as np
 from rich.progress import Progress
 from scipy import stats
 
-from agents.advice.acting import HybridActing, acting_of, make_acting
+from agents.advice.acting import HybridActing, acting_of, training_acting
 from agents.advice.usage import ADVICE_METRICS, walk_advice_metrics
-from agents.config import ConfigError, TrainConfig
+from agents.config import ConfigError, TrainConfig, to_dict
 from agents.evaluation.advised_walk import AdvisedWalker, run_ablations
 from agents.evaluation.policies import flat_policy, make_act, random_valid_policy
 from agents.evidence.eprocess import scale_of
 from agents.evidence.gate import Gate, OutOfSample, gated_trace
 from agents.evidence.overfitting import deflated_sharpe_ratio
 from agents.rl.ppo import PPO, make_train
-from agents.runs.saved_runs import SavedPolicy, check_fits, load_run_config, restore_policy
+from agents.runs.saved_runs import SavedPolicy, check_fits, load_run_config, refuse_instrument_set, restore_policy
 from agents.runs.trials import count_trials
 from jaxenv import Market, TradingEnv, load_market, walk_split
 from jaxenv.config import DataConfig
@@ -106,6 +106,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | DataConf
     (on `data` instead of the run's own data when given: a source, or a whole data config). Fails with a message
     saying what differs when the checkpoint does not fit the current code, config or data."""
     cfg = load_run_config(run_dir)
+    refuse_instrument_set(cfg, run_dir, "evaluate.py does not walk it yet")
     if isinstance(data, DataConfig):
         cfg = dataclasses.replace(cfg, data=data)
     elif data is not None:
@@ -114,7 +115,9 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | DataConf
     env = TradingEnv(cfg.env)
     market = load_market(cfg.data)
     _, ppo = restore_agent(saved, env, env.make_params(market, (0, market.num_bars)))
-    walker = AdvisedWalker(cfg, ppo, env, market)  # an advisor's sidecar starts on the first walk with advice
+    # an advisor's sidecar starts on the first walk with advice
+    walker = AdvisedWalker(cfg.hybrid, cfg.llm, cfg.data, ppo, env, market, normalize_obs=cfg.ppo.normalize_obs,
+                           greedy=cfg.checkpoint.eval_deterministic)
     return LoadedRun(cfg, saved, env, market, ppo, make_act(ppo, deterministic=not sample), sampled=sample,
                      walker=walker)
 
@@ -141,9 +144,10 @@ def restore_agent(saved: SavedPolicy, env: TradingEnv, env_params) -> tuple[Hybr
     if cfg.env_name != "trading":
         raise ConfigError(f"{saved.run_dir}: a saved agent acts in the trading env; this run trained on "
                           f"{cfg.env_name!r}")
-    ppo = make_train(cfg, env, env_params, make_acting(cfg, env) if cfg.llm != "none" else None)
+    ppo = make_train(cfg.ppo, cfg.network, env, env_params, training_acting(cfg.hybrid, cfg.llm, env),
+                     num_envs=cfg.num_envs, num_updates=cfg.num_updates)
     check_fits(saved, ppo.network, ppo.obs_dim, ppo.num_actions)
-    return acting_of(cfg, env), ppo
+    return acting_of(cfg.hybrid, cfg.llm, env), ppo
 
 
 def out_of_sample(run_dir: str | Path, checkpoint: str = "best") -> OutOfSample:
@@ -208,7 +212,7 @@ def closes_session(sessions: SessionInfo, bar: int) -> bool:
 def overfitting_metrics(run: LoadedRun, trace: Trace) -> dict[str, float | None]:
     """The walk's PSR (its session P&L) and DSR over the trials on its run's data."""
     daily = daily_pnl(trace, run.market.timestamps, run.market.sessions.day).to_numpy(np.float64)
-    trials = count_trials(run.saved.run_dir, run.cfg)
+    trials = count_trials(run.saved.run_dir, to_dict(run.cfg))
     dsr = deflated_sharpe_ratio(daily, trials)
     finite = lambda x: float(x) if x is not None and np.isfinite(x) else None  # noqa: E731
     return {"psr": finite(dsr["psr"]), "dsr": finite(dsr["dsr"]), "trials": float(trials)}
@@ -255,7 +259,7 @@ def ablation_walks(run: LoadedRun) -> dict[str, Policy]:
     if not run.advised:
         return {}
     return {name: Policy(advised_walk(run, **changes), stochastic=run.sampled)
-            for name, changes in run_ablations(run.cfg).items()}
+            for name, changes in run_ablations(run.cfg.hybrid).items()}
 
 
 def baseline_walks(env: TradingEnv, market: Market) -> dict[str, Policy]:

@@ -71,6 +71,66 @@ def make_network(cfg: NetworkConfig, num_actions: int, gate: nn.Module | None = 
                        gate_features)
 
 
+class PooledCritic(nn.Module):
+    """V of a set of rows [..., I, D]: a Deep Sets critic. Its first hidden layer embeds each row, the embeddings are
+    averaged over the rows (permutation-invariant, any I), the rest of the MLP reads the average. With one row it is
+    the plain MLP of that row."""
+
+    hidden: Sequence[int]
+    activation: str
+
+    @nn.compact
+    def __call__(self, rows: jax.Array) -> jax.Array:
+        act = _ACTIVATIONS[self.activation]
+        x, rest = rows, tuple(self.hidden)
+        if rest:
+            x, rest = act(nn.Dense(rest[0], kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x)), rest[1:]
+        x = x.mean(axis=-2)
+        for width in rest:
+            x = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+
+
+class AccountActorCritic(nn.Module):
+    """One account over I instruments (jaxenv.account_env.AccountObs: `instruments` [..., I, F], `account` [..., 5]),
+    with weights shared across instruments: the parameter shapes depend on F and the account block, never on I.
+
+    - actor: one MLP applied to each instrument's input [row_i, mean_j row_j, account] gives that instrument's
+      logits (head i); the mean of the rows lets each head see the other instruments (a lead-lag signal, say).
+    - critic: PooledCritic over the rows [row_i, account] (an embedding per instrument, averaged, then the MLP)."""
+
+    num_actions: int
+    actor_hidden: Sequence[int] = (256, 256)
+    critic_hidden: Sequence[int] = (256, 256)
+    activation: str = "tanh"
+
+    def setup(self):
+        self.actor = MLP(self.actor_hidden, self.num_actions, self.activation, out_scale=0.01)
+        self.critic = PooledCritic(self.critic_hidden, self.activation)
+
+    @staticmethod
+    def _account(obs, rows: jax.Array) -> jax.Array:
+        return jnp.broadcast_to(obs.account[..., None, :], (*rows.shape[:-1], obs.account.shape[-1]))
+
+    def __call__(self, obs) -> tuple[jax.Array, jax.Array]:
+        """obs: AccountObs (normalised), leaves [..., I, F] and [..., 5] → (logits [..., I, A], value [...])."""
+        return self.logits(obs), self.value(obs)
+
+    def logits(self, obs) -> jax.Array:
+        rows = obs.instruments
+        pooled = jnp.broadcast_to(rows.mean(axis=-2, keepdims=True), rows.shape)
+        return self.actor(jnp.concatenate([rows, pooled, self._account(obs, rows)], axis=-1))
+
+    def value(self, obs) -> jax.Array:
+        rows = obs.instruments
+        return self.critic(jnp.concatenate([rows, self._account(obs, rows)], axis=-1))[..., 0]
+
+
+def make_account_network(cfg: NetworkConfig, num_actions: int) -> AccountActorCritic:
+    """The multi-instrument actor-critic (one head of `num_actions` per instrument) of `cfg`'s sizes."""
+    return AccountActorCritic(num_actions, tuple(cfg.actor_hidden), tuple(cfg.critic_hidden), cfg.activation)
+
+
 def masked_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.where(mask, logits, MASKED_LOGIT)
 

@@ -42,3 +42,18 @@ class RunningMeanStd:
     @property
     def std(self) -> jax.Array:
         return jnp.sqrt(self.var + 1e-8)
+
+
+def _is_norm(x) -> bool:
+    return isinstance(x, RunningMeanStd)
+
+
+def normalize_obs(norm, obs):
+    """`obs` normalised by `norm`: a RunningMeanStd for an array observation (exactly norm.normalize(obs)), or a pytree
+    of them shaped as a pytree observation (an account's AccountObs: one per leaf, over its last axis)."""
+    return jax.tree.map(lambda n, x: n.normalize(x), norm, obs, is_leaf=_is_norm)
+
+
+def update_obs(norm, batch):
+    """`norm` (as in normalize_obs) merged with `batch`, an observation with any leading sample axes."""
+    return jax.tree.map(lambda n, x: n.update(x), norm, batch, is_leaf=_is_norm)

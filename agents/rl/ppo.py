@@ -1,4 +1,4 @@
-"""PPO for any gymnax 1.0 environment, PureJaxRL style: `make_train` closes over the config and the env and
+"""PPO for any gymnax 1.0 environment, PureJaxRL style: `make_train` closes over the config's sections and the env and
 returns pure functions; an update is rollout (`lax.scan`) → GAE → epochs × shuffled minibatches, built in one place
 (agents.training.update.Update).
 
@@ -11,6 +11,12 @@ chunks to `learn`.
 Per step only one network forward pass runs over the batch; its logits, log-probs and values are stored, so
 learning never recomputes them. The value of `info["final_observation"]` is needed only where an episode was
 truncated; it is computed for those rows alone (see `truncation_values`).
+
+An account env (jaxenv.account_env.AccountEnv: several instruments in one account, `agents.rl.account.is_account_env`)
+runs the same code with one categorical head per instrument (agents.rl.account.AccountHeads): its observation is a
+pytree (AccountObs), the network agents.rl.networks.AccountActorCritic, the actions [N, I] sampled head by head
+under the env's sequential masks, which the transition stores ([N, I, A]); log-probabilities and entropies are
+summed over the heads. Any other env (TradingEnv, a gymnax env) takes the one-head path, unchanged.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from agents.config import TrainConfig
+from agents.config import NetworkConfig, PPOConfig
+from agents.rl.account import INSTRUMENT_METRICS, AccountHeads, is_account_env
 from agents.rl.freeze import warmup_freeze
-from agents.rl.networks import ActorCritic, log_probs_and_entropy, make_network, masked_logits
-from agents.rl.normalization import RunningMeanStd
+from agents.rl.networks import ActorCritic, log_probs_and_entropy, make_account_network, make_network, masked_logits
+from agents.rl.normalization import RunningMeanStd, normalize_obs, update_obs
 from agents.rl.sharding import constrain, constrain_steps
 
 
@@ -40,8 +47,8 @@ class RunnerState:
     obs_norm: RunningMeanStd  # frozen within an update, merged with its observations at the end
     ret_norm: RunningMeanStd  # running std of the discounted return, for optional reward scaling
     env_state: Any
-    obs: jax.Array  # [N, D] raw observation the next action is chosen from
-    mask: jax.Array  # [N, A] bool, valid actions in env_state
+    obs: jax.Array  # [N, D] raw observation the next action is chosen from (an account env: AccountObs, [N, I, F])
+    mask: jax.Array  # [N, A] bool, valid actions in env_state (an account env: [N, I, A], env.action_mask's)
     ep_return: jax.Array  # [N] undiscounted return of the running episode (raw reward)
     ep_length: jax.Array  # [N] int32
     disc_return: jax.Array  # [N] discounted return, whose std scales rewards
@@ -54,9 +61,9 @@ class Transition(NamedTuple):
     """One step of N envs; `rollout_chunk` stacks them to leaves of shape [k, N, ...]."""
 
     obs: jax.Array  # raw, the input the action was chosen from
-    mask: jax.Array
+    mask: jax.Array  # an account env: [I, A] per env, each head's sequential mask as sampled
     action: jax.Array
-    log_prob: jax.Array  # of the masked distribution actually sampled from
+    log_prob: jax.Array  # of the masked distribution actually sampled from (an account env: summed over heads)
     value: jax.Array
     reward: jax.Array
     terminated: jax.Array
@@ -87,9 +94,9 @@ class PPO(NamedTuple):
     rollout_chunk: Any  # (state, k: static int, env_params) -> (state, Transition[k, N])
     learn: Any  # (state, Transition[T, N]) -> (state, metrics)
     policy: Any  # (params, obs_norm, obs, mask, key, deterministic) -> action; obs/mask of any batch shape
-    network: ActorCritic
-    obs_dim: int
-    num_actions: int
+    network: ActorCritic  # an account env: AccountActorCritic
+    obs_dim: int  # an account env: the features of one instrument's row (the parameters do not depend on I)
+    num_actions: int  # an account env: per head
 
 
 def action_mask_fn(env) -> Any:
@@ -138,30 +145,47 @@ def gae_targets(reward, value, last_value, terminated, truncated, final_value, g
     return adv, adv + value
 
 
-def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen_steps: int = 0) -> PPO:
-    """`env_params`: the env's params of the market it trains on, for the shapes (observation size); the functions
-    take the params they run on as an argument. `acting` (an agents.advice.acting.HybridActing, or anything with its
-    interface) chooses the actions: masks,
-    rules and fusion with LLM advice, its own carry, its loss's log-probabilities, a trust gate beside the networks;
-    None samples from the policy alone. `mesh` (agents.rl.sharding.env_mesh) splits the envs over its devices:
+def make_train(ppo: PPOConfig, network: NetworkConfig, env, env_params, acting=None, mesh=None, *, num_envs: int,
+               num_updates: int, frozen_steps: int = 0) -> PPO:
+    """PPO's pure functions for `num_envs` envs over a run of `num_updates` updates (the learning rate anneals over
+    them), with `ppo`'s hyperparameters and `network`'s actor and critic. `env_params`: the env's params of the
+    market it trains on, for the shapes (observation size); the functions take the params they run on as an
+    argument. `acting` (an agents.advice.acting.HybridActing, or anything with its interface) chooses the actions:
+    masks, rules and fusion with LLM advice, its own carry, its loss's log-probabilities, a trust gate beside the
+    networks; None samples from the policy alone. `mesh` (agents.rl.sharding.env_mesh) splits the envs over its devices:
     every function keeps the RunnerState laid out as agents.rl.sharding.state_shardings says; None: one device.
     `frozen_steps`: optimiser steps during which the weights a mask marks stay frozen (a transfer warm-up, whose
-    mask agents.rl.freeze.with_trainable sets); 0: none."""
-    p = cfg.ppo
-    n_envs = cfg.num_envs
+    mask agents.rl.freeze.with_trainable sets); 0: none.
+
+    An account env (several instruments in one account) trains one head per instrument (the module's docstring);
+    `acting` must then be None."""
+    p = ppo
+    n_envs = num_envs
     num_actions = env.num_actions
-    network = make_network(cfg.network, num_actions, *(acting.trust_gate() if acting else (None, 0)))
+    heads = AccountHeads(env) if is_account_env(env) else None  # None: one head, the single-instrument path
+    if heads is not None and acting is not None:
+        raise ValueError("make_train: hybrid acting (LLM advice) is not supported yet for an account env "
+                         f"({type(env).__name__}, several instruments in one account); train it with acting=None "
+                         "(--llm none)")
+    if heads is not None:
+        network = make_account_network(network, num_actions)
+    else:
+        network = make_network(network, num_actions, *(acting.trust_gate() if acting else (None, 0)))  # config → module
+    logits_of, value_of = type(network).logits, type(network).value
     get_mask = action_mask_fn(env)
 
     v_reset = jax.vmap(env.reset, in_axes=(0, None))
     v_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
     v_mask = jax.vmap(get_mask, in_axes=(0, None))
 
-    obs_shape = jax.eval_shape(env.reset, jax.random.PRNGKey(0), env_params)[0].shape
-    obs_dim = math.prod(obs_shape)
-    flat = lambda o: o.reshape((o.shape[0], obs_dim)).astype(jnp.float32)  # noqa: E731
+    if heads is None:
+        obs_shape = jax.eval_shape(env.reset, jax.random.PRNGKey(0), env_params)[0].shape
+        obs_dim = math.prod(obs_shape)
+        flat = lambda o: o.reshape((o.shape[0], obs_dim)).astype(jnp.float32)  # noqa: E731
+    else:
+        obs_dim, flat = heads.row_size, heads.as_obs
 
-    num_grad_steps = cfg.num_updates * p.update_epochs * p.num_minibatches
+    num_grad_steps = num_updates * p.update_epochs * p.num_minibatches
     lr = optax.linear_schedule(p.lr, 0.0, num_grad_steps) if p.anneal_lr else p.lr
     # A warm-up stage only where there is one, so other runs' optimiser state keeps its layout.
     tx = optax.chain(*([warmup_freeze(frozen_steps)] if frozen_steps else []),
@@ -169,16 +193,19 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
                      *(acting.optimizer_scaling() if acting else []))
 
     def normalize(obs_norm: RunningMeanStd, obs: jax.Array) -> jax.Array:
-        return obs_norm.normalize(obs) if p.normalize_obs else obs
+        return normalize_obs(obs_norm, obs) if p.normalize_obs else obs
 
     # More truncations than this in one step (e.g. synchronised time limits) fall back to a full critic pass.
     trunc_rows = max(8, n_envs // 64)
 
     def value_fn(params, obs_norm):
-        return lambda obs: network.apply(params, normalize(obs_norm, obs), method=ActorCritic.value)
+        return lambda obs: network.apply(params, normalize(obs_norm, obs), method=value_of)
 
     def policy(params, obs_norm, obs, mask, key, deterministic: bool = False):
-        logits = masked_logits(network.apply(params, normalize(obs_norm, obs), method=ActorCritic.logits), mask)
+        if heads is not None:  # every head under its given mask (AccountHeads.choose)
+            logits = network.apply(params, normalize(obs_norm, obs), method=logits_of)
+            return heads.choose(logits, mask, key, deterministic)
+        logits = masked_logits(network.apply(params, normalize(obs_norm, obs), method=logits_of), mask)
         return jnp.argmax(logits, -1) if deterministic else jax.random.categorical(key, logits)
 
     def shard(rs: RunnerState) -> RunnerState:
@@ -188,11 +215,11 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
         key, k_net, k_env = jax.random.split(key, 3)
         obs, env_state = v_reset(jax.random.split(k_env, n_envs), env_params)
         obs = flat(obs)
-        params = network.init(k_net, jnp.zeros((1, obs_dim)))
+        params = network.init(k_net, jnp.zeros((1, obs_dim)) if heads is None else heads.example_obs())
         return shard(RunnerState(
             params=params,
             opt_state=tx.init(params),
-            obs_norm=RunningMeanStd.create((obs_dim,)),
+            obs_norm=RunningMeanStd.create((obs_dim,)) if heads is None else heads.create_norm(),
             ret_norm=RunningMeanStd.create(()),
             env_state=env_state,
             obs=obs,
@@ -209,7 +236,10 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
         key, k_act, k_env = jax.random.split(rs.key, 3)
         logits, value = network.apply(rs.params, normalize(rs.obs_norm, rs.obs))
         hybrid, extras, mask = rs.hybrid, None, rs.mask
-        if acting is None:
+        if heads is not None:  # head by head under the sequential masks, which the transition keeps
+            action, mask, log_prob = heads.sample(logits, rs.env_state, env_params, k_act)
+            learn_action = action
+        elif acting is None:
             logits = masked_logits(logits, rs.mask)
             action = learn_action = jax.random.categorical(k_act, logits)
             log_prob, _ = log_probs_and_entropy(logits, action)
@@ -236,6 +266,8 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
         episode = {"episodes": done.sum(), "episode_return": ended(ep_return), "episode_length": ended(ep_length)}
         # The env's own end-of-episode totals (episode_pnl, episode_trades, ...), valid where done.
         episode.update({k: ended(v.astype(jnp.float32)) for k, v in info.items() if k.startswith("episode_")})
+        if heads is not None:  # per instrument [I], over every step (not only where an episode ended)
+            episode.update(heads.instrument_stats(info))
 
         transition = Transition(
             obs=rs.obs, mask=mask, action=learn_action, log_prob=log_prob, value=value, reward=reward,
@@ -271,7 +303,10 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
 
     def _loss(params, obs_norm, mb: Batch):
         logits, value = network.apply(params, normalize(obs_norm, mb.obs))
-        if acting is None:
+        if heads is not None:
+            log_prob, entropy = heads.log_prob_entropy(logits, mb.mask, mb.action)
+            pg_weight = 1.0
+        elif acting is None:
             log_prob, entropy = log_probs_and_entropy(masked_logits(logits, mb.mask), mb.action)
             pg_weight = 1.0
         else:
@@ -331,7 +366,9 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
         metrics = jax.tree.map(jnp.mean, stats)
         metrics["explained_variance"] = 1.0 - jnp.var(ret - traj.value) / (jnp.var(ret) + 1e-8)
 
-        episode = jax.tree.map(jnp.sum, traj.episode)
+        episode = jax.tree.map(jnp.sum, {k: v for k, v in traj.episode.items() if k not in INSTRUMENT_METRICS})
+        # an account env's per-instrument figures [I]: totals over the rollout's steps and envs
+        metrics.update({k: v.sum(axis=0) for k, v in traj.episode.items() if k in INSTRUMENT_METRICS})
         count = episode.pop("episodes")
         metrics["episodes"] = count
         for k, v in episode.items():
@@ -342,7 +379,7 @@ def make_train(cfg: TrainConfig, env, env_params, acting=None, mesh=None, frozen
         rs = rs.replace(
             params=params,
             opt_state=opt_state,
-            obs_norm=rs.obs_norm.update(traj.obs) if p.normalize_obs else rs.obs_norm,
+            obs_norm=update_obs(rs.obs_norm, traj.obs) if p.normalize_obs else rs.obs_norm,
             ret_norm=rs.ret_norm.update(traj.disc_return) if p.scale_rewards else rs.ret_norm,
             key=key,
             update=rs.update + 1,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from agents.config import HybridConfig
+
 ADAPTERS_DIR = "adapters"  # RUN_DIR/adapters/<update>/: the advisor's learned LoRA adapter at each checkpoint
 
 
@@ -13,18 +15,18 @@ def adapter_dir(run_dir: str | Path, update: int) -> Path:
     return Path(run_dir) / ADAPTERS_DIR / str(int(update))
 
 
-def starting_adapter(cfg) -> str | None:
+def starting_adapter(hybrid: HybridConfig) -> str | None:
     """The LoRA adapter the advisor starts from (--llm-adapter), or None for the base model."""
-    return cfg.hybrid.sidecar.adapter or None
+    return hybrid.sidecar.adapter or None
 
 
-def checkpoint_adapter(cfg, run_dir: str | Path, update: int) -> str | None:
+def checkpoint_adapter(hybrid: HybridConfig, run_dir: str | Path, update: int) -> str | None:
     """The adapter the advisor answered with at checkpoint `update`: the one learned by then (saved beside the
     checkpoint), else the one it started from."""
     learned = adapter_dir(run_dir, update)
     if (learned / "adapter_config.json").exists():
         return str(learned)
-    return starting_adapter(cfg)
+    return starting_adapter(hybrid)
 
 
 def prune_adapters(run_dir: Path, keep: set[int]) -> None:

@@ -65,7 +65,7 @@ class SavedPolicy:
     def adapter(self) -> str | None:
         """The advisor's LoRA adapter as it answered at this checkpoint: the one it had learned by then (saved beside
         the checkpoint), else the one the run started from. Evaluation and trading both advise with it."""
-        return checkpoint_adapter(self.cfg, self.run_dir, self.step)
+        return checkpoint_adapter(self.cfg.hybrid, self.run_dir, self.step)
 
     @property
     def obs_dim(self) -> int:
@@ -82,6 +82,14 @@ def load_run_config(run_dir: str | Path) -> TrainConfig:
         raise ConfigError(f"{e} (the run's config does not fit the current code)") from None
 
 
+def refuse_instrument_set(cfg: TrainConfig, run_dir: str | Path, why: str) -> None:
+    """A ConfigError, one line, for a run trained on several instruments (data.instruments) where only runs on one are
+    read (`why`: "evaluate.py does not walk it yet"): evaluate.py, trade.py, --init-from and the Agent API."""
+    if cfg.data.instruments:
+        symbols = ", ".join(getattr(i.contract, "symbol", str(i.contract)) for i in cfg.data.instruments)
+        raise ConfigError(f"{run_dir}: a run on several instruments ({symbols}): {why}")
+
+
 def _manager(run_dir: Path, kind: str) -> ocp.CheckpointManager | None:
     path = (run_dir / "checkpoints" / kind).absolute()
     if not path.is_dir():
@@ -92,9 +100,11 @@ def _manager(run_dir: Path, kind: str) -> ocp.CheckpointManager | None:
 def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | None = None) -> SavedPolicy:
     """Params and observation normaliser of the run's `which` checkpoint: best, latest, or an update number
     (looked up among the latest checkpoints, then the best). `best` falls back to latest, with a note on stderr,
-    for a run that never evaluated."""
+    for a run that never evaluated. `cfg`: the run's whole recorded config, kept with the policy (SavedPolicy.cfg),
+    when the caller has read it already (None: read from the run folder)."""
     run_dir = Path(run_dir)
     cfg = cfg or load_run_config(run_dir)
+    refuse_instrument_set(cfg, run_dir, "its policy is not one instrument's")
     managers = {kind: _manager(run_dir, kind) for kind in KINDS}
     steps = {kind: (m.all_steps() if m else []) for kind, m in managers.items()}
     try:

@@ -13,27 +13,46 @@ import json
 import time
 from pathlib import Path
 
-from agents.config import to_dict
-
 TRIALS_FILE = "trials.jsonl"
 # what a run reports, resumes or is judged with, not what it tries
 NOT_A_TRIAL = ("seed", "log", "devices", "checkpoint", "transfer", "gate_against")
 
 
-def _trial(run_dir: Path, cfg) -> dict:
-    settings = to_dict(cfg)
+def _trial(run_dir: Path, settings: dict) -> dict:
+    """The run's line of the ledger, from its whole config as data (`settings`: agents.config.to_dict's)."""
     tried = {k: v for k, v in settings.items() if k not in NOT_A_TRIAL}
-    if cfg.transfer.init_from:  # started from another run's agent: another trial than a fresh start (where that
-        # run lies is not tried); a fresh run's digest stays as it was
+    data = settings["data"]
+    if not data.get("instruments"):  # one instrument: its digest as before data.instruments existed
+        tried["data"] = {k: v for k, v in data.items() if k != "instruments"}
+    # started from another run's agent: another trial than a fresh start (where that run lies is not tried); a fresh
+    # run's digest stays as it was
+    if settings["transfer"]["init_from"]:
         tried["transfer"] = {k: v for k, v in settings["transfer"].items() if k != "init_from"}
     digest = hashlib.sha256(json.dumps(tried, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return {"run": Path(run_dir).name, "config": digest, "seed": cfg.seed, "data": cfg.data.source}
+    return {"run": Path(run_dir).name, "config": digest, "seed": settings["seed"], "data": trial_data(data)}
 
 
-def record_trial(run_dir: Path, cfg) -> None:
-    """Adds a run that trained (its first update is done) to its folder's ledger (one whole line, appended). Lines
-    written before runs were recorded this way say when their run `started` instead: some may never have trained."""
-    line = {**_trial(run_dir, cfg), "trained": time.strftime("%Y-%m-%d %H:%M:%S")}
+def trial_data(data: dict) -> str:
+    """What a run trained on, as its ledger line names it: data.source, or a set's SYMBOL=PATH items joined by
+    commas (`data`: the config's data section as data)."""
+    items = data.get("instruments") or []
+    if not items:
+        return data["source"]
+    named = []
+    for item in items:
+        if isinstance(item, str):
+            named.append(item)
+        else:
+            contract = item["contract"]
+            named.append(f"{contract['symbol'] if isinstance(contract, dict) else contract}={item['source']}")
+    return ",".join(named)
+
+
+def record_trial(run_dir: Path, settings: dict) -> None:
+    """Adds a run that trained (its first update is done) to its folder's ledger (one whole line, appended), from its
+    whole config as data (`settings`: agents.config.to_dict's). Lines written before runs were recorded this way say
+    when their run `started` instead: some may never have trained."""
+    line = {**_trial(run_dir, settings), "trained": time.strftime("%Y-%m-%d %H:%M:%S")}
     path = Path(run_dir).parent / TRIALS_FILE
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
@@ -57,9 +76,10 @@ def counted(trials: list[dict], data: str) -> set[tuple[str, int]]:
     return {(t.get("config"), t.get("seed")) for t in trials if t.get("data") == data}
 
 
-def count_trials(run_dir: Path, cfg) -> int:
-    """Distinct (config, seed) trials on the run's data in its folder's ledger, the run's own included."""
+def count_trials(run_dir: Path, settings: dict) -> int:
+    """Distinct (config, seed) trials on the run's data in its folder's ledger, the run's own included (`settings`:
+    the run's whole config as data, agents.config.to_dict's)."""
     path = Path(run_dir).parent / TRIALS_FILE
-    own = _trial(run_dir, cfg)
+    own = _trial(run_dir, settings)
     trials = read_trials(path) if path.exists() else []
     return len(counted(trials, own["data"]) | {(own["config"], own["seed"])})

@@ -16,9 +16,11 @@ from types import SimpleNamespace
 import numpy as np
 
 from agents.advice.table import answered, key_block, table_rows
-from agents.advisor.advisor import Advisor
+from agents.advisor.advisor import Advisor, latency_metrics
 from agents.advisor.prompt_fields import PromptFieldBuilder
+from agents.config import HybridConfig
 from agents.trading.bars import BarBook
+from jaxenv.config import DataConfig, EnvConfig
 
 ROWS = 16  # answers written into the table per bar, padded: one compiled write
 # a ready row, as saved with the state: key, probs, confidence, status, version
@@ -29,8 +31,9 @@ class BookFields:
     """The prompt fields of keys of a growing feed: agents.advisor.prompt_fields over the bars so far (the builder is
     made again only when bars came since the last submission)."""
 
-    def __init__(self, cfg, book: BarBook, markets: list[str]):
-        self.cfg, self.book, self.markets = cfg, book, markets
+    def __init__(self, book: BarBook, markets: list[str], contracts_per_trade: int, interval: int):
+        self.book, self.markets = book, markets
+        self.contracts_per_trade, self.interval = contracts_per_trade, interval  # env's; hybrid.query's
         self.builder: PromptFieldBuilder | None = None
         self.bars = -1  # the book's length the builder was made over
 
@@ -41,8 +44,7 @@ class BookFields:
                 num_bars=n, session_minutes=b.schedule.minutes, interval_minutes=b.interval, splits={"all": (0, n)},
                 contract=b.contract, close=b.column("close"), indicators={k: v[:n] for k, v in b.indicators.items()},
                 sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
-            self.builder = PromptFieldBuilder(market, self.markets, self.cfg.env.contracts_per_trade,
-                                              self.cfg.hybrid.query.interval)
+            self.builder = PromptFieldBuilder(market, self.markets, self.contracts_per_trade, self.interval)
             self.bars = n
         return self.builder.build(keys)
 
@@ -50,14 +52,17 @@ class BookFields:
 class LivePacer:
     """Asks the advisor about keys of a growing feed and hands their answers to the acting step."""
 
-    def __init__(self, cfg, book: BarBook, adapter: str | None, log_stem: Path | None = None, market=None):
-        """`adapter`: the LoRA adapter the advisor answers with (the checkpoint's: SavedPolicy.adapter); `market`: the
-        whole file being replayed, whose keys' answers the advisor's store holds (None: no store); its answers are
-        read and the new ones added."""
-        self.cfg, self.book = cfg, book
-        self.advisor = Advisor.open(cfg, market, ROWS, adapter, log_stem=log_stem, keep_known=False,
-                                    fields=lambda renderer: BookFields(cfg, book, list(renderer.markets)),
-                                    texts=book.text_table)
+    def __init__(self, hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, book: BarBook,
+                 adapter: str | None, log_stem: Path | None = None, market=None):
+        """The run's config sections; `adapter`: the LoRA adapter the advisor answers with (the checkpoint's:
+        SavedPolicy.adapter); `market`: the whole file being replayed, whose keys' answers the advisor's store holds
+        (None: no store); its answers are read and the new ones added."""
+        self.hybrid, self.book = hybrid, book
+        self.advisor = Advisor.open(
+            hybrid, llm, env, data, market, ROWS, adapter, log_stem=log_stem, keep_known=False,
+            fields=lambda renderer: BookFields(book, list(renderer.markets), env.contracts_per_trade,
+                                               hybrid.query.interval),
+            texts=book.text_table)
         self.queue: list[int] = []  # keys to ask once the advisor can take a submission (MAX_IN_FLIGHT)
         self.asked: dict[int, float] = {}  # key -> perf_counter() when asked (pending)
         self.latency: dict[int, float] = {}  # key -> seconds its answer took (0 from the store)
@@ -109,7 +114,7 @@ class LivePacer:
     def _submit(self) -> None:
         """Submits queued keys while the advisor can take them, the newest blocks first; keys of blocks too old to be
         read any more (max_age) are dropped."""
-        q = self.cfg.hybrid.query
+        q = self.hybrid.query
         while self.queue and self.advisor.can_take:
             newest = max(key_block(np.array(self.queue)))
             stale = [k for k in self.queue if key_block(k) < newest - q.max_age // q.interval - 1]
@@ -126,7 +131,7 @@ class LivePacer:
         """Collects answered submissions (with `wait`: every one, the queue included), refilling the advisor, each
         answer timed and kept for the table (and the store: the advisor keeps it there)."""
         while self.advisor.pending and (wait or self.advisor.workers.oldest_done):
-            rows = self.advisor.collect(wait, self.cfg.hybrid.link.strict_timeout_s).rows
+            rows = self.advisor.collect(wait, self.hybrid.link.strict_timeout_s).rows
             now = time.perf_counter()
             got = np.asarray(answered(rows[3]))
             for k, ok in zip(rows[0].tolist(), got.tolist()):  # a key whose answer did not come: asked when needed
@@ -153,7 +158,5 @@ class LivePacer:
 
     def metrics(self) -> dict:
         """`advice_on_time`, how many prompts were asked and their latency."""
-        lat = np.array([v for v in self.latency.values() if v > 0] or [0.0])
         return {"advice_on_time": self.on_time / max(len(self.read), 1), "advice_keys_read": len(self.read),
-                "llm_prompts": self.prompts, "llm_latency_p50_s": float(np.percentile(lat, 50)),
-                "llm_latency_p99_s": float(np.percentile(lat, 99))}
+                "llm_prompts": self.prompts, **latency_metrics(v for v in self.latency.values() if v > 0)}

@@ -1,6 +1,8 @@
 """A trained agent deciding on bars as they arrive: `Agent.load(run_dir)`, then `on_bar(bar)` for each new bar.
 
     agent = Agent.load("runs/x", checkpoint="best")
+    if agent.advised:                     # a hybrid run: its advisor (open_advisor), asked as blocks close
+        agent.open_advisor()
     for bar in feed:                      # agents.trading.Bar: stamp, OHLCV, its news context
         decision = agent.on_bar(bar)      # None while the history warms up the features
         if decision and decision.order:
@@ -25,7 +27,6 @@ import dataclasses
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,7 @@ from agents.config import ConfigError
 from agents.evaluation.advised_walk import WalkCarry, advised_advance, advised_decision
 from agents.evaluation.saved_run import restore_agent, run_data
 from agents.runs.integrity import path_name
-from agents.runs.saved_runs import SavedPolicy, load_run_config, restore_policy
+from agents.runs.saved_runs import SavedPolicy, load_run_config, refuse_instrument_set, restore_policy
 from agents.trading.bars import FIRST_DECISION_BAR, Bar, BarBook
 from agents.trading.orders import Decision, Order
 from bridge.protocol import ACTIONS, BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, SELL
@@ -63,7 +64,7 @@ class Agent:
     """One account of a trained run on a feed of bars. Its state (`state`, `restore`) is everything a restart needs
     besides the bars."""
 
-    def __init__(self, saved: SavedPolicy, *, advice: str = "wait", end: int = OPEN_END, advisor=None,
+    def __init__(self, saved: SavedPolicy, *, advice: str = "wait", end: int = OPEN_END,
                  min_range_ticks: float | None = None, capacity: int = 8192):
         """`end`: the bar the data ends at (a replay's file length), where entries stop as in evaluation; `capacity`:
         bars the arrays hold before they double."""
@@ -86,7 +87,7 @@ class Agent:
         self.acting = dataclasses.replace(acting, greedy=True)
         self.policy_state = (saved.params, saved.obs_norm)
         self.k = cfg.hybrid.query.interval
-        self.advisor = advisor  # agents.trading.advice.LivePacer (hybrid runs), attached by the caller
+        self.advisor = None  # agents.trading.advice.LivePacer, once open_advisor() opened it (hybrid runs)
         self.carry = None  # the account (agents.evaluation.advised_walk.WalkCarry)
         self.choice = None  # the decision taken on the last bar, applied when the next one arrives
         self.last_row: dict | None = None  # the trace's row of the bar before the last (its fills)
@@ -96,7 +97,20 @@ class Agent:
     def load(cls, run_dir: str | Path, checkpoint: str = "best", **options) -> Agent:
         """A run's `checkpoint` (best, latest or an update), restored to act as evaluation acts (greedy)."""
         cfg = load_run_config(run_dir)
+        refuse_instrument_set(cfg, run_dir, "the Agent API does not load it yet")
         return cls(restore_policy(run_dir, checkpoint, cfg), **options)
+
+    def open_advisor(self, log_stem: Path | None = None, market=None, saved: dict | None = None):
+        """Opens the checkpoint's advisor (its adapter: SavedPolicy.adapter, as evaluation's), asked as blocks close:
+        `market` is the whole file being replayed, whose keys' answers its store holds (None: no store); `saved`, a
+        resumed run's advisor state (LivePacer.state)."""
+        from agents.trading.advice import LivePacer
+
+        self.advisor = LivePacer(self.cfg.hybrid, self.cfg.llm, self.cfg.env, self.cfg.data, self.book,
+                                 self.saved.adapter, log_stem, market)
+        if saved:
+            self.advisor.restore(saved)
+        return self.advisor
 
     # ---------------------------------------------------------------------------------------------- device
     def _env_params(self, capacity: int):

@@ -109,6 +109,26 @@ class BarBook:
                 setattr(self, name, np.concatenate([value, np.full_like(value, fill)]))
         self.indicators = {k: np.concatenate([v, np.zeros_like(v)]) for k, v in self.indicators.items()}
 
+    # the columns restore() takes, beside stamps, raw, indicators (one column each, in INDICATORS order)
+    ROW_COLUMNS = ("bar_features", "context_features", "atr", "session_id", "minute_of_day", "day", "can_enter",
+                   "flatten", "text_index")
+
+    def restore(self, columns: dict[str, np.ndarray], schedule: Schedule, interval, texts: list[str]) -> None:
+        """The book as a saved one held it: its first n bars' `columns` (stamps, raw, indicators [n, len(INDICATORS)]
+        and ROW_COLUMNS), its session schedule and bar interval, and its headlines."""
+        n = len(columns["stamps"])
+        while self.capacity < n + 1:
+            self._grow()
+        self.stamps[:n], self.raw[:n] = columns["stamps"], columns["raw"]
+        for j, name in enumerate(self.indicators):
+            self.indicators[name][:n] = columns["indicators"][:, j]
+        for name in self.ROW_COLUMNS:
+            getattr(self, name)[:n] = columns[name]
+        self.n = n
+        self.schedule, self.interval = schedule, interval
+        self.text_table[:] = texts
+        self._text_ids = {t: i for i, t in enumerate(self.text_table)}
+
     @property
     def timestamps(self) -> pd.DatetimeIndex:
         return pd.DatetimeIndex(self.stamps[: self.n]).tz_localize("UTC").tz_convert(self.contract.timezone)

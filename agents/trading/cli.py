@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (DataValidationError, FileNotFoundError, ValueError) as e:  # a file that is not the run's instrument
         print_error(e)
-        session.discard = not session.decisions  # nothing was traded: nothing is left behind
+        session.refused_file()
         return 2
     finally:
         session.close()
@@ -88,17 +88,16 @@ def main(argv: list[str] | None = None) -> int:
 class Session:
     """One trading run: the agent, its broker, the feed and the journal, in an --out folder it holds locked."""
 
-    def __init__(self, args, agent, broker, journal, feed, lock):
+    def __init__(self, args, agent, broker, paper, journal, feed, lock):
         self.args, self.agent, self.broker, self.journal, self.feed = args, agent, broker, journal, feed
+        self.paper = paper  # agents.trading.broker.PaperBroker: the paper book, where orders go while the gate is shut
         self.lock = lock  # agents.runs.lock.RunLock on the --out folder: one trader writes it
-        self.advisor = None
         self.discard = False  # close() removes what this run wrote (it stopped before its first decision)
         self.rows_done = 0
         self.refused = 0
         self.decisions = 0
         self.latencies: list[float] = []
         self.entry_order = None  # the last decision's entry order, filled (or not) on the next bar
-        self.paper = None  # agents.trading.broker.PaperBroker: the paper book, where orders go while the gate is shut
         self.gate = None  # agents.evidence.gate.Gate (--gate evidence), made at the first decision
         self.record = None  # the checkpoint's out-of-sample record, where the gate's evidence starts
         self.live = args.gate == "off"  # orders reach the broker
@@ -127,7 +126,7 @@ class Session:
     @classmethod
     def _open(cls, args, out: Path, lock) -> Session:
         from agents.evaluation.saved_run import run_data
-        from agents.runs.saved_runs import load_run_config, restore_policy
+        from agents.runs.saved_runs import load_run_config, refuse_instrument_set, restore_policy
         from agents.trading.agent import OPEN_END, Agent
         from agents.trading.broker import PaperBroker
         from agents.trading.feed import BarFile
@@ -136,6 +135,7 @@ class Session:
 
         run_dir = Path(args.run_dir)
         cfg = load_run_config(run_dir)
+        refuse_instrument_set(cfg, run_dir, "trade.py does not trade it yet")
         data = resolve_data_config(cfg.data)
         news = dataclasses.replace(data, news=args.news) if args.news else None
         zone, why = stamps_zone(args.timezone, run_data(run_dir).get("source_timezone", ""), cfg.data.source_timezone)
@@ -147,8 +147,7 @@ class Session:
         mode = args.advice or ("realtime" if args.follow else "wait")
         agent = Agent(restore_policy(run_dir, args.checkpoint, cfg), advice=mode, end=end)
         journal = Journal(out)
-        session = cls(args, agent, PaperBroker(), journal, feed, lock)
-        session.paper = PaperBroker()
+        session = cls(args, agent, PaperBroker(), PaperBroker(), journal, feed, lock)
         session.zone_why = why
         session.total = None if args.follow else len(rows)
         state = session._resume() if journal.has_state else None
@@ -157,9 +156,13 @@ class Session:
             if args.gate == "evidence":
                 session.record = session._out_of_sample()
         if agent.advised:
-            session.advisor = session._start_advisor(state and state["advisor"])
-            agent.advisor = session.advisor
+            agent.open_advisor(journal.out / "advisor", None if args.follow else session._replayed_market(),
+                               state and state["advisor"])
         return session
+
+    def refused_file(self) -> None:
+        """The file is not the run's instrument: where nothing was traded, close() leaves nothing behind."""
+        self.discard = not self.decisions
 
     def _out_of_sample(self):
         """The checkpoint's out-of-sample record (agents.evaluation.saved_run.out_of_sample), or None with a note where
@@ -174,18 +177,6 @@ class Session:
                   "with no out-of-sample record", file=sys.stderr)
             return None
 
-    def _start_advisor(self, saved: dict | None):
-        """The advisor of the checkpoint (its adapter: SavedPolicy.adapter, as evaluation's), restored to a resumed
-        run's state."""
-        from agents.trading.advice import LivePacer
-
-        market = None if self.args.follow else self._replayed_market()
-        advisor = LivePacer(self.agent.cfg, self.agent.book, self.agent.saved.adapter, self.journal.out / "advisor",
-                            market)
-        if saved:
-            advisor.restore(saved)
-        return advisor
-
     def _replayed_market(self):
         """A replay of a whole file reads (and fills) the advice store of that file's keys, as evaluate.py --data does:
         the file as a market, whose keys the store holds; none for a run without a store or a file that does not load
@@ -195,7 +186,7 @@ class Session:
         from jaxenv.data import DataValidationError
 
         cfg = self.agent.cfg
-        if store_root(cfg) is None:
+        if store_root(cfg.hybrid, cfg.llm) is None:
             return None
         try:
             return load_market(dataclasses.replace(cfg.data, source=str(self.args.data), news=self.args.news or ""))
@@ -241,7 +232,7 @@ class Session:
             "refused": self.refused, "decisions": self.decisions, "latencies": self.latencies,
             "entry_order": self.entry_order and dataclasses.asdict(self.entry_order), "broker": self.broker.state(),
             "paper": self.paper.state(), "live": self.live, "gate": self.gate.state() if self.gate else None,
-            "advisor": self.advisor.state() if self.advisor else None,
+            "advisor": self.agent.advisor.state() if self.agent.advisor else None,
         }, self.agent.state())
 
     # ------------------------------------------------------------------------------------------------ the loop
@@ -398,8 +389,8 @@ class Session:
         lat = np.array(self.latencies or [np.nan])
         out["latency_p50_ms"] = float(np.nanpercentile(lat, 50)) if self.latencies else None
         out["latency_p99_ms"] = float(np.nanpercentile(lat, 99)) if self.latencies else None
-        if self.advisor is not None:
-            out.update(self.advisor.metrics())
+        if self.agent.advisor is not None:
+            out.update(self.agent.advisor.metrics())
         return out
 
     def close(self) -> None:
@@ -414,8 +405,8 @@ class Session:
                 tmp.write_text(json.dumps(summary, indent=1, default=float))
                 tmp.replace(path)
             self.journal.close()
-            if self.advisor is not None:
-                self.advisor.close()
+            if self.agent.advisor is not None:
+                self.agent.advisor.close()
         finally:
             self.lock.release(discard=self.discard)
 

@@ -159,7 +159,9 @@ class Journal:
         with open(bars, "r+b") as f:
             f.truncate(n * BAR_RECORD.itemsize)
             os.fsync(f.fileno())
-        _restore(book, records, state)
+        book.restore({"stamps": records["stamp"], "raw": records["raw"], "indicators": records["indicators"],
+                      **{name: records[name] for name in BarBook.ROW_COLUMNS}},
+                     Schedule(**state["schedule"]), state["interval"], state["texts"])
         self.logged = n
         with np.load(self.state_dir / state["arrays"]) as saved:
             arrays = {k: saved[k] for k in saved.files}
@@ -183,21 +185,3 @@ def _records(book: BarBook, start: int, end: int) -> np.ndarray:
     for name in ("session_id", "minute_of_day", "day", "can_enter", "flatten", "text_index"):
         out[name] = getattr(book, name)[start:end]
     return out
-
-
-def _restore(book: BarBook, records: np.ndarray, state: dict) -> None:
-    n = len(records)
-    while book.capacity < n + 1:
-        book._grow()
-    book.stamps[:n], book.raw[:n] = records["stamp"], records["raw"]
-    book.bar_features[:n], book.context_features[:n] = records["bar_features"], records["context_features"]
-    book.atr[:n] = records["atr"]
-    for j, name in enumerate(book.indicators):
-        book.indicators[name][:n] = records["indicators"][:, j]
-    for name in ("session_id", "minute_of_day", "day", "can_enter", "flatten", "text_index"):
-        getattr(book, name)[:n] = records[name]
-    book.n = n
-    book.schedule, book.interval = Schedule(**state["schedule"]), state["interval"]
-    book.text_table[:] = state["texts"]
-    book._text_ids.clear()
-    book._text_ids.update({t: i for i, t in enumerate(book.text_table)})

@@ -3,6 +3,7 @@
     python scripts/train.py --envs 4096
     python scripts/train.py --config configs/signal.yaml --seed 1 --set ppo.lr=1e-4
     python scripts/train.py --resume runs/20250101-120000
+    python scripts/train.py --data NQ=nq.csv --data ES=es.csv --llm none   # several instruments, one account
 
 Writes a run folder: config.yaml (the resolved config), metrics.jsonl, tb/ (TensorBoard), checkpoints/ and, at
 the end, summary.json (the best checkpoint against flat and random-valid baselines on the validation split).
@@ -11,13 +12,24 @@ the end, summary.json (the best checkpoint against flat and random-valid baselin
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
 from pathlib import Path
 
 from agents.command_line import CommandParser, print_error
-from agents.config import ConfigError, add_config_flags, config_overrides, flag_name, load_config
+from agents.config import (
+    FLAG_PREFIX,
+    ConfigError,
+    HybridConfig,
+    add_config_flags,
+    config_overrides,
+    flag_name,
+    load_config,
+    to_dict,
+)
+from jaxenv.config import EnvConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,11 +49,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "continue from the newest intact one (damaged ones are moved to checkpoints/damaged/)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress=false)")
     ap.add_argument("--no-veto", action="store_true", help="turn the risk veto off (hybrid.veto.enabled=false)")
+    ap.add_argument("--data", dest="data_items", action="append", metavar="PATH | SYMBOL=PATH",
+                    help="the market: a CSV/Parquet file or synthetic:PRESET (data.source); or, repeated as "
+                    "SYMBOL=PATH (e.g. --data NQ=nq.csv --data ES=es.csv), several instruments traded in one account, "
+                    "in that order (data.instruments; RL only for now: --llm none)")
     from agents.devices.parallel import add_device_flags
 
     add_device_flags(ap, processes=True)
     add_config_flags(ap)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.data_items and all(map(is_data_path, args.data_items)):  # one market: data.source's flag, as always
+        setattr(args, FLAG_PREFIX + "data.source", args.data_items[-1])  # the last, as a flag given twice always took
+        args.data_items = None
+    return args
+
+
+def is_data_path(item: str) -> bool:
+    """A --data value that is one market's file or synthetic:PRESET, not SYMBOL=PATH (a path holding "=" that is a
+    file is a path)."""
+    return "=" not in item or Path(item).is_file()
+
+
+def data_overrides(items: list[str] | None) -> list[str]:
+    """The override of --data given as SYMBOL=PATH once per instrument: data.instruments, in order (a single PATH is
+    data.source's flag: parse_args). A bare path mixed with SYMBOL=PATH is a ConfigError, one line."""
+    if not items:
+        return []
+    bare = [item for item in items if is_data_path(item)]
+    if bare:
+        raise ConfigError(f"--data: {bare[0]} is one market's file but the others are SYMBOL=PATH; give one PATH, or "
+                          "SYMBOL=PATH once per instrument of one account (--data NQ=nq.csv --data ES=es.csv)")
+    return [f"data.instruments={json.dumps(items)}"]
 
 
 def absolute_adapter(override: str) -> str:
@@ -55,10 +93,11 @@ def start(args: argparse.Namespace):
     """A new run from defaults ← --config ← --set ← the config flags, or --resume."""
     from agents.training.loop import train
 
-    flags = config_overrides(args)
+    flags = [*config_overrides(args), *data_overrides(args.data_items)]
     if args.resume:
         given = [f"--{name.replace('_', '-')}" for name in ("config", "run_dir") if getattr(args, name)]
-        given += [flag_name(o.split("=", 1)[0]) for o in flags]
+        given += dict.fromkeys("--data" if o.startswith("data.instruments=") else flag_name(o.split("=", 1)[0])
+                               for o in flags)
         if given or args.overrides:
             raise ConfigError(f"--resume continues with the run's saved config; drop {', '.join(given) or '--set'}")
         return train(None, args.resume, resume=True, from_intact=args.from_intact, devices=args.devices)
@@ -85,18 +124,22 @@ def start(args: argparse.Namespace):
     from agents.training.env_setup import make_env_setup
     from jaxenv.load_report import load_report
 
-    mesh = make_mesh(cfg)  # num_envs splits over the devices, or exit 2 before anything is written
+    # num_envs splits over the devices, or exit 2 before anything is written
+    mesh = make_mesh(cfg.num_envs, cfg.devices)
     lock = RunLock.acquire(run_dir) if is_writer() else None  # one writer per run folder: before the data is loaded
     try:
-        setup = make_env_setup(cfg)  # the data is loaded, checked and reported before anything is written
+        # the data is loaded, checked and reported before anything is written
+        setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
     except BaseException:
         if lock is not None:
             lock.release(discard=True)  # bad data leaves no run folder behind
         raise
+    if setup.market_set is not None and is_writer():  # several instruments: the set's own report
+        print("\n".join(setup.market_set.report), file=sys.stderr)
     if setup.market is not None and is_writer():
         print(load_report(setup.market, cfg.env), file=sys.stderr)
         if cfg.llm not in ("none", "mock"):
-            print(walk_keys_note(cfg, setup.market), file=sys.stderr)
+            print(walk_keys_note(cfg.hybrid, cfg.llm, setup.market), file=sys.stderr)
     return train(cfg, run_dir, env_setup=setup, lock=lock, mesh=mesh)
 
 
@@ -109,6 +152,7 @@ def data_errors(config: str | None, overrides: list[str]) -> list[str]:
     built) as the config's DATA_SECTIONS alone name it on the defaults; none where those sections have errors
     themselves (the config's own lines name them) or the env is not the trading env."""
     from jaxenv import DataValidationError, load_market
+    from jaxenv.market_set import load_market_set
 
     try:
         cfg = load_config(config, overrides, only=DATA_SECTIONS)
@@ -117,13 +161,16 @@ def data_errors(config: str | None, overrides: list[str]) -> list[str]:
     if cfg.env_name != "trading":
         return []
     try:
-        load_market(cfg.data)
+        if cfg.data.instruments:
+            load_market_set([(item.contract, item.source) for item in cfg.data.instruments], cfg.data)
+        else:
+            load_market(cfg.data)
     except (DataValidationError, FileNotFoundError) as error:
         return [str(error)]
     return []
 
 
-def walk_keys_note(cfg, market) -> str:
+def walk_keys_note(hybrid: HybridConfig, llm: str, market) -> str:
     """A model advisor's walks ask every key they read before they read it: the validation split's at the first
     validation walk (the trainer waits) and the test split's at the end; say so up front, with how many."""
     from agents.advice.table import walk_keys
@@ -131,12 +178,12 @@ def walk_keys_note(cfg, market) -> str:
 
     def keys(split: str) -> int:
         start, end = market.split_range(split)
-        return len(walk_keys(start, end, cfg.hybrid.query.interval, cfg.hybrid.query.entries_only)) if end > start else 0
+        return len(walk_keys(start, end, hybrid.query.interval, hybrid.query.entries_only)) if end > start else 0
 
-    return (f"advisor     the walks ask {cfg.llm} up to {keys('val'):,} validation keys (the first validation walk, "
+    return (f"advisor     the walks ask {llm} up to {keys('val'):,} validation keys (the first validation walk, "
             f"training waits) and {keys('test'):,} test keys (the end-of-run comparison): minutes on a CPU the first "
-            f"time, none once the advice store ({store_root(cfg) or 'off'}) holds them; scripts/advise.py can ask "
-            "them ahead")
+            f"time, none once the advice store ({store_root(hybrid, llm) or 'off'}) holds them; scripts/advise.py can "
+            "ask them ahead")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     from agents.runs.lock import RunLocked
     from agents.runs.saved_runs import CheckpointMismatch
     from agents.runs.storage import RunWriteError
+    from agents.runs.trials import count_trials
     from agents.training.comparison import final_comparison
     from bridge import SidecarError
     from jaxenv import DataValidationError
@@ -170,20 +218,56 @@ def main(argv: list[str] | None = None) -> int:
         if split in summary:
             scores = "  ".join(f"{who} {r['score']:.2f}" for who, r in summary[split].items())
             print(f"{split} {summary['score']}: {scores}")
-    if "test" in summary:  # the trading env: what the agent shows out of sample, and what trade.py will do with it
-        for line in out_of_sample_lines(cfg, result.run_dir):
+    if "account" in summary:  # several instruments in one account: its figures, and the gate on its sessions
+        trials = count_trials(result.run_dir, to_dict(cfg))
+        for line in account_lines(summary, result.setup.market_set, trials, cfg.env, cfg.gate_against):
+            print(line)
+    elif "test" in summary:  # the trading env: what the agent shows out of sample, and what trade.py will do with it
+        trials = count_trials(result.run_dir, to_dict(cfg))
+        for line in out_of_sample_lines(result.run_dir, trials, cfg.env, cfg.gate_against):
             print(line)
     print(f"run folder: {result.run_dir}")
     return 0
 
 
-def out_of_sample_lines(cfg, run_dir: Path) -> list[str]:
-    """The best checkpoint against flat on the test split, its deflated Sharpe ratio and the gate's verdict."""
+def out_of_sample_lines(run_dir: Path, trials: int, env: EnvConfig, gate_against: str) -> list[str]:
+    """The best checkpoint against flat on the test split, its deflated Sharpe ratio over `trials`
+    (agents.runs.trials.count_trials) and the gate's verdict against the bar `gate_against`."""
     from agents.evaluation.report import verdict_lines
     from agents.evaluation.saved_run import out_of_sample
     from agents.evidence.eprocess import scale_of
-    from agents.runs.trials import count_trials
 
-    return verdict_lines(out_of_sample(run_dir, "best"), count_trials(run_dir, cfg), scale_of(cfg.env.prop_firm),
-                         "best", cfg.gate_against)
+    return verdict_lines(out_of_sample(run_dir, "best"), trials, scale_of(env.prop_firm), "best", gate_against)
 
+
+
+def account_lines(summary: dict, market_set, trials: int, env: EnvConfig, gate_against: str) -> list[str]:
+    """An account of several instruments at the end of its run: its test P&L against flat and the set's buy-and-hold,
+    each instrument's P&L and trades, then the out-of-sample verdict and the gate's (agents.evaluation.report's lines)
+    on the account's P&L per test session, against the set's buy-and-hold per session. The record is not saved:
+    evaluate.py and trade.py do not walk an account yet."""
+    from agents.evaluation.report import verdict_lines
+    from agents.evaluation.saved_run import in_sample_end
+    from agents.evidence.eprocess import scale_of
+    from agents.evidence.gate import OutOfSample
+
+    account = summary["account"]
+    if "test" not in account:
+        return []
+    test = account["test"]
+    checkpoint = test["agent"].removeprefix("agent_")
+    names = " + ".join(account["symbols"])
+    lines = [f"account test ({names}, {checkpoint} checkpoint): P&L {test['net_pnl']:,.2f} against flat's "
+             f"{test['flat']:,.2f} and the set's buy-and-hold {test['buy_and_hold']:,.2f} (held in the agent's size, "
+             f"no costs); {test['trades']:.0f} trades",
+             "  " + "; ".join(f"{symbol}: P&L {figures['net_pnl']:,.2f}, {figures['trades']:.0f} trades, buy-and-hold "
+                              f"{figures['held_pnl']:,.2f}" for symbol, figures in test["instruments"].items())]
+    sessions = summary["test"][test["agent"]]["sessions"]
+    if not sessions["days"]:
+        return lines
+    record = OutOfSample(sessions["days"], sessions["pnl"], f"test split of the account {names}",
+                         in_sample_end(market_set), buy_and_hold=sessions["held"], held=sessions["held"])
+    verdict = verdict_lines(record, trials, scale_of(env.prop_firm), checkpoint, gate_against)
+    # the gate's verdict stands; what trade.py would do with it does not apply: it does not trade an account yet
+    return lines + [line.split(": trade.py will")[0] + ": trade.py does not trade an account of several instruments "
+                    "yet" if line.startswith("gate: ") else line for line in verdict]

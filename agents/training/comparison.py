@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 from tqdm import tqdm
 
-from agents.advice.acting import make_acting
+from agents.advice.acting import training_acting
 from agents.config import TrainConfig
 from agents.rl.ppo import make_train
 from agents.runs.adapters import checkpoint_adapter
@@ -24,12 +24,16 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
     evaluator (the validation split for the trading env, which also picked the best checkpoint) and, where the
     env has one, on the held-out test split. For hybrid runs the best checkpoint's parts are scored too (RL only,
     LLM only, fused with and without veto, and LLM only from the frozen advisor when it learned:
-    agents.evaluation.advised_walk.run_ablations). Writes RUN_DIR/summary.json."""
-    setup = setup or make_env_setup(cfg)
+    agents.evaluation.advised_walk.run_ablations). Writes RUN_DIR/summary.json.
+
+    It takes the run's whole config: it rebuilds and restores the run (env, networks, checkpoints, advisor), which
+    reads nearly every section, and hands each part below it its sections."""
+    setup = setup or make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
     if setup.evaluate is None:
         return {}
-    ppo = make_train(cfg, setup.env, setup.params, make_acting(cfg, setup.env) if cfg.llm != "none" else None,
-                     frozen_steps=frozen_steps(cfg))
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, training_acting(cfg.hybrid, cfg.llm, setup.env),
+                     num_envs=cfg.num_envs, num_updates=cfg.num_updates,
+                     frozen_steps=frozen_steps(cfg.ppo, cfg.transfer, cfg.steps_per_update))
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
     abstract = jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed), setup.params)
     agents = {"latest": ckpt.restore(abstract)}
@@ -39,8 +43,10 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
 
     key = jax.random.PRNGKey(cfg.seed + 10_000)
     summary: dict = {"score": setup.score_label, **{f"{k}_update": host["update"] for k, (_, host) in agents.items()}}
-    evaluator = AgentEvaluator(cfg, ppo, setup, lambda update: checkpoint_adapter(cfg, run_dir, update),
-                               log_dir=run_dir)
+    evaluator = AgentEvaluator(ppo, setup, cfg.hybrid, cfg.llm, cfg.env, cfg.data,
+                               lambda update: checkpoint_adapter(cfg.hybrid, run_dir, update), log_dir=run_dir,
+                               normalize_obs=cfg.ppo.normalize_obs, greedy=cfg.checkpoint.eval_deterministic,
+                               progress=cfg.log.progress)
     splits = evaluator.splits()
     ablations = evaluator.ablations
     walks = len(splits) * (len(agents) + len(ablations) + len(setup.baselines))
@@ -66,5 +72,24 @@ def final_comparison(cfg: TrainConfig, run_dir: str | Path, setup: EnvSetup | No
     finally:
         bar.close()
         evaluator.close()
+    if setup.market_set is not None:
+        summary["account"] = account_summary(summary, setup.market_set.symbols)
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def account_summary(summary: dict, symbols: tuple[str, ...]) -> dict:
+    """An account of several instruments, on each split: the agent's (best checkpoint's, else latest's) net P&L after
+    costs against flat's and the set's buy-and-hold (each instrument's move held in the agent's size, no costs: the
+    gate's bar), and each instrument's figures keyed by symbol (net P&L, trades, ...)."""
+    out: dict = {"symbols": list(symbols)}
+    for split in ("val", "test"):
+        if split not in summary:
+            continue
+        scores = summary[split]
+        who = "agent_best" if "agent_best" in scores else "agent_latest"
+        agent = scores[who]
+        out[split] = {"agent": who, "net_pnl": agent["net_pnl"], "flat": scores["flat"]["net_pnl"],
+                      "buy_and_hold": agent["held_pnl"], "trades": agent["trades"],
+                      "instruments": agent["instruments"]}
+    return out

@@ -17,17 +17,25 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from agents.advice.acting import make_acting
+from agents.advice.acting import training_acting
 from agents.advisor.later_sessions import LATER_SESSIONS_PLOT, plot_later_sessions
 from agents.advisor.query_loop import QueryLoop
-from agents.config import RUN_CONFIG_FILE, CheckpointConfig, TrainConfig, load_config, save_config
+from agents.config import (
+    RUN_CONFIG_FILE,
+    CheckpointConfig,
+    TrainConfig,
+    TransferConfig,
+    load_config,
+    save_config,
+    to_dict,
+)
 from agents.devices.parallel import (
     barrier,
     broadcast_from_writer,
@@ -44,6 +52,7 @@ from agents.rl.sharding import state_shardings
 from agents.runs.adapters import checkpoint_adapter
 from agents.runs.checkpoints import RunCheckpoints
 from agents.runs.lock import RunLock
+from agents.runs.saved_runs import SavedPolicy
 from agents.runs.storage import RunWriteError
 from agents.runs.trials import record_trial
 from agents.training.env_setup import EnvSetup, make_env_setup
@@ -119,7 +128,9 @@ def train(
 
     The run folder is locked first (`lock`, if the caller took it already) and unlocked on any exit: a second
     writer gets RunLocked. A new run that fails before its first update is logged (bad data, a model that does not
-    load) leaves no run folder behind. With several processes (agents/devices/parallel.py) only process 0 locks and writes."""
+    load) leaves no run folder behind. With several processes (agents/devices/parallel.py) only process 0 locks and writes.
+
+    The library's entry takes the whole config; its set-up hands each part below it the sections it reads."""
     run_dir = Path(run_dir)
     lock = lock or (RunLock.acquire(run_dir, create=not resume) if is_writer() else None)
     started = [False]  # set once the first update is logged: from then on a failure leaves a run to resume
@@ -136,7 +147,8 @@ def train(
 
 def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int | None, env_setup: EnvSetup | None,
            from_intact: bool, started: list[bool], devices: str | None, mesh: Mesh | None) -> TrainResult:
-    """The host loop: the run's set-up once, then per update the jitted update and the hooks after it."""
+    """The host loop: the run's set-up once, then per update the jitted update and the hooks after it (`cfg`: the
+    whole config, as train's)."""
     run, state = _set_up(cfg, run_dir, resume, stop_after, env_setup, from_intact, devices, mesh)
     cfg = run.cfg
     save, log = _Checkpoints(run), _Log(run.logger, run.ckpt, started, run.start)
@@ -148,12 +160,16 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
     try:
         if run.acting is not None:  # chunks with LLM query steps between them; compiled on first use
             # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
-            adapter = checkpoint_adapter(cfg, run_dir, run.start) if resume else None
-            query_loop = QueryLoop(cfg, run.setup.market, run_dir, adapter=adapter)
+            adapter = checkpoint_adapter(cfg.hybrid, run_dir, run.start) if resume else None
+            query_loop = QueryLoop(cfg.hybrid, cfg.llm, cfg.env, cfg.data, run.setup.market, run_dir, adapter=adapter,
+                                   seed=cfg.seed, num_steps=cfg.ppo.num_steps)
             save.with_advisor(query_loop)
         # validation walks: the policy alone, or with the advisor (a sidecar of the walks' own, at normal priority)
-        evaluator = AgentEvaluator(cfg, run.ppo, run.setup, save.adapter, log_dir=run_dir if run.writer else None)
-        step = _Step(Update(run.ppo, cfg.ppo.num_steps, run.setup.params, query_loop), cfg, run.flops, run.start)
+        evaluator = AgentEvaluator(run.ppo, run.setup, cfg.hybrid, cfg.llm, cfg.env, cfg.data, save.adapter,
+                                   log_dir=run_dir if run.writer else None, normalize_obs=cfg.ppo.normalize_obs,
+                                   greedy=cfg.checkpoint.eval_deterministic, progress=cfg.log.progress)
+        step = _Step(Update(run.ppo, cfg.ppo.num_steps, run.setup.params, query_loop),
+                     steps_per_update=cfg.steps_per_update, flops=run.flops, start=run.start)
         if query_loop is None and run.start < run.end:  # a finished run resumed has nothing to compile
             step.update_fn.compile(state, run.shardings)
         hooks = _hooks(run, save, log, evaluator, query_loop)
@@ -215,32 +231,51 @@ def _set_up(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: in
             from_intact: bool, devices: str | None, mesh: Mesh | None) -> tuple[_Run, RunnerState]:
     """The run's config, mesh, env, PPO, checkpoints, log and progress bar, and the state it starts from (not kept
     in _Run: the loop's updates replace it). A new run's folder is written here (config.yaml, its data's zone and
-    interval), once its data and any --init-from source are checked."""
-    cfg = _run_config(cfg, run_dir, resume, devices)
-    mesh = make_mesh(cfg) if mesh is None else mesh  # num_envs must split over the devices: before anything is written
+    interval), once its data and any --init-from source are checked. Like train, it takes the whole config (None
+    for a resumed run: its folder's) and hands each part the sections it reads."""
+    cfg = _run_config(run_dir, resume, devices) or cfg  # a resumed run's, or the new run's as given
+    assert cfg is not None
+    # num_envs must split over the devices: before anything is written
+    mesh = make_mesh(cfg.num_envs, cfg.devices) if mesh is None else mesh
     barrier("jaxfutures-run-checked")  # every process has looked at the folder before process 0 writes to it
-    print_banner(mesh, cfg)
-    setup = env_setup or make_env_setup(cfg)  # before config.yaml is written: bad data leaves no run behind
+    print_banner(mesh, cfg.llm)
+    # before config.yaml is written: bad data leaves no run behind
+    setup = env_setup or make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
+
+    def read_source() -> SavedPolicy:  # --init-from: the run it names, checked to fit this one
+        return load_source(cfg.transfer, cfg.network, cfg.env_name, cfg.env.window, setup.env, setup.params)
+
     # --init-from: the source run is read and checked before config.yaml is written too
-    source = load_source(cfg, setup.env, setup.params) if cfg.transfer.init_from and not resume else None
+    source = read_source() if cfg.transfer.init_from and not resume else None
     writer = is_writer()
     if not resume and writer:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / RUN_CONFIG_FILE)
         if setup.market is not None:  # the stamps' zone and interval its data resolved: trade.py reads files so
             save_run_data(run_dir, setup.market)
-    acting = make_acting(cfg, setup.env) if cfg.llm != "none" else None
-    ppo = make_train(cfg, setup.env, setup.params, acting, mesh, frozen_steps=frozen_steps(cfg))
+    acting = training_acting(cfg.hybrid, cfg.llm, setup.env)
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, acting, mesh, num_envs=cfg.num_envs,
+                     num_updates=cfg.num_updates,
+                     frozen_steps=frozen_steps(cfg.ppo, cfg.transfer, cfg.steps_per_update))
     ckpt = RunCheckpoints(run_dir, cfg.checkpoint.keep)
 
     shardings = state_shardings(jax.eval_shape(ppo.init, jax.random.PRNGKey(cfg.seed), setup.params), mesh,
                                 cfg.num_envs)
-    state, best_score = _starting_state(cfg, ppo, setup, ckpt, shardings, run_dir, resume, from_intact, source)
+    state, best_score = _starting_state(ppo, setup, ckpt, shardings, run_dir, resume, from_intact, source, read_source,
+                                        cfg.transfer, seed=cfg.seed, num_updates=cfg.num_updates,
+                                        steps_per_update=cfg.steps_per_update)
     start = int(state.update)
 
-    flops = update_flops_per_step(cfg.network, ppo.obs_dim, ppo.num_actions, cfg.ppo.update_epochs)
     limit = getattr(setup.params, "max_steps_in_episode", None)
-    health = HealthMonitor(cfg.log, ppo.num_actions, int(limit) if limit is not None else None)
+    if setup.market_set is None:
+        flops = update_flops_per_step(cfg.network, ppo.obs_dim, ppo.num_actions, cfg.ppo.update_epochs)
+        health = HealthMonitor(cfg.log, ppo.num_actions, int(limit) if limit is not None else None)
+    else:  # an account: each of its I heads reads [row_i, mean of rows, account block] (the critic fewer: counted as
+        # many), and its entropy is summed over the heads, at most I·log(A) = log(A^I)
+        heads = setup.market_set.num_instruments
+        flops = heads * update_flops_per_step(cfg.network, 2 * ppo.obs_dim + setup.env.account_obs_size,
+                                              ppo.num_actions, cfg.ppo.update_epochs)
+        health = HealthMonitor(cfg.log, ppo.num_actions ** heads, int(limit))
     logger = MetricsLogger(run_dir, cfg.log.tensorboard, resume_update=start if resume else None) if writer else None
     end = cfg.num_updates if stop_after is None else min(cfg.num_updates, start + stop_after)
     bar = tqdm(total=cfg.num_updates, initial=start, unit="upd", disable=not (cfg.log.progress and writer),
@@ -265,15 +300,15 @@ class _Step:
     """`step(state) -> (state, metrics)`: one update (agents.training.update.Update) and its metrics.jsonl line
     (_record), with the compile time on the first update's."""
 
-    def __init__(self, update_fn: Update, cfg: TrainConfig, flops: int, start: int):
-        self.update_fn, self.cfg, self.flops, self.start = update_fn, cfg, flops, start
+    def __init__(self, update_fn: Update, *, steps_per_update: int, flops: int, start: int):
+        self.update_fn, self.steps_per_update, self.flops, self.start = update_fn, steps_per_update, flops, start
 
     def __call__(self, state: RunnerState) -> tuple[RunnerState, dict]:
         t_update = time.perf_counter()
         state, m = self.update_fn(state)
         dt = time.perf_counter() - t_update
         update = int(state.update)
-        metrics = _record(m, update, self.cfg, dt, self.flops)
+        metrics = _record(m, update, dt, steps_per_update=self.steps_per_update, flops=self.flops)
         if update == self.start + 1:
             metrics["compile_s"] = self.update_fn.compile_s
         return state, metrics
@@ -289,6 +324,12 @@ class _Checkpoints:
         self.steps_per_update, self.seed = run.cfg.steps_per_update, run.cfg.seed
         self.best_score = run.best_score
         self.query_loop: QueryLoop | None = None  # the advisor, once started
+
+    def offer_best(self, state: RunnerState, score: float) -> None:
+        """Saves `state` as the best checkpoint if `score` beats the best so far."""
+        if self.best_score is None or score > self.best_score:
+            self.best_score = score
+            self(state, best=True)
 
     def __call__(self, state: RunnerState, best: bool = False) -> None:
         update = int(state.update)
@@ -322,7 +363,7 @@ def _hooks(run: _Run, save: _Checkpoints, log: _Log, evaluator: AgentEvaluator, 
         _Validation(cfg.checkpoint, cfg.num_updates, cfg.seed, evaluator, run.setup, run.bar, save),
         _Health(run.health, run.bar, run.writer),
         log,
-        _Trial(run.run_dir, cfg, run.start + 1) if not run.resume and run.writer else None,
+        _Trial(run.run_dir, to_dict(cfg), run.start + 1) if not run.resume and run.writer else None,
         _Bar(run.bar, run.setup.score_name),
         _Every(cfg.checkpoint, cfg.num_updates, save),
     )
@@ -364,12 +405,12 @@ class _Validation:
             walked = time.perf_counter() - t_walk
             self.bar.start_t += walked
             self.bar.last_print_t += walked
-        metrics.update({self.setup.score_name if k == "score" else f"eval_{k}": v for k, v in result.items()})
+        # (an account's per-instrument and per-session figures stay out of the metrics line: summary.json has them)
+        metrics.update({self.setup.score_name if k == "score" else f"eval_{k}": v for k, v in result.items()
+                        if not isinstance(v, dict)})
         # every process walked; process 0's score decides, so all save (a collective) or none do
         score = broadcast_from_writer(float(result["score"]))
-        if self.save.best_score is None or score > self.save.best_score:
-            self.save.best_score = score
-            self.save(state, best=True)
+        self.save.offer_best(state, score)
 
 
 class _Health:
@@ -410,12 +451,13 @@ class _Trial:
     """A new run's trial on its data, recorded (process 0) once its first update is logged, for the deflated
     Sharpe ratio: a run that died before was never tried."""
 
-    def __init__(self, run_dir: Path, cfg: TrainConfig, first: int):
-        self.run_dir, self.cfg, self.first = run_dir, cfg, first
+    def __init__(self, run_dir: Path, settings: dict, first: int):
+        """`settings`: the run's whole config as data (agents.config.to_dict), which its trial is a digest of."""
+        self.run_dir, self.settings, self.first = run_dir, settings, first
 
     def __call__(self, update: int, state: RunnerState, metrics: dict) -> None:
         if update == self.first:
-            record_trial(self.run_dir, self.cfg)
+            record_trial(self.run_dir, self.settings)
 
 
 class _Bar:
@@ -447,38 +489,41 @@ class _Every:
             self.save(state)
 
 
-def _run_config(cfg: TrainConfig | None, run_dir: Path, resume: bool, devices: str | None) -> TrainConfig:
-    """The run's config: a resumed run's from its folder (with `devices` replaced), a new run's as given, into a
-    folder that holds no run yet."""
+def _run_config(run_dir: Path, resume: bool, devices: str | None) -> TrainConfig | None:
+    """A resumed run's config, from its folder (with `devices` replaced); None for a new run (whose config is the one
+    given), once its folder is found to hold no run yet."""
     if resume:
         if not (run_dir / RUN_CONFIG_FILE).exists():
             raise FileNotFoundError(f"--resume: {run_dir / RUN_CONFIG_FILE} not found; is {run_dir} a run folder?")
         return load_config(run_dir / RUN_CONFIG_FILE, [f"devices={devices}"] if devices else None)
     if (run_dir / RUN_CONFIG_FILE).exists():
         raise FileExistsError(f"{run_dir} already holds a run; use --resume {run_dir} or another --run-dir")
-    assert cfg is not None
-    return cfg
+    return None
 
 
-def _starting_state(cfg: TrainConfig, ppo, setup: EnvSetup, ckpt: RunCheckpoints, shardings, run_dir: Path,
-                    resume: bool, from_intact: bool, source) -> tuple[RunnerState, float | None]:
+def _starting_state(ppo, setup: EnvSetup, ckpt: RunCheckpoints, shardings, run_dir: Path, resume: bool,
+                    from_intact: bool, source: SavedPolicy | None, read_source: Callable[[], SavedPolicy],
+                    transfer: TransferConfig, *, seed: int, num_updates: int,
+                    steps_per_update: int) -> tuple[RunnerState, float | None]:
     """(the state the run starts from, its best validation score so far): a resumed run's latest checkpoint (the
-    newest intact one with `from_intact`), or a fresh init, its networks copied from `source` (--init-from)."""
-    init_key = jax.random.PRNGKey(cfg.seed)
+    newest intact one with `from_intact`), or a fresh init, its networks copied from `source` (--init-from; a resumed
+    run that starts over reads it with `read_source()`)."""
+    init_key = jax.random.PRNGKey(seed)
     jitted = jax.jit(ppo.init, out_shardings=shardings)  # each process computes only its own envs' shards
 
     def init(key):
         return jitted(key, setup.params)
 
     def transferred(state: RunnerState, source) -> RunnerState:  # on whole arrays, then over the mesh again
-        return from_host(start_from(jax.tree.map(jax.numpy.asarray, to_host(state)), source, cfg), shardings)
+        whole = jax.tree.map(jax.numpy.asarray, to_host(state))
+        return from_host(start_from(whole, source, transfer, steps_per_update), shardings)
 
     if resume and ckpt.latest_step() is None and not ckpt.root.joinpath("damaged").exists():
         # It stopped before its first checkpoint (e.g. the disk was full): the run starts over, as it began.
         print(f"note: {run_dir} has no checkpoint yet; starting it again from update 0", file=sys.stderr)
         state = init(init_key)
-        if cfg.transfer.init_from:
-            state = transferred(state, load_source(cfg, setup.env, setup.params))
+        if transfer.init_from:
+            state = transferred(state, read_source())
         return state, None
     if resume:
         try:
@@ -492,25 +537,28 @@ def _starting_state(cfg: TrainConfig, ppo, setup: EnvSetup, ckpt: RunCheckpoints
             ckpt.close()
             raise
         state = from_host(state, shardings)  # checkpoints hold whole arrays: laid out for this run's devices
-        print(f"resumed {run_dir} at update {int(state.update)} / {cfg.num_updates}", file=sys.stderr)
+        print(f"resumed {run_dir} at update {int(state.update)} / {num_updates}", file=sys.stderr)
         return state, host.get("best_score")
     state = init(init_key)
     return (transferred(state, source) if source is not None else state), None
 
 
-def _record(m: dict, update: int, cfg: TrainConfig, dt: float, flops: int) -> dict:
+def _record(m: dict, update: int, dt: float, *, steps_per_update: int, flops: int) -> dict:
     """One metrics.jsonl line: counters and speed first, then the update's metrics; episode means are null
     when no episode ended during the update."""
-    steps_per_s = cfg.steps_per_update / dt
+    steps_per_s = steps_per_update / dt
     record: dict = {
         "update": update,
-        "env_steps": update * cfg.steps_per_update,
+        "env_steps": update * steps_per_update,
         "steps_per_s": steps_per_s,
         "achieved_gflops": steps_per_s * flops / 1e9,
         "update_s": dt,
     }
     episodes = int(m["episodes"])
     for k, v in m.items():
+        if np.ndim(v):  # an account's per-instrument figures [I] (instrument_trades, instrument_pnl): a list
+            record[k] = np.asarray(v, np.float64).tolist()
+            continue
         v = float(np.asarray(v))
         if k.startswith("episode_") or k == "win_rate":
             v = v if episodes > 0 else math.nan

@@ -23,32 +23,41 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from agents.config import TrainConfig, freeze_updates
+from agents.config import NetworkConfig, PPOConfig, TransferConfig, freeze_updates
 from agents.rl.freeze import with_trainable
 from agents.rl.normalization import RunningMeanStd
-from agents.runs.saved_runs import CheckpointMismatch, SavedPolicy, restore_policy
+from agents.runs.saved_runs import (
+    CheckpointMismatch,
+    SavedPolicy,
+    load_run_config,
+    refuse_instrument_set,
+    restore_policy,
+)
 
 
-def frozen_steps(cfg: TrainConfig) -> int:
+def frozen_steps(ppo: PPOConfig, transfer: TransferConfig, steps_per_update: int) -> int:
     """Optimiser steps of the transfer warm-up (make_train's frozen_steps); 0 without one."""
-    return freeze_updates(cfg) * cfg.ppo.update_epochs * cfg.ppo.num_minibatches
+    return freeze_updates(transfer, steps_per_update) * ppo.update_epochs * ppo.num_minibatches
 
 
-def load_source(cfg: TrainConfig, env: Any, env_params: Any) -> SavedPolicy:
-    """The run cfg.transfer.init_from names, checked to be a source this run can start from (before anything is
-    written): the same network sizes, and for the trading env the same observation window, so the shared input
-    columns mean the same features."""
-    source = restore_policy(cfg.transfer.init_from, cfg.transfer.checkpoint)
+def load_source(transfer: TransferConfig, network: NetworkConfig, env_name: str, window: int, env: Any,
+                env_params: Any) -> SavedPolicy:
+    """The run transfer.init_from names, checked to be a source this run can start from (before anything is
+    written): the same network sizes, and for the trading env the same observation window (this run's env.window
+    `window`), so the shared input columns mean the same features."""
+    refuse_instrument_set(load_run_config(transfer.init_from), transfer.init_from,
+                          "--init-from does not start from it yet")
+    source = restore_policy(transfer.init_from, transfer.checkpoint)
     obs_dim = math.prod(jax.eval_shape(env.reset, jax.random.PRNGKey(0), env_params)[0].shape)
-    problems = [f"network.{f.name} {getattr(source.cfg.network, f.name)} there, {getattr(cfg.network, f.name)} here"
-                for f in dataclasses.fields(cfg.network)
-                if getattr(source.cfg.network, f.name) != getattr(cfg.network, f.name)]
+    problems = [f"network.{f.name} {getattr(source.cfg.network, f.name)} there, {getattr(network, f.name)} here"
+                for f in dataclasses.fields(network)
+                if getattr(source.cfg.network, f.name) != getattr(network, f.name)]
     if source.obs_dim > obs_dim:
         problems.append(f"its observation has {source.obs_dim} features, more than this run's {obs_dim}")
-    if cfg.env_name == "trading" and source.cfg.env.window != cfg.env.window:
-        problems.append(f"env.window {source.cfg.env.window} there, {cfg.env.window} here")
-    if source.cfg.env_name != cfg.env_name:
-        problems.append(f"env_name {source.cfg.env_name!r} there, {cfg.env_name!r} here")
+    if env_name == "trading" and source.cfg.env.window != window:
+        problems.append(f"env.window {source.cfg.env.window} there, {window} here")
+    if source.cfg.env_name != env_name:
+        problems.append(f"env_name {source.cfg.env_name!r} there, {env_name!r} here")
     if problems:
         raise CheckpointMismatch(f"--init-from {source.run_dir} ({source.label}) cannot start this run: "
                                  + "; ".join(problems))
@@ -94,12 +103,13 @@ def copy_obs_norm(source: RunningMeanStd, target: RunningMeanStd, max_count: flo
                           jnp.minimum(source.count, max_count).astype(target.count.dtype))
 
 
-def start_from(state: Any, source: SavedPolicy, cfg: TrainConfig) -> Any:
+def start_from(state: Any, source: SavedPolicy, transfer: TransferConfig, steps_per_update: int) -> Any:
     """A freshly initialised RunnerState with the source's networks and normaliser (and the warm-up's mask)."""
     params, trainable, fresh, unused = copy_params(source.params, state.params, source.obs_dim)
-    obs_norm = copy_obs_norm(source.obs_norm, state.obs_norm, float(cfg.steps_per_update))
+    obs_norm = copy_obs_norm(source.obs_norm, state.obs_norm, float(steps_per_update))
     new_inputs = state.obs_norm.mean.shape[0] - source.obs_dim
-    warmup = f", copied layers frozen for {freeze_updates(cfg)} updates" if cfg.transfer.freeze_steps else ""
+    frozen = freeze_updates(transfer, steps_per_update)
+    warmup = f", copied layers frozen for {frozen} updates" if transfer.freeze_steps else ""
     print(f"initialised from {source.run_dir} ({source.label}): {source.obs_dim} inputs + {new_inputs} new "
           f"(zero weights){', fresh: ' + ', '.join(fresh) if fresh else ''}"
           f"{', unused: ' + ', '.join(unused) if unused else ''}{warmup}", file=sys.stderr)

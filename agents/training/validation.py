@@ -10,36 +10,44 @@ from typing import Callable
 
 import jax
 
-from agents.config import TrainConfig
+from agents.config import HybridConfig
 from agents.evaluation.advised_walk import ABLATIONS, AdvisedWalker, advised_summary, run_ablations
-from agents.evaluation.policies import Evaluator, make_act
+from agents.evaluation.policies import Evaluator, make_account_act, make_act
 from agents.rl.ppo import PPO, RunnerState
 from agents.training.env_setup import EnvSetup
+from jaxenv.config import DataConfig, EnvConfig
 from jaxenv.metrics import walk_metrics
 
 
 class AgentEvaluator:
     """Scores a run's network on a split the way the run acts. `ablation` (a key of
-    agents.evaluation.advised_walk.run_ablations(cfg)) scores one part of a hybrid agent."""
+    agents.evaluation.advised_walk.run_ablations(hybrid)) scores one part of a hybrid agent."""
 
-    def __init__(self, cfg: TrainConfig, ppo: PPO, setup: EnvSetup, adapter_for: Callable[[int], str | None] | None = None,
-                 log_dir: Path | None = None):
-        """`adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose advisor learns.
-        `log_dir`: where the walks' advisor logs (the run folder), instead of stderr under the progress bar."""
+    def __init__(self, ppo: PPO, setup: EnvSetup, hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig,
+                 adapter_for: Callable[[int], str | None] | None = None, log_dir: Path | None = None, *,
+                 normalize_obs: bool, greedy: bool, progress: bool):
+        """The run's `ppo` (agents.rl.ppo.PPO) in its env `setup`, with the run's config sections; `normalize_obs`:
+        ppo.normalize_obs; `greedy`: checkpoint.eval_deterministic; `progress`: log.progress (an advised walk shows
+        its own progress line). `adapter_for(update)`: the advisor's LoRA adapter at that update, for runs whose
+        advisor learns. `log_dir`: where the walks' advisor logs (the run folder), instead of stderr under the
+        progress bar."""
         self.setup = setup
-        self.rules = cfg.env.prop_firm
-        self.act = make_act(ppo, cfg.checkpoint.eval_deterministic)
-        self.advised = cfg.llm != "none" and cfg.hybrid.eval_with_advice  # walks ask the advisor and act fused
-        self.adapter_for = adapter_for if cfg.hybrid.learning.enabled else None
-        self.ablations = run_ablations(cfg) if cfg.llm != "none" else {}
+        self.rules = env.prop_firm
+        # an account of several instruments: every head under its sequential mask, in the env's instrument order
+        self.act = (make_account_act(ppo, setup.env, normalize_obs, greedy) if setup.market_set is not None
+                    else make_act(ppo, greedy))
+        self.advised = llm != "none" and hybrid.eval_with_advice  # walks ask the advisor and act fused
+        self.adapter_for = adapter_for if hybrid.learning.enabled else None
+        self.ablations = run_ablations(hybrid) if llm != "none" else {}
         self.walker = None if setup.market is None else AdvisedWalker(
-            cfg, ppo, setup.env, setup.market, log_dir=log_dir, progress=cfg.log.progress)
+            hybrid, llm, data, ppo, setup.env, setup.market, log_dir=log_dir, progress=progress,
+            normalize_obs=normalize_obs, greedy=greedy)
 
     def splits(self) -> dict[str, Evaluator]:
         return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
 
     def __call__(self, state: RunnerState, split: str, key: jax.Array, ablation: str | None = None) -> dict:
-        if self.walker is None:  # a gymnax env without bars to walk
+        if self.walker is None:  # a gymnax env without bars to walk, or an account's walk (its env setup's)
             return self.splits()[split](self.act, (state.params, state.obs_norm), key)
         changes = dict(self.ablations[ablation]) if ablation else {} if self.advised else dict(ABLATIONS["rl_only"])
         if self.adapter_for is not None and "adapter" not in changes:

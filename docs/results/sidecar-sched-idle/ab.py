@@ -26,7 +26,8 @@ class Loop(H.QueryLoop):
 
 
 H.QueryLoop = Loop
-setup = make_env_setup(load_config(None, H.base_overrides(256, 64) + ["llm=none"]))
+rl_cfg = load_config(None, H.base_overrides(256, 64) + ["llm=none"])
+setup = make_env_setup(rl_cfg.env_name, rl_cfg.env, rl_cfg.data, rl_cfg.checkpoint.eval_episodes)
 out = []
 for variant in sys.argv[1].split(","):
     POLICY["v"] = variant

@@ -1,0 +1,124 @@
+"""train.py on several instruments traded in one account (issue 77): `--data SYMBOL=PATH` once per instrument trains
+one account end to end (summary.json's account and per-symbol figures, the gate on the account's sessions), resumes,
+and what is not built yet is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.config import load_config, to_dict
+from agents.runs.trials import _trial
+from agents.training.loop import train
+from tests.test_config import cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = str(REPO / "configs" / "quick.yaml")
+# 2 updates of 16 envs × 32 steps; the env's episode of 400 bars fits the pair's 20 sessions' splits
+SMALL = ["--envs", "16", "--total-steps", "1024", "--set", "data.synthetic_days=20", "--set", "log.tensorboard=false",
+         "--set", "checkpoint.every_updates=1", "--set", "checkpoint.eval_every_updates=1",
+         "--set", "env.max_steps_in_episode=400", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> dict[str, Path]:
+    """NQ.csv and ES.csv of the synthetic pair, as scripts/write_market.py writes them."""
+    out = tmp_path_factory.mktemp("pair")
+    subprocess.run([sys.executable, "scripts/write_market.py", "--preset", "pair", "--days", "20", "--out", str(out)],
+                   cwd=REPO, check=True, capture_output=True)
+    return {"NQ": out / "NQ.csv", "ES": out / "ES.csv"}
+
+
+def data_flags(pair: dict[str, Path]) -> list[str]:
+    return [arg for symbol, path in pair.items() for arg in ("--data", f"{symbol}={path}")]
+
+
+def test_two_files_train_one_account_that_resumes_and_reports_each_instrument(tmp_path, pair, capsys):
+    run_dir = tmp_path / "runs" / "account"
+    main = cli_main()
+    overrides = ["llm=none", "num_envs=16", "total_steps=1024", "data.synthetic_days=20", "log.tensorboard=false",
+                 "log.progress=false", "checkpoint.every_updates=1", "checkpoint.eval_every_updates=1",
+                 "env.max_steps_in_episode=400", f'data.instruments=["NQ={pair["NQ"]}", "ES={pair["ES"]}"]']
+    cfg = load_config(QUICK, overrides)
+    assert [item.contract.symbol for item in cfg.data.instruments] == ["NQ", "ES"]
+    assert train(cfg, run_dir, stop_after=1).update == 1  # stopped after its first update ...
+    assert main(["--resume", str(run_dir)]) == 0  # ... and resumed by train.py to its end
+    out = capsys.readouterr().out
+    assert "test the account's net P&L after costs: agent_latest" in out
+    assert "account test (NQ + ES, best checkpoint): P&L" in out and "NQ: P&L" in out and "ES: P&L" in out
+    assert "out of sample (test split of the account NQ + ES" in out
+    assert "trade.py does not trade an account of several instruments yet" in out  # the gate's line
+
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["update"] for m in lines] == [1, 2]
+    assert len(lines[-1]["instrument_trades"]) == 2 and "val_net_pnl" in lines[-1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {"agent_best", "agent_latest", "flat", "random_valid", "always_long"} == set(summary["test"])
+    account = summary["account"]
+    assert account["symbols"] == ["NQ", "ES"] and account["test"]["flat"] == 0.0
+    figures = account["test"]["instruments"]
+    assert set(figures) == {"NQ", "ES"} and {"net_pnl", "trades", "held_pnl"} <= set(figures["NQ"])
+    assert sum(f["net_pnl"] for f in figures.values()) == pytest.approx(account["test"]["net_pnl"], abs=0.05)
+    assert account["test"]["buy_and_hold"] == pytest.approx(sum(f["held_pnl"] for f in figures.values()))
+    [trial] = [json.loads(line) for line in (run_dir.parent / "trials.jsonl").read_text().splitlines()]
+    assert trial["data"] == f"NQ={pair['NQ']},ES={pair['ES']}"
+
+    from agents.evaluation.cli import main as evaluate_main
+
+    assert evaluate_main(["--run-dir", str(run_dir)]) == 2  # evaluate.py does not walk an account yet: one line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {run_dir}: a run on several instruments (NQ, ES): evaluate.py does not walk it yet"]
+
+
+def test_a_first_run_from_the_command_line(tmp_path, pair, capsys):
+    run_dir = tmp_path / "run"
+    assert cli_main()(["--config", QUICK, *data_flags(pair), "--llm", "none", "--run-dir", str(run_dir), *SMALL]) == 0
+    captured = capsys.readouterr()
+    assert "instruments NQ, ES on one timeline" in captured.err  # the set's load report
+    assert "account test (NQ + ES" in captured.out
+    assert set(json.loads((run_dir / "summary.json").read_text())["account"]["test"]["instruments"]) == {"NQ", "ES"}
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--llm", "mock"], "llm: advice for several instruments is not built yet: use --llm none"),
+    (["--llm", "none", "--set", "env_name=CartPole-v1"], "env_name: several instruments (data.instruments) trade in "
+                                                         "the trading env: env_name must be trading"),
+    (["--llm", "none", "--init-from", "runs/x"], "transfer.init_from: starting a run on several instruments from "
+                                                 "another run's agent (--init-from) is not built yet"),
+])
+def test_what_is_not_built_for_a_set_is_refused_in_one_line(tmp_path, pair, capsys, flags, line):
+    run_dir = tmp_path / "run"
+    assert cli_main()(["--config", QUICK, *data_flags(pair), *flags, "--run-dir", str(run_dir)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {QUICK} with --set overrides: {line}"]
+    assert not run_dir.exists()
+
+
+def test_a_bare_path_mixed_with_symbol_path_is_one_line(tmp_path, pair, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["--data", str(pair["NQ"]), "--data", f"ES={pair['ES']}", "--llm", "none", "--run-dir", str(run_dir)]
+    assert cli_main()(argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: --data: {pair['NQ']} is one market's file but the others are SYMBOL=PATH")
+    assert not run_dir.exists()
+
+
+def test_items_of_neither_form_and_a_symbol_twice_are_named(capsys):
+    argv = ["--data", "NQ=a.csv", "--data", "nq=b.csv", "--set", 'data.instruments=["NQ=a.csv", "ES", 5]',
+            "--llm", "none"]
+    assert cli_main()(argv[:4] + argv[6:]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: data.instruments[1]: NQ is given twice (also data.instruments[0]); each instrument once"]
+    assert cli_main()(argv[4:]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: data.instruments[2]: expected SYMBOL=PATH, or a mapping {contract: SYMBOL or a full spec, source: "
+        "PATH}, got int 5"]
+
+
+def test_a_single_instruments_trial_digest_is_the_one_it_had_before_data_instruments():
+    settings = to_dict(load_config(None, ["llm=none"]))
+    before = {**settings, "data": {k: v for k, v in settings["data"].items() if k != "instruments"}}
+    assert _trial(Path("a"), settings) == _trial(Path("a"), before)
