@@ -1,6 +1,6 @@
 """train.py on several instruments traded in one account (issue 77): `--data SYMBOL=PATH` once per instrument trains
 one account end to end (summary.json's account and per-symbol figures, the gate on the account's sessions), resumes,
-and what is not built yet is refused in one line."""
+evaluate.py walks it to train.py's test figures, and what is not built yet is refused in one line."""
 
 from __future__ import annotations
 
@@ -69,9 +69,23 @@ def test_two_files_train_one_account_that_resumes_and_reports_each_instrument(tm
 
     from agents.evaluation.cli import main as evaluate_main
 
-    assert evaluate_main(["--run-dir", str(run_dir)]) == 2  # evaluate.py does not walk an account yet: one line
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: {run_dir}: a run on several instruments (NQ, ES): evaluate.py does not walk it yet"]
+    out = tmp_path / "eval"  # evaluate.py walks the account: best checkpoint, test split, greedy heads
+    assert evaluate_main(["--run-dir", str(run_dir), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "Sharpe (daily)" in printed and f"account test (NQ + ES, best-{summary['best_update']}): P&L" in printed
+    numbers = json.loads((out / "evaluation.json").read_text())
+    assert numbers["setup"]["checkpoints"] == [f"best-{summary['best_update']}"]
+    assert numbers["agent"]["net_pnl"] == pytest.approx(account["test"]["net_pnl"], abs=0.01)  # train.py's figure
+    # the account's P&L steps are float32 equity (~$50k: a 0.4-cent ulp) differences, each instrument's its own marks
+    assert sum(f["net_pnl"] for f in numbers["instruments"].values()) == pytest.approx(account["test"]["net_pnl"],
+                                                                                        abs=0.05)
+    assert numbers["account"]["buy_and_hold"] == pytest.approx(account["test"]["buy_and_hold"])
+    assert set(numbers["baselines"]) == {"flat", "random_valid", "always_long", "buy_and_hold"}
+    assert (out / "trades.csv").exists() and (out / "equity.png").exists()
+    assert evaluate_main(["--run-dir", str(run_dir), "--data", str(pair["NQ"])]) == 2  # not for a set yet: one line
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {run_dir}: a run on several instruments (NQ, ES): --data takes one market's file; an account walks "
+        "its own set (--split val|test)"]
 
 
 def test_a_first_run_from_the_command_line(tmp_path, pair, capsys):

@@ -7,7 +7,8 @@
     python scripts/evaluate.py --run-dir runs/s0 --run-dir runs/s1 --run-dir runs/s2   # training seeds pooled
 
 Writes to --out (default RUN/eval/<checkpoint>-<split>): evaluation.json (or --json PATH), table.md, trades.csv,
-equity.png, underwater.png, training.png; prints the table.
+equity.png, underwater.png, training.png; prints the table. A run on several instruments (train.py --data SYM=PATH
+repeated) walks its account over --split with the same table, the set's buy-and-hold and each instrument's figures.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     from jaxenv import DataValidationError
     from jaxenv.load_report import dropped_text
 
+    from agents.evaluation.account_run import is_account_run
+
+    try:
+        if any(is_account_run(run_dir) for run_dir in args.run_dir):  # several instruments in one account
+            return account_main(args)
+    except (ConfigError, FileNotFoundError) as e:
+        print_error(e)
+        return 2
     split = args.split or ("all" if args.data else "test")
     options = EvalOptions(split=split, episodes=args.episodes, seeds=args.seeds, progress=not args.no_progress)
     try:
@@ -108,3 +117,77 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {json_path} and {out}/: {', '.join(written)}")
     return 0
 
+
+
+def account_main(args: argparse.Namespace) -> int:
+    """evaluate.py on a run trained on several instruments in one account (agents.evaluation.account_run): the table
+    of the account's walk against its baselines, its P&L against the set's buy-and-hold, each instrument's P&L and
+    trades, and one note on what is not walked for an account; the same files as for one instrument."""
+    from rich.console import Console
+
+    from agents.config import ConfigError
+    from agents.devices.parallel import print_banner
+    from agents.evaluation.account_run import (
+        account_trades,
+        account_views,
+        evaluate_account_run,
+        is_account_run,
+        load_account_run,
+    )
+    from agents.evaluation.report import (
+        account_lines,
+        markdown_table,
+        plot_equity,
+        plot_training,
+        plot_underwater,
+        rich_table,
+        write_json,
+    )
+    from agents.runs.saved_runs import CheckpointMismatch, load_run_config, refuse_instrument_set
+    from jaxenv import DataValidationError
+
+    run_dir = next(run_dir for run_dir in args.run_dir if is_account_run(run_dir))
+    split = args.split or "test"
+    try:
+        cfg = load_run_config(run_dir)
+        for given, why in ((len(args.run_dir) > 1, "pooling it with other runs is not built yet: evaluate it alone"),
+                           (args.data, "--data takes one market's file; an account walks its own set (--split val|test)"),
+                           (args.episodes, "random episodes of an account are not built yet: drop --episodes")):
+            if given:
+                refuse_instrument_set(cfg, run_dir, why)
+        run = load_account_run(run_dir, args.checkpoint, args.sample)
+        print_banner(None, run.cfg.llm)
+        summary, trace = evaluate_account_run(run, split, args.seeds)
+    except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError) as e:
+        print_error(e)
+        return 2
+
+    out = Path(args.out) if args.out else run.saved.run_dir / "eval" / f"{run.saved.label}-{split}"
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = Path(args.json) if args.json else out / "evaluation.json"
+    write_json(summary, json_path)
+    names = " + ".join(summary["instruments"])
+    lines = [*account_lines(summary["account"], f"{split} ({names}, {run.saved.label})"),
+             f"note: not walked for an account yet: {summary['not_walked']}; PSR and DSR are of the account's P&L per "
+             "session"]
+    (out / "table.md").write_text(markdown_table(summary) + "\n".join(lines) + "\n")
+    console = Console(width=None if sys.stdout.isatty() else 200)  # piped: no wrapping
+    console.print(rich_table(summary))
+    for line in lines:
+        console.print(line, highlight=False)
+
+    timestamps = run.setup.market_set.timestamps
+    trades = account_trades(run, trace)
+    trades.to_csv(out / "trades.csv", index=False, float_format="%.2f")
+    account, held = account_views(run, trace)
+    first_walk = " (first walk)" if args.seeds > 1 and run.sampled else ""
+    plot_equity(account, timestamps, out / "equity.png",
+                f"{run.saved.run_dir.name} {run.saved.label} on {split}, account of {names}{first_walk}: "
+                f"{len(trades)} trades")
+    plot_underwater({"agent": account, "buy_and_hold": held}, timestamps, out / "underwater.png",
+                    f"drawdown from the running peak of cumulative P&L{first_walk}")
+    written = ["table.md", "trades.csv", "equity.png", "underwater.png"]
+    if plot_training(run.saved.run_dir / "metrics.jsonl", out / "training.png", f"training: {run.saved.run_dir.name}"):
+        written.append("training.png")
+    print(f"wrote {json_path} and {out}/: {', '.join(written)}")
+    return 0

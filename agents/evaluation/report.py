@@ -175,10 +175,27 @@ def write_trades(trace: Trace, timestamps: pd.DatetimeIndex, contracts: int, con
                  path: Path) -> pd.DataFrame:
     """trades.csv: prices at the instrument's tick precision (EURUSD's 1.18713), the rest (money) at 2 decimals."""
     trades = trades_table(trace, timestamps, contracts)
-    price = f"{{:.{price_decimals(contract)}f}}".format
-    written = trades.assign(entry_price=trades["entry_price"].map(price), exit_price=trades["exit_price"].map(price))
-    written.to_csv(path, index=False, float_format="%.2f")
+    priced(trades, contract).to_csv(path, index=False, float_format="%.2f")
     return trades
+
+
+def priced(trades: pd.DataFrame, contract: ContractSpec) -> pd.DataFrame:
+    """trades_table's rows with their entry and exit prices as text at the instrument's tick precision."""
+    price = f"{{:.{price_decimals(contract)}f}}".format
+    return trades.assign(entry_price=trades["entry_price"].map(price), exit_price=trades["exit_price"].map(price))
+
+
+def account_lines(figures: dict[str, Any], what: str) -> list[str]:
+    """An account of several instruments on a split, two lines: its P&L against flat's and the set's buy-and-hold
+    (each instrument's move held in the agent's size, no costs), its trades, then each instrument's P&L, trades and
+    buy-and-hold. `figures`: net_pnl, flat, buy_and_hold, trades and instruments {symbol: {net_pnl, trades, held_pnl}}
+    (summary.json's account entry of a split, or evaluation.json's account); `what`: e.g. "test (NQ + ES, best
+    checkpoint)"."""
+    return [f"account {what}: P&L {figures['net_pnl']:,.2f} against flat's {figures['flat']:,.2f} and the set's "
+            f"buy-and-hold {figures['buy_and_hold']:,.2f} (held in the agent's size, no costs); "
+            f"{figures['trades']:.0f} trades",
+            "  " + "; ".join(f"{symbol}: P&L {own['net_pnl']:,.2f}, {own['trades']:.0f} trades, buy-and-hold "
+                             f"{own['held_pnl']:,.2f}" for symbol, own in figures["instruments"].items())]
 
 
 def _date_ticks(ax, trace: Trace, timestamps: pd.DatetimeIndex, max_ticks: int = 8) -> None:

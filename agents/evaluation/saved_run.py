@@ -106,7 +106,8 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", data: str | DataConf
     (on `data` instead of the run's own data when given: a source, or a whole data config). Fails with a message
     saying what differs when the checkpoint does not fit the current code, config or data."""
     cfg = load_run_config(run_dir)
-    refuse_instrument_set(cfg, run_dir, "evaluate.py does not walk it yet")
+    refuse_instrument_set(cfg, run_dir, "this walk is one instrument's (evaluate.py walks an account: "
+                          "agents.evaluation.account_run)")
     if isinstance(data, DataConfig):
         cfg = dataclasses.replace(cfg, data=data)
     elif data is not None:
@@ -212,7 +213,13 @@ def closes_session(sessions: SessionInfo, bar: int) -> bool:
 def overfitting_metrics(run: LoadedRun, trace: Trace) -> dict[str, float | None]:
     """The walk's PSR (its session P&L) and DSR over the trials on its run's data."""
     daily = daily_pnl(trace, run.market.timestamps, run.market.sessions.day).to_numpy(np.float64)
-    trials = count_trials(run.saved.run_dir, to_dict(run.cfg))
+    return session_overfitting(daily, run.saved.run_dir, run.cfg)
+
+
+def session_overfitting(daily: np.ndarray, run_dir: Path, cfg: TrainConfig) -> dict[str, float | None]:
+    """OVERFITTING_METRICS of a walk's P&L per session (an account's included) over the trials on the data of the
+    run in `run_dir` (config `cfg`)."""
+    trials = count_trials(run_dir, to_dict(cfg))
     dsr = deflated_sharpe_ratio(daily, trials)
     finite = lambda x: float(x) if x is not None and np.isfinite(x) else None  # noqa: E731
     return {"psr": finite(dsr["psr"]), "dsr": finite(dsr["dsr"]), "trials": float(trials)}

@@ -41,7 +41,7 @@ class SavedPolicy:
     kind: str  # best | latest
     step: int  # the update the checkpoint was taken after
     params: Any  # flax variables {"params": {...}}
-    obs_norm: RunningMeanStd
+    obs_norm: RunningMeanStd  # a run on several instruments: an AccountObs of normalisers (agents.rl.account)
     advice_record: Any = None  # hybrid.query.bind_on=record: the advice's track record at the checkpoint (as dicts)
 
     @property
@@ -69,7 +69,8 @@ class SavedPolicy:
 
     @property
     def obs_dim(self) -> int:
-        return int(self.obs_norm.mean.shape[0])
+        norm = getattr(self.obs_norm, "instruments", self.obs_norm)  # an account's: one instrument's row
+        return int(norm.mean.shape[0])
 
 
 def load_run_config(run_dir: str | Path) -> TrainConfig:
@@ -84,7 +85,8 @@ def load_run_config(run_dir: str | Path) -> TrainConfig:
 
 def refuse_instrument_set(cfg: TrainConfig, run_dir: str | Path, why: str) -> None:
     """A ConfigError, one line, for a run trained on several instruments (data.instruments) where only runs on one are
-    read (`why`: "evaluate.py does not walk it yet"): evaluate.py, trade.py, --init-from and the Agent API."""
+    read (`why`: "trade.py does not trade it yet"): trade.py, --init-from, the Agent API, one instrument's walk, and
+    what evaluate.py does not do for an account yet."""
     if cfg.data.instruments:
         symbols = ", ".join(getattr(i.contract, "symbol", str(i.contract)) for i in cfg.data.instruments)
         raise ConfigError(f"{run_dir}: a run on several instruments ({symbols}): {why}")
@@ -97,14 +99,17 @@ def _manager(run_dir: Path, kind: str) -> ocp.CheckpointManager | None:
     return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False), item_names=("state", "host"))
 
 
-def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | None = None) -> SavedPolicy:
+def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | None = None, *,
+                   account: bool = False) -> SavedPolicy:
     """Params and observation normaliser of the run's `which` checkpoint: best, latest, or an update number
     (looked up among the latest checkpoints, then the best). `best` falls back to latest, with a note on stderr,
     for a run that never evaluated. `cfg`: the run's whole recorded config, kept with the policy (SavedPolicy.cfg),
-    when the caller has read it already (None: read from the run folder)."""
+    when the caller has read it already (None: read from the run folder). A run on several instruments is refused
+    unless `account` (its reader walks an account: evaluate.py); its obs_norm is then an AccountObs of normalisers."""
     run_dir = Path(run_dir)
     cfg = cfg or load_run_config(run_dir)
-    refuse_instrument_set(cfg, run_dir, "its policy is not one instrument's")
+    if not account:
+        refuse_instrument_set(cfg, run_dir, "its policy is not one instrument's")
     managers = {kind: _manager(run_dir, kind) for kind in KINDS}
     steps = {kind: (m.all_steps() if m else []) for kind, m in managers.items()}
     try:
@@ -127,7 +132,13 @@ def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | 
             if m:
                 m.close()
     state = restored.state
-    obs_norm = RunningMeanStd(**{k: jnp.asarray(v) for k, v in state["obs_norm"].items()})
+    norm = lambda moments: RunningMeanStd(**{k: jnp.asarray(v) for k, v in moments.items()})  # noqa: E731
+    if cfg.data.instruments:  # one normaliser per instrument feature and one for the account block
+        from jaxenv.account_env import AccountObs
+
+        obs_norm = AccountObs(**{k: norm(v) for k, v in state["obs_norm"].items()})
+    else:
+        obs_norm = norm(state["obs_norm"])
     hybrid = state.get("hybrid")
     record = hybrid.get("record") if isinstance(hybrid, dict) else None
     if isinstance(record, dict) and "evidence" not in record:
@@ -183,10 +194,12 @@ def _outputs(shapes: dict[str, tuple[int, ...]], head: str) -> int | None:
     return shapes[biases[-1]][0] if biases else None
 
 
-def check_fits(saved: SavedPolicy, network: Any, obs_dim: int, num_actions: int) -> None:
+def check_fits(saved: SavedPolicy, network: Any, obs_dim: int, num_actions: int, example: Any = None) -> None:
     """Raises CheckpointMismatch listing every difference between the checkpoint's policy and the network the
-    current code builds from the run's config: observation size, action count, then any other layer."""
-    expected = _shapes(jax.eval_shape(lambda: network.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))))
+    current code builds from the run's config: observation size, action count, then any other layer. `example`: a
+    batch of one observation the network takes (default: zeros [1, obs_dim]; an account's: an AccountObs)."""
+    example = jnp.zeros((1, obs_dim)) if example is None else example
+    expected = _shapes(jax.eval_shape(lambda: network.init(jax.random.PRNGKey(0), example)))
     stored = _shapes(saved.params)
     env = saved.cfg.env
     stored_actions = _outputs(stored, "actor")

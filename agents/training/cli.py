@@ -245,7 +245,8 @@ def account_lines(summary: dict, market_set, trials: int, env: EnvConfig, gate_a
     """An account of several instruments at the end of its run: its test P&L against flat and the set's buy-and-hold,
     each instrument's P&L and trades, then the out-of-sample verdict and the gate's (agents.evaluation.report's lines)
     on the account's P&L per test session, against the set's buy-and-hold per session. The record is not saved:
-    evaluate.py and trade.py do not walk an account yet."""
+    trade.py does not trade an account yet."""
+    from agents.evaluation.report import account_lines as figure_lines
     from agents.evaluation.report import verdict_lines
     from agents.evaluation.saved_run import in_sample_end
     from agents.evidence.eprocess import scale_of
@@ -257,11 +258,7 @@ def account_lines(summary: dict, market_set, trials: int, env: EnvConfig, gate_a
     test = account["test"]
     checkpoint = test["agent"].removeprefix("agent_")
     names = " + ".join(account["symbols"])
-    lines = [f"account test ({names}, {checkpoint} checkpoint): P&L {test['net_pnl']:,.2f} against flat's "
-             f"{test['flat']:,.2f} and the set's buy-and-hold {test['buy_and_hold']:,.2f} (held in the agent's size, "
-             f"no costs); {test['trades']:.0f} trades",
-             "  " + "; ".join(f"{symbol}: P&L {figures['net_pnl']:,.2f}, {figures['trades']:.0f} trades, buy-and-hold "
-                              f"{figures['held_pnl']:,.2f}" for symbol, figures in test["instruments"].items())]
+    lines = figure_lines(test, f"test ({names}, {checkpoint} checkpoint)")
     sessions = summary["test"][test["agent"]]["sessions"]
     if not sessions["days"]:
         return lines

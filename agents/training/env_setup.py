@@ -12,6 +12,8 @@ from agents.evaluation.policies import (
     Evaluator,
     always_when_valid,
     flat_policy,
+    make_account_act,
+    make_act,
     make_episode_evaluator,
     random_valid_policy,
 )
@@ -30,6 +32,17 @@ class EnvSetup:
     baselines: dict[str, Callable] = field(default_factory=dict)  # name -> act, compared in the final summary
     # several instruments in one account (data.instruments): their jaxenv.market_set.MarketSet; `market` is then None
     market_set: Any = None
+
+    def agent_act(self, ppo: Any, *, normalize_obs: bool, greedy: bool) -> Callable:
+        """The run's network `ppo` (agents.rl.ppo.PPO) acting alone as this env's walks take an act: validation's and
+        the end-of-run comparison's where no advised walker walks (a gymnax env, an account), and evaluate.py's walk of
+        an account. An account's heads choose one by one in the env's instrument order under its sequential masks,
+        greedy where `greedy` (agents.evaluation.policies.make_account_act: act(policy_state, obs, state, params,
+        key)); one env's act is make_act's (act(policy_state, obs, mask, key)). policy_state: (network params, obs
+        normaliser). Build it once per run: each walk compiles once per act."""
+        if self.market_set is not None:
+            return make_account_act(ppo, self.env, normalize_obs, greedy)
+        return make_act(ppo, greedy)
 
 
 def make_env_setup(env_name: str, env: EnvConfig, data: DataConfig, eval_episodes: int) -> EnvSetup:

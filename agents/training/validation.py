@@ -12,7 +12,7 @@ import jax
 
 from agents.config import HybridConfig
 from agents.evaluation.advised_walk import ABLATIONS, AdvisedWalker, advised_summary, run_ablations
-from agents.evaluation.policies import Evaluator, make_account_act, make_act
+from agents.evaluation.policies import Evaluator
 from agents.rl.ppo import PPO, RunnerState
 from agents.training.env_setup import EnvSetup
 from jaxenv.config import DataConfig, EnvConfig
@@ -33,9 +33,8 @@ class AgentEvaluator:
         progress bar."""
         self.setup = setup
         self.rules = env.prop_firm
-        # an account of several instruments: every head under its sequential mask, in the env's instrument order
-        self.act = (make_account_act(ppo, setup.env, normalize_obs, greedy) if setup.market_set is not None
-                    else make_act(ppo, greedy))
+        # the network alone, where no walker walks (an account: every head under its sequential mask, in order)
+        self.act = setup.agent_act(ppo, normalize_obs=normalize_obs, greedy=greedy)
         self.advised = llm != "none" and hybrid.eval_with_advice  # walks ask the advisor and act fused
         self.adapter_for = adapter_for if hybrid.learning.enabled else None
         self.ablations = run_ablations(hybrid) if llm != "none" else {}
