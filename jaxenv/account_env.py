@@ -79,6 +79,7 @@ from jaxenv.env import (
     roll_session,
     settle_exit,
     step_info,
+    step_with_reset,
     step_reward,
     trailed_stop,
 )
@@ -335,15 +336,7 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
     def step(self, key, state, actions, params):
         """gymnax's step with auto-reset, as TradingEnv.step: the pre-reset observation in info["final_observation"],
         the returned state's first-head masks in info["action_mask"]."""
-        next_state, reward, terminated, info = self.transition(state, actions, params)
-        truncated = self.is_truncated(next_state, params)
-        done = terminated | truncated
-        reset_state = self.initial_state(key, params)
-        kept = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_state, next_state)
-        mask = self.action_mask(kept, params)
-        info = {**info, "terminated": terminated, "truncated": truncated,
-                "final_observation": self.get_obs(next_state, params), "action_mask": mask}
-        return self._observe(kept, params, mask), kept, reward, terminated, truncated, info
+        return step_with_reset(self, key, state, actions, params)
 
     def is_truncated(self, state: AccountState, params: AccountParams) -> jax.Array:
         return (state.time >= params.max_steps_in_episode) | (state.t >= params.end_bar - 1)

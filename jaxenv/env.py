@@ -278,22 +278,7 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
     def step(self, key, state, action, params=None):
         """gymnax's step with auto-reset, computing each observation once: the reset state's obs is only
         built for the state that is kept, and the pre-reset obs is returned as info["final_observation"]."""
-        if params is None:
-            params = self.default_params
-        next_state, reward, terminated, info = self.transition(state, action, params)
-        truncated = self.is_truncated(next_state, params)
-        done = terminated | truncated
-        reset_state = self.initial_state(key, params)
-        kept = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_state, next_state)
-        mask = self.action_mask(kept, params)
-        info = {
-            **info,
-            "terminated": terminated,
-            "truncated": truncated,
-            "final_observation": self.get_obs(next_state, params),
-            "action_mask": mask,  # of the returned state, so callers need not compute it again
-        }
-        return self._observe(kept, params, mask), kept, reward, terminated, truncated, info
+        return step_with_reset(self, key, state, action, self.default_params if params is None else params)
 
     def is_truncated(self, state: EnvState, params: EnvParams) -> jax.Array:
         return (state.time >= params.max_steps_in_episode) | (state.t >= params.end_bar - 1)
@@ -434,6 +419,22 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
 
 
 # ----------------------------------------------------------------------------- transition's steps, in order
+def step_with_reset(env, key, state, action, params):
+    """gymnax's step with auto-reset for an env with `transition`, `is_truncated`, `initial_state`, `action_mask`,
+    `get_obs` and `_observe` (TradingEnv, jaxenv.account_env.AccountEnv): the reset state's observation is only built
+    for the state that is kept, the pre-reset one is info["final_observation"], and the returned state's mask is
+    info["action_mask"], so callers need not compute it again."""
+    next_state, reward, terminated, info = env.transition(state, action, params)
+    truncated = env.is_truncated(next_state, params)
+    done = terminated | truncated
+    reset_state = env.initial_state(key, params)
+    kept = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_state, next_state)
+    mask = env.action_mask(kept, params)
+    info = {**info, "terminated": terminated, "truncated": truncated,
+            "final_observation": env.get_obs(next_state, params), "action_mask": mask}
+    return env._observe(kept, params, mask), kept, reward, terminated, truncated, info
+
+
 def to_tick(x: jax.Array, tick_size: jax.Array) -> jax.Array:
     """`x` rounded to the nearest tick."""
     return jnp.round(x / tick_size) * tick_size

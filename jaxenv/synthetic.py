@@ -118,6 +118,18 @@ class SyntheticMarket(NamedTuple):
     news: pd.DataFrame | None
 
 
+def on_ticks(open_: np.ndarray, high: np.ndarray, low: np.ndarray, close: np.ndarray,
+             tick: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Drawn prices rounded to the instrument's tick grid, the high and low still bounding the open and close."""
+    def to_ticks(x: np.ndarray) -> np.ndarray:
+        return np.round(x / tick) * tick
+
+    open_, close = to_ticks(open_), to_ticks(close)
+    high = np.maximum(to_ticks(high), np.maximum(open_, close))
+    low = np.minimum(to_ticks(low), np.minimum(open_, close))
+    return open_, high, low, close
+
+
 def generate_bars(preset: str, contract: ContractSpec, days: int, seed: int) -> pd.DataFrame:
     """Regular-hours minute bars (09:30-15:59) indexed by tz-aware timestamps in the contract's exchange zone, on its
     tick grid; for a preset with news a `headline` column: each bar's latest story."""
@@ -191,14 +203,7 @@ def generate_market(preset: str, contract: ContractSpec, days: int, seed: int) -
     high = np.maximum(open_, close) * np.exp(np.abs(rng.normal(0.0, 1.0, n)) * wick_sigma)
     low = np.minimum(open_, close) * np.exp(-np.abs(rng.normal(0.0, 1.0, n)) * wick_sigma)
 
-    tick = contract.tick_size
-
-    def to_ticks(x: np.ndarray) -> np.ndarray:
-        return np.round(x / tick) * tick
-
-    open_, close = to_ticks(open_), to_ticks(close)
-    high = np.maximum(to_ticks(high), np.maximum(open_, close))
-    low = np.minimum(to_ticks(low), np.minimum(open_, close))
+    open_, high, low, close = on_ticks(open_, high, low, close, contract.tick_size)
 
     volume = np.round(
         800.0 * smile**2 * rng.lognormal(0.0, 0.35, n) * (1.0 + np.abs(log_ret) / (bar_sigma * smile))
@@ -318,14 +323,7 @@ def generate_pair(preset: str, contracts: tuple[ContractSpec, ContractSpec], day
         open_, close = np.exp(log_open), np.exp(log_close)
         high = np.maximum(open_, close) * np.exp(wick_draws[leg, 0] * sig * 0.5)
         low = np.minimum(open_, close) * np.exp(-wick_draws[leg, 1] * sig * 0.5)
-        tick = contract.tick_size
-
-        def to_ticks(x: np.ndarray) -> np.ndarray:
-            return np.round(x / tick) * tick
-
-        open_, close = to_ticks(open_), to_ticks(close)
-        high = np.maximum(to_ticks(high), np.maximum(open_, close))
-        low = np.minimum(to_ticks(low), np.minimum(open_, close))
+        open_, high, low, close = on_ticks(open_, high, low, close, contract.tick_size)
         volume = np.round(800.0 * smile**2 * volume_draws[leg] * (1.0 + np.abs(z)))
         frame = pd.DataFrame({"open": open_, "high": high, "low": low, "close": close, "volume": volume},
                              index=wall.tz_localize(contract.timezone))
