@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import re
 import sys
+from pathlib import Path
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -52,3 +54,31 @@ def print_error(error: BaseException) -> None:
     collects them in one pass), else one line."""
     for line in getattr(error, "errors", None) or [error]:
         print(f"error: {line}", file=sys.stderr)
+
+
+def is_data_path(item: str) -> bool:
+    """A --data value that is one market's file or synthetic:PRESET, not SYMBOL=PATH (a path holding "=" that is a
+    file is a path)."""
+    return "=" not in item or Path(item).is_file()
+
+
+def data_overrides(items: list[str] | None) -> list[str]:
+    """The override of --data given as SYMBOL=PATH once per instrument: data.instruments, in order (a single PATH is
+    data.source's flag: train.py's parse_args; all_data_overrides). A bare path mixed with SYMBOL=PATH is a ConfigError, one line."""
+    from agents.config import ConfigError
+
+    if not items:
+        return []
+    bare = [item for item in items if is_data_path(item)]
+    if bare:
+        raise ConfigError(f"--data: {bare[0]} is one market's file but the others are SYMBOL=PATH; give one PATH, or "
+                          "SYMBOL=PATH once per instrument of one account (--data NQ=nq.csv --data ES=es.csv)")
+    return [f"data.instruments={json.dumps(items)}"]
+
+
+def all_data_overrides(items: list[str] | None) -> list[str]:
+    """The overrides of --data, repeatable: one PATH (the last given) is data.source, SYMBOL=PATH once per instrument
+    is data.instruments (data_overrides)."""
+    if items and all(map(is_data_path, items)):
+        return [f"data.source={items[-1]}"]
+    return data_overrides(items)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.command_line import print_error
+from agents.command_line import all_data_overrides, print_error
 from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
 from experiments.fusion import ADVISED, ARMS, BASELINE, flat_config, parse_seeds, seeds_and_days_interval
 from jaxenv.folds import Fold, FoldPlan, plan_folds, session_starts
@@ -83,7 +83,16 @@ class Plan:
         if self.warm_start:  # fold 0 has no transfer.init_from to tell; fresh walk-forwards' digests stay as they were
             kept["warm_start"] = True
         digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        return {"config": digest, "arm": arm, "seed": seed, "source": cfg["data.source"]}
+        return {"config": digest, "arm": arm, "seed": seed, "source": data_name(cfg)}
+
+
+def data_name(flat: dict) -> str:
+    """The data a trial ran on, as the ledger counts trials: data.source, or each instrument's SYMBOL=SOURCE of a set."""
+    instruments = flat.get("data.instruments") or []
+    if not instruments:
+        return flat["data.source"]
+    return ",".join(f"{i['contract']['symbol'] if isinstance(i['contract'], dict) else i['contract']}={i['source']}"
+                    for i in instruments)
 
 
 # ----------------------------------------------------------------------------------------------------------- runs
@@ -116,14 +125,17 @@ def session_pnl(trace: dict, market) -> dict[str, float]:
 def score_run(run_dir: Path) -> dict[str, Any]:
     """The run's best checkpoint (chosen on its fold's validation window), greedy, walked on its test window (out of
     sample) and its training window (in sample); a hybrid run's advice alone on the test window too; buy-and-hold's
-    P&L per session on the test window."""
+    P&L per session on the test window. A run on several instruments: score_account_run."""
     import jax
 
     from agents.advice.usage import walk_advice_metrics
+    from agents.evaluation.account_run import is_account_run
     from agents.evaluation.saved_run import ablation_walks, agent_walk, load_run
     from jaxenv.evaluate import buy_and_hold
     from jaxenv.metrics import walk_metrics
 
+    if is_account_run(run_dir):
+        return score_account_run(run_dir)
     run = load_run(run_dir, "best")
 
     def walked(walk, split: str) -> dict:
@@ -143,6 +155,30 @@ def score_run(run_dir: Path) -> dict[str, Any]:
     finally:
         run.close()
     return scores
+
+
+def score_account_run(run_dir: Path) -> dict[str, Any]:
+    """score_run's scores of a run on several instruments in one account: the account walked greedy on its test and
+    training windows (its P&L per session and walk metrics, each instrument's P&L and trades), the set's buy-and-hold
+    per test session (each instrument held in the agent's size, no costs)."""
+    import jax
+
+    from agents.evaluation.account_run import load_account_run
+    from jaxenv.account_evaluate import account_figures, walk_account
+
+    run = load_account_run(run_dir, "best")
+    env, market_set = run.setup.env, run.setup.market_set
+    walked = {}
+    for split in ("test", "train"):
+        figures = account_figures(walk_account(env, market_set, split, run.act, jax.random.PRNGKey(0),
+                                               (run.saved.params, run.saved.obs_norm)), market_set, env)
+        walked[split] = figures
+    sessions = {split: dict(zip(f["sessions"]["days"], f["sessions"]["pnl"])) for split, f in walked.items()}
+    metrics = {split: {k: v for k, v in f.items() if k not in ("sessions", "instruments")} for split, f in walked.items()}
+    return {"version": SCORE_VERSION, "checkpoint": run.saved.label,
+            **{split: {"metrics": metrics[split], "sessions": sessions[split],
+                       "instruments": walked[split]["instruments"]} for split in walked},
+            BUY_AND_HOLD: {"sessions": dict(zip(walked["test"]["sessions"]["days"], walked["test"]["sessions"]["held"]))}}
 
 
 def finished_run(plan: Plan, fold: Fold, arm: str, seed: int) -> tuple[dict[str, Any], bool]:
@@ -284,12 +320,23 @@ def summarize(plan: Plan, results: dict, trials: int) -> dict[str, Any]:
                                        "out_of_sample_per_session": float(np.mean(outs)),
                                        "gap": float(np.mean(np.subtract(ins, outs)))})
         out["arms"][arm] = a
+        if arm not in benchmarks and "instruments" in results[plan.folds[0].index][arm][plan.seeds[0]]["test"]:
+            a["instruments"] = instrument_paths(results, plan, arm)
     columns = [(arm, s) for arm in arms if arm != BUY_AND_HOLD for s in plan.seeds]  # the trials, flat included
     performance = np.stack([paths[c][1] for c in columns], axis=1)
     blocks = min(16, len(days) - len(days) % 2)
     out["pbo"] = {**pbo_cscv(performance, blocks=blocks), "columns": [f"{a}-s{s}" for a, s in columns]}
     out["pbo"].pop("logits", None)
     return out
+
+
+def instrument_paths(results: dict, plan: Plan, arm: str) -> dict[str, dict[str, float]]:
+    """An account's instruments on the stitched test windows: each one's P&L and trades summed over the folds, mean over
+    seeds."""
+    per_seed = [[results[f.index][arm][s]["test"]["instruments"] for f in plan.folds] for s in plan.seeds]
+    symbols = per_seed[0][0]
+    return {symbol: {k: float(np.mean([sum(fold[symbol][k] for fold in folds) for folds in per_seed]))
+                     for k in ("net_pnl", "trades", "held_pnl")} for symbol in symbols}
 
 
 def table(summary: dict[str, Any], command: str) -> str:
@@ -331,6 +378,11 @@ def table(summary: dict[str, Any], command: str) -> str:
                      f"{num(pooled['sharpe_daily'])} | {pooled['max_drawdown']:,.0f} | "
                      f"{np.mean([p['breaches'] for p in per_seed]):.1f} | {np.mean([p['trades'] for p in per_seed]):,.0f} | "
                      f"{num(pooled['psr'])} | {num(dsr)} | {gate_cell(a.get('gate'))} |")
+    for arm, a in s["arms"].items():
+        if "instruments" in a:
+            lines += ["", f"{arm}: each instrument of the account on the stitched test windows, mean over seeds: " +
+                      "; ".join(f"{sym} P&L {f['net_pnl']:,.0f} in {f['trades']:,.0f} trades (held {f['held_pnl']:,.0f})"
+                                for sym, f in a["instruments"].items())]
     lines += ["", "In sample (the fold's training window) against out of sample (its test window), P&L per session, "
               "mean over seeds:", "", "| arm | " + " | ".join(f"fold {f['index']}" for f in summary["folds"]) + " |",
               "|" + "---|" * (len(summary["folds"]) + 1)]
@@ -478,6 +530,7 @@ def plan_from_args(args) -> Plan:
     """Checks the command line and the data against the fold plan; a ValueError or ConfigError names the flag, key or
     file that is wrong, in one line."""
     from jaxenv.market import load_market
+    from jaxenv.market_set import load_market_set
 
     if not Path(args.config).is_file():
         raise ValueError(f"--config {args.config}: file not found")
@@ -489,13 +542,14 @@ def plan_from_args(args) -> Plan:
     if args.llm not in (None, "none"):  # --llm names the advised arm's advisor: the arm runs
         arms.append(ADVISED)
     arms = list(dict.fromkeys([BASELINE, *arms]))
-    overrides = [*args.overrides, *([f"data.source={args.data}"] if args.data else []),
+    overrides = [*args.overrides, *all_data_overrides(args.data),
                  *([f"total_steps={args.total_steps}"] if args.total_steps else []),
                  *([f"num_envs={args.envs}"] if args.envs else [])]
     cfg = load_config(args.config, [*ARMS[BASELINE], *overrides])
-    if cfg.data.instruments:
-        raise ValueError("a config on several instruments (data.instruments): walkforward.py does not walk it yet")
-    market = load_market(cfg.data)  # a file that does not fit the run's instrument stops here, in one line
+    if cfg.data.instruments:  # several instruments in one account: the set's joint timeline and sessions
+        market = load_market_set([(i.contract, i.source) for i in cfg.data.instruments], cfg.data)
+    else:  # a file that does not fit the run's instrument stops here, in one line
+        market = load_market(cfg.data)
     sessions = len(session_starts(market.sessions.session_id)) - 1
     folds = plan_folds(sessions, FoldPlan(args.folds, args.test_sessions, args.val_sessions, args.purge,
                                           args.train_sessions, args.step))
@@ -514,7 +568,9 @@ def parser():
 
     ap = CommandParser(description=__doc__)
     ap.add_argument("--config", default="configs/signal.yaml", help="the runs' config (default: %(default)s)")
-    ap.add_argument("--data", help="the market: a CSV/Parquet file or synthetic:PRESET (default: the config's)")
+    ap.add_argument("--data", action="append", metavar="PATH | SYMBOL=PATH", help="the market: a CSV/Parquet file or "
+                    "synthetic:PRESET; or, repeated as SYMBOL=PATH (--data NQ=nq.csv --data ES=es.csv), several "
+                    "instruments traded in one account, as train.py's --data (default: the config's)")
     ap.add_argument("--arms", default="rl_only", help=f"comma-separated arms from {', '.join(ARMS)}; rl_only is "
                     "always trained and flat always walked; advised: the config's own advisor (default: %(default)s)")
     ap.add_argument("--llm", metavar="NAME", help="the advised arm's advisor: none | mock | smollm2 | a model path or "

@@ -263,9 +263,15 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
         """Each instrument's TradingEnv params (its own contract and costs, the set's sessions and prop-firm session
         rules) stacked on an instrument axis, and the account's rules."""
         per = [self.single.make_params(market, split, sequential) for market in market_set.markets]
+        return self.params_of(per, [m.contract for m in market_set.markets], market_set.present)
+
+    def params_of(self, per: list[EnvParams], contracts: list[ContractSpec], present) -> AccountParams:
+        """AccountParams of each instrument's TradingEnv params `per` (one start, end and episode length), traded as
+        `contracts`, `present` bool [n, I]: make_params' body, also used by agents.trading for bars that arrive one
+        joint bar at a time."""
         inst = jax.tree.map(lambda *xs: jnp.stack(xs), *per)
         first, rules = per[0], self.config.prop_firm
-        symbols = [s.upper() for s in market_set.symbols]
+        symbols = [c.symbol.upper() for c in contracts]
         n = len(symbols)
         opposed = np.zeros((n, n), bool)
         for a, b in self.account.correlated:
@@ -277,7 +283,7 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
         f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
         return AccountParams(
             inst=inst,
-            present=jnp.asarray(market_set.present, bool),
+            present=jnp.asarray(present, bool),
             start_bar=first.start_bar,
             end_bar=first.end_bar,
             sequential=first.sequential,
@@ -287,8 +293,7 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
             trail_stop_offset=f32(rules.trail_stop_offset),
             reward_scale=f32(self.config.reward_scale),
             breach_penalty=f32(self.config.breach_penalty),
-            entry_tenths=jnp.asarray([mini_tenths(m.contract, self.config.contracts_per_trade)
-                                      for m in market_set.markets], jnp.int32),
+            entry_tenths=jnp.asarray([mini_tenths(c, self.config.contracts_per_trade) for c in contracts], jnp.int32),
             cap_tenths=jnp.asarray(cap_tenths, jnp.int32),
             half_size=jnp.asarray(self.account.half_size_until_threshold),
             opposed=jnp.asarray(opposed),

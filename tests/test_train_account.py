@@ -51,7 +51,7 @@ def test_two_files_train_one_account_that_resumes_and_reports_each_instrument(tm
     assert "test the account's net P&L after costs: agent_latest" in out
     assert "account test (NQ + ES, best checkpoint): P&L" in out and "NQ: P&L" in out and "ES: P&L" in out
     assert "out of sample (test split of the account NQ + ES" in out
-    assert "trade.py does not trade an account of several instruments yet" in out  # the gate's line
+    assert "trade.py will paper-trade this agent until its record passes" in out  # the gate's line
 
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["update"] for m in lines] == [1, 2]
@@ -82,10 +82,10 @@ def test_two_files_train_one_account_that_resumes_and_reports_each_instrument(tm
     assert numbers["account"]["buy_and_hold"] == pytest.approx(account["test"]["buy_and_hold"])
     assert set(numbers["baselines"]) == {"flat", "random_valid", "always_long", "buy_and_hold"}
     assert (out / "trades.csv").exists() and (out / "equity.png").exists()
-    assert evaluate_main(["--run-dir", str(run_dir), "--data", str(pair["NQ"])]) == 2  # not for a set yet: one line
+    assert evaluate_main(["--run-dir", str(run_dir), "--data", str(pair["NQ"])]) == 2  # a bare file: one line
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"error: {run_dir}: a run on several instruments (NQ, ES): --data takes one market's file; an account walks "
-        "its own set (--split val|test)"]
+        f"error: {run_dir}: a run on several instruments (NQ, ES): give --data SYMBOL=PATH once per instrument, in "
+        "the run's order"]
 
 
 def test_a_first_run_from_the_command_line(tmp_path, pair, capsys):

@@ -159,3 +159,47 @@ def test_the_gate_on_a_stitched_path_opens_on_an_edge_and_not_on_none():
     # gains count up to +c, losses in full: no edge, however large; −6,000 is beyond 2c, the test's exact range
     churn = gate_verdict(days, np.tile([3000.0, -6000.0], 20), 2500.0)
     assert not churn["opened"] and churn["opened_after_sessions"] is None and churn["clipped"] == 20
+
+
+def test_an_account_of_two_files_walks_forward_with_each_instruments_figures(tmp_path, capsys):
+    """--data SYMBOL=PATH once per instrument: folds over the set's sessions, each run scored by the account's walk,
+    each instrument's P&L on the stitched test windows summing to the account's, the gate on the account's path."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    files = tmp_path / "pair"
+    subprocess.run([sys.executable, "scripts/write_market.py", "--preset", "pair", "--days", "20", "--out", str(files)],
+                   cwd=repo, check=True, capture_output=True)
+    out = tmp_path / "wf"
+    assert walkforward(out, "--data", f"NQ={files / 'NQ.csv'}", "--data", f"ES={files / 'ES.csv'}",
+                       "--set=data.synthetic_days=20") == 0
+    summary = json.loads((out / "walkforward.json").read_text())["summary"]
+    rl = summary["arms"]["rl_only"]
+    assert set(rl["instruments"]) == {"NQ", "ES"} and summary["sessions"] == 6
+    assert sum(f["net_pnl"] for f in rl["instruments"].values()) == pytest.approx(rl["oos"]["mean"], abs=0.5)
+    assert "opened" in next(iter(rl["gate"].values()))  # the gate on seed 0's stitched path
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert trials[0]["source"] == f"NQ={files / 'NQ.csv'},ES={files / 'ES.csv'}"
+    assert "rl_only: each instrument of the account" in capsys.readouterr().out
+
+
+def test_the_account_against_the_single_agents_is_compared_seed_by_seed_on_the_same_sessions():
+    from experiments.account_vs_singles import compare
+
+    def walked(pnl: dict[int, list[float]], days=("2024-01-02", "2024-01-03", "2024-01-04", "2024-01-05")) -> dict:
+        runs = {f"fold{k}": {"rl_only": {str(s): {"test": {"sessions": dict(zip(days[2 * k: 2 * k + 2],
+                                                                                p[2 * k: 2 * k + 2]))}}
+                                         for s, p in pnl.items()}} for k in (0, 1)}
+        return {"runs": runs, "summary": {"arms": {"rl_only": {"gate_opened": 0.5}}}}
+
+    account = walked({0: [1, 2, 3, 4], 1: [0, 0, 0, 10]})
+    nq, es = walked({0: [1, 1, 1, 1], 1: [1, 1, 1, 1]}), walked({0: [0, 0, 0, 0], 1: [2, 2, 2, 2]})
+    result = compare(account, [nq, es])
+    assert result["sessions"] == 4 and result["seeds"] == [0, 1]
+    assert result["account"]["mean"] == 10.0 and result["singles_summed"]["mean"] == 8.0  # (4 + 12) / 2
+    assert result["account_minus_singles"]["mean"] == 2.0
+    with pytest.raises(ValueError, match="sessions differ"):
+        compare(account, [walked({0: [1] * 4, 1: [1] * 4}, days=("2024-02-01", "2024-02-02", "2024-02-05",
+                                                                   "2024-02-06")), es])

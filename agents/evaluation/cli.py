@@ -3,12 +3,14 @@
     python scripts/evaluate.py --run-dir runs/x                          # best checkpoint, test split, greedy
     python scripts/evaluate.py --run-dir runs/x --checkpoint 40 --split val --json val.json
     python scripts/evaluate.py --run-dir runs/x --data bars.parquet      # every bar of another file
+    python scripts/evaluate.py --run-dir runs/pair --data NQ=a.csv --data ES=b.csv   # an account: one file each
     python scripts/evaluate.py --run-dir runs/x --episodes 50 --seeds 3  # random 5-session episodes
     python scripts/evaluate.py --run-dir runs/s0 --run-dir runs/s1 --run-dir runs/s2   # training seeds pooled
 
 Writes to --out (default RUN/eval/<checkpoint>-<split>): evaluation.json (or --json PATH), table.md, trades.csv,
 equity.png, underwater.png, training.png; prints the table. A run on several instruments (train.py --data SYM=PATH
-repeated) walks its account over --split with the same table, the set's buy-and-hold and each instrument's figures.
+repeated) walks its account over --split (or every bar of --data SYMBOL=PATH, once per instrument) with the same
+table, the gated walk, the set's buy-and-hold and each instrument's figures.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agents.command_line import CommandParser, print_error
+from agents.command_line import CommandParser, is_data_path, print_error
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,8 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="which checkpoint: best (on validation; latest when there is none), latest, or an update")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--split", choices=["val", "test"], help="the run's own split to walk (default test)")
-    where.add_argument("--data", metavar="PATH", help="walk every bar of this CSV/Parquet file (or synthetic:PRESET) "
-                       "instead of the run's data")
+    where.add_argument("--data", action="append", metavar="PATH",
+                       help="walk every bar of this CSV/Parquet file (or synthetic:PRESET) instead of the run's data; "
+                       "a run on several instruments takes SYMBOL=PATH once per instrument")
     ap.add_argument("--episodes", type=int, default=0, metavar="N",
                     help="N random episodes (env.max_steps_in_episode bars each) instead of one walk of everything")
     ap.add_argument("--sample", action="store_true", help="sample actions instead of taking the most probable")
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     split = args.split or ("all" if args.data else "test")
     options = EvalOptions(split=split, episodes=args.episodes, seeds=args.seeds, progress=not args.no_progress)
     try:
-        runs = [load_run(run_dir, args.checkpoint, args.data, args.sample) for run_dir in args.run_dir]
+        data = single_data(args.data)
+        runs = [load_run(run_dir, args.checkpoint, data, args.sample) for run_dir in args.run_dir]
         for run in runs:  # what train.py's load report says of dropped rows, on one line
             if run.market.dropped_rows:
                 print(f"warning: {run.market.source}: dropped {dropped_text(run.market)}", file=sys.stderr)
@@ -119,6 +123,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 
+def single_data(items: list[str] | None) -> str | None:
+    """--data for a run on one instrument: its one file (the last given where several are), or None; SYMBOL=PATH is
+    an account's and a ValueError, one line."""
+    account = [item for item in items or [] if not is_data_path(item)]
+    if account:
+        raise ValueError(f"--data: {account[0]} is SYMBOL=PATH, one instrument of an account, but the run trades one "
+                         "instrument: give one PATH")
+    return items[-1] if items else None
+
+
 def account_main(args: argparse.Namespace) -> int:
     """evaluate.py on a run trained on several instruments in one account (agents.evaluation.account_run): the table
     of the account's walk against its baselines, its P&L against the set's buy-and-hold, each instrument's P&L and
@@ -136,6 +150,7 @@ def account_main(args: argparse.Namespace) -> int:
     )
     from agents.evaluation.report import (
         account_lines,
+        gate_lines,
         markdown_table,
         plot_equity,
         plot_training,
@@ -147,15 +162,16 @@ def account_main(args: argparse.Namespace) -> int:
     from jaxenv import DataValidationError
 
     run_dir = next(run_dir for run_dir in args.run_dir if is_account_run(run_dir))
-    split = args.split or "test"
+    split = args.split or ("all" if args.data else "test")
     try:
         cfg = load_run_config(run_dir)
+        bare = any(map(is_data_path, args.data or []))
         for given, why in ((len(args.run_dir) > 1, "pooling it with other runs is not built yet: evaluate it alone"),
-                           (args.data, "--data takes one market's file; an account walks its own set (--split val|test)"),
+                           (bare, "give --data SYMBOL=PATH once per instrument, in the run's order"),
                            (args.episodes, "random episodes of an account are not built yet: drop --episodes")):
             if given:
                 refuse_instrument_set(cfg, run_dir, why)
-        run = load_account_run(run_dir, args.checkpoint, args.sample)
+        run = load_account_run(run_dir, args.checkpoint, args.sample, args.data)
         print_banner(None, run.cfg.llm)
         summary, trace = evaluate_account_run(run, split, args.seeds)
     except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError) as e:
@@ -170,10 +186,10 @@ def account_main(args: argparse.Namespace) -> int:
     lines = [*account_lines(summary["account"], f"{split} ({names}, {run.saved.label})"),
              f"note: not walked for an account yet: {summary['not_walked']}; PSR and DSR are of the account's P&L per "
              "session"]
-    (out / "table.md").write_text(markdown_table(summary) + "\n".join(lines) + "\n")
+    (out / "table.md").write_text(markdown_table(summary) + "\n".join(lines) + "\n")  # the table's gate lines in it
     console = Console(width=None if sys.stdout.isatty() else 200)  # piped: no wrapping
     console.print(rich_table(summary))
-    for line in lines:
+    for line in [*gate_lines(summary), *lines]:
         console.print(line, highlight=False)
 
     timestamps = run.setup.market_set.timestamps

@@ -97,7 +97,7 @@ class Agent:
     def load(cls, run_dir: str | Path, checkpoint: str = "best", **options) -> Agent:
         """A run's `checkpoint` (best, latest or an update), restored to act as evaluation acts (greedy)."""
         cfg = load_run_config(run_dir)
-        refuse_instrument_set(cfg, run_dir, "the Agent API does not load it yet")
+        refuse_instrument_set(cfg, run_dir, "agents.trading.account_agent.AccountAgent trades it")
         return cls(restore_policy(run_dir, checkpoint, cfg), **options)
 
     def open_advisor(self, log_stem: Path | None = None, market=None, saved: dict | None = None):

@@ -71,10 +71,11 @@ class BarBook:
     are added. `add` checks a bar, places it and computes its features."""
 
     def __init__(self, contract: ContractSpec, rules, min_range_ticks: float = 0.0, capacity: int = 8192,
-                 trained_interval: int = 0):
+                 trained_interval: int = 0, features: bool = True):
         """`rules`: the prop firm's (jaxenv.config.PropFirmRules): when entries stop and positions close;
-        `trained_interval`: the bar interval (minutes) the run trained on, which the history must have (0: any)."""
-        self.contract, self.rules = contract, rules
+        `trained_interval`: the bar interval (minutes) the run trained on, which the history must have (0: any);
+        `features`: compute each bar's features (False: its sessions and rules only, a joint timeline's clock)."""
+        self.contract, self.rules, self.features = contract, rules, features
         self.interval = 0  # the bar interval in minutes, measured on the history
         self.trained_interval = trained_interval
         self.min_range_ticks = min_range_ticks
@@ -241,7 +242,6 @@ class BarBook:
         index = pd.DatetimeIndex(self.stamps[start:end]).tz_localize("UTC").tz_convert(self.contract.timezone)
         frame = pd.DataFrame(self.raw[start:end], columns=list(ROW_FIELDS), index=index)
         sessions = session_info(index, self.contract, self.interval, self.schedule)
-        bar_f, context_f, atr, indicators = compute_features(frame, sessions)
         rules = self.rules
         can_enter, flatten = flat_rules(index, sessions, self.contract, prop_flat_by(self.contract, rules),
                                         rules.timezone, rules.no_entry_minutes_before_close)
@@ -253,10 +253,13 @@ class BarBook:
             self.session_id[first] = self.session_id[first - 1] + int(sessions.session_id[-1] != sessions.session_id[-2])
         self.minute_of_day[rows] = sessions.minute_of_day[take]
         self.day[rows] = sessions.day[take].astype("datetime64[D]").astype(np.int64)
+        self.can_enter[rows], self.flatten[rows] = can_enter[take], flatten[take]
+        if not self.features:
+            return
+        bar_f, context_f, atr, indicators = compute_features(frame, sessions)
         self.bar_features[rows], self.context_features[rows], self.atr[rows] = bar_f[take], context_f[take], atr[take]
         for name in INDICATORS:
             self.indicators[name][rows] = indicators[name][take]
-        self.can_enter[rows], self.flatten[rows] = can_enter[take], flatten[take]
 
     def next_session_id(self) -> int:
         """The session the next bar belongs to, as far as the calendar says now: the last bar's, or the one after it

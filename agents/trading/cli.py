@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from agents.command_line import CommandParser, print_error
+from agents.command_line import CommandParser, is_data_path, print_error
 from agents.evidence.gate import GATE_MODES, UNKNOWN_IN_SAMPLE
 
 TRADE_DIR = "trade"  # RUN/trade/<file name>: the default --out
@@ -29,7 +29,9 @@ TRADE_DIR = "trade"  # RUN/trade/<file name>: the default --out
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, metavar="RUN", help="run folder made by scripts/train.py")
-    ap.add_argument("--data", required=True, metavar="FILE", help="the bars file (CSV or Parquet; --follow: CSV)")
+    ap.add_argument("--data", required=True, action="append", metavar="FILE | SYMBOL=FILE",
+                    help="the bars file (CSV or Parquet; --follow: CSV); for a run on several instruments, "
+                    "SYMBOL=FILE once per instrument in the run's order (--data NQ=nq.csv --data ES=es.csv)")
     ap.add_argument("--checkpoint", default="best", metavar="STEP|best|latest", help="which checkpoint (default best)")
     ap.add_argument("--news", metavar="FILE", help="a news file (data.news's format): each bar's prompt shows the items "
                     "published before its close, with the run's data.news_items and data.news_max_age")
@@ -46,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "leaves the older block's advice in force")
     ap.add_argument("--timezone", metavar="ZONE", help="the zone of naive stamps in the file (default: the one "
                     "training read the run's data in, data.source_timezone=auto's pick included; else the exchange's)")
+    ap.add_argument("--wait", type=float, default=30.0, metavar="S",
+                    help="several instruments with --follow: seconds a bar time waits for an instrument's bar before it "
+                    "is decided with that instrument absent (default 30)")
     ap.add_argument("--poll", type=float, default=1.0, metavar="S", help="--follow: seconds between reads (default 1)")
     ap.add_argument("--idle-exit", type=float, metavar="S", help="--follow: stop after S seconds without a new row")
     ap.add_argument("--status-every", type=int, metavar="N",
@@ -57,6 +62,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--poll must be > 0 and --status-every >= 0")
     if args.idle_exit is not None and not args.follow:
         ap.error("--idle-exit goes with --follow")
+    if args.wait < 0:
+        ap.error("--wait must be >= 0")
+    args.instruments = None  # several instruments: their SYMBOL=FILE items (agents.trading.account_session)
+    if all(map(is_data_path, args.data)):
+        args.data = args.data[-1]  # one file: the last given, as a flag given twice always took
+    elif any(map(is_data_path, args.data)):
+        bare = next(filter(is_data_path, args.data))
+        ap.error(f"--data {bare} is one market's file but the others are SYMBOL=FILE; give one FILE, or SYMBOL=FILE "
+                 "once per instrument of one account")
+    else:
+        args.instruments, args.data = args.data, " ".join(args.data)
     return args
 
 
@@ -67,14 +83,20 @@ def main(argv: list[str] | None = None) -> int:
     from jaxenv.data import DataValidationError
 
     try:
-        session = Session.open(args)
+        if args.instruments:
+            from agents.trading.account_session import AccountSession
+
+            session = AccountSession.open(args, args.instruments)
+        else:
+            session = Session.open(args)
     except (ConfigError, DataValidationError, FileNotFoundError, ValueError, RunLocked) as e:
         print_error(e)
         return 2
     try:
         return session.run()
     except KeyboardInterrupt:
-        print(f"\nstopped after row {session.rows_done} of {args.data}; the state is saved: run the same command to "
+        where = session.rows_done if args.instruments else f"row {session.rows_done} of {args.data}"
+        print(f"\nstopped after {where}; the state is saved: run the same command to "
               "resume", file=sys.stderr)
         return 130
     except (DataValidationError, FileNotFoundError, ValueError) as e:  # a file that is not the run's instrument
@@ -135,7 +157,7 @@ class Session:
 
         run_dir = Path(args.run_dir)
         cfg = load_run_config(run_dir)
-        refuse_instrument_set(cfg, run_dir, "trade.py does not trade it yet")
+        refuse_instrument_set(cfg, run_dir, "give --data SYMBOL=FILE once per instrument, in the run's order")
         data = resolve_data_config(cfg.data)
         news = dataclasses.replace(data, news=args.news) if args.news else None
         zone, why = stamps_zone(args.timezone, run_data(run_dir).get("source_timezone", ""), cfg.data.source_timezone)
@@ -168,14 +190,8 @@ class Session:
         """The checkpoint's out-of-sample record (agents.evaluation.saved_run.out_of_sample), or None with a note where
         its run's data cannot be walked."""
         from agents.evaluation.saved_run import out_of_sample
-        from jaxenv.data import DataValidationError
 
-        try:
-            return out_of_sample(self.args.run_dir, self.args.checkpoint)
-        except (DataValidationError, FileNotFoundError) as e:
-            print(f"note: the run's test split cannot be walked ({str(e).splitlines()[0][:160]}): the gate starts "
-                  "with no out-of-sample record", file=sys.stderr)
-            return None
+        return record_or_none(out_of_sample, self.args.run_dir, self.args.checkpoint)
 
     def _replayed_market(self):
         """A replay of a whole file reads (and fills) the advice store of that file's keys, as evaluate.py --data does:
@@ -198,18 +214,11 @@ class Session:
     def _resume(self) -> dict:
         from agents.trading.orders import Order
 
+        from agents.trading.journal import check_resumed
+
         state, arrays = self.journal.load(self.agent.book)
-        if state["run"] != str(self.args.run_dir) or state["data"] != str(self.args.data):
-            raise ValueError(f"{self.journal.out}: its state is of --run-dir {state['run']} --data {state['data']}; "
-                             "resume with those, or give another --out")
-        # the gate's record is one checkpoint's under one mode: another checkpoint or mode would trade on it
-        asked = {**self.agent.saved.identity(), "gate": self.args.gate}
-        saved = {**state["checkpoint"], "gate": state["gate_mode"]}
-        if saved != asked:
-            raise ValueError(f"{self.journal.out}: its state traded checkpoint {saved['label']} (weights "
-                             f"{saved['digest']}) with --gate {saved['gate']}; asked: checkpoint {asked['label']} "
-                             f"(weights {asked['digest']}) with --gate {asked['gate']}; resume with those "
-                             "(--checkpoint STEP names one), or give another --out")
+        check_resumed(self.journal.out, state, str(self.args.run_dir), str(self.args.data),
+                      self.agent.saved.identity(), self.args.gate)
         self.journal.open(state["sizes"])
         self.agent.restore(arrays)
         self.broker.restore(state["broker"])
@@ -409,6 +418,19 @@ class Session:
                 self.agent.advisor.close()
         finally:
             self.lock.release(discard=self.discard)
+
+
+def record_or_none(walk, run_dir, checkpoint: str):
+    """The checkpoint's out-of-sample record, `walk(run_dir, checkpoint)` (saved_run.out_of_sample, or an account's),
+    or None with a note where its run's data cannot be walked: the gate then starts with no record."""
+    from jaxenv.data import DataValidationError
+
+    try:
+        return walk(run_dir, checkpoint)
+    except (DataValidationError, FileNotFoundError) as e:
+        print(f"note: the run's test split cannot be walked ({str(e).splitlines()[0][:160]}): the gate starts with no "
+              "out-of-sample record", file=sys.stderr)
+        return None
 
 
 def stamps_zone(given: str | None, trained: str, configured: str) -> tuple[str, str]:

@@ -86,11 +86,13 @@ class Journal:
     def decision(self, line: dict) -> None:
         self.files["decisions.jsonl"].write((json.dumps(line) + "\n").encode())
 
-    def row(self, name: str, row: dict) -> None:
+    def row(self, name: str, row: dict, price_decimals: int | None = None) -> None:
         """A CSV row; the header comes with the first. A fill's price is written at the instrument's tick precision
-        (float32's 1.1871299743652344 as EURUSD's 1.18713), its money in cents."""
+        (float32's 1.1871299743652344 as EURUSD's 1.18713; `price_decimals`: its instrument's, where an account
+        trades several), its money in cents."""
         if name == "fills.csv":
-            decimals = {"price": self.price_decimals, **dict.fromkeys(FILL_MONEY, 2)}
+            price = self.price_decimals if price_decimals is None else price_decimals
+            decimals = {"price": price, **dict.fromkeys(FILL_MONEY, 2)}
             row = {k: f"{v:.{decimals[k]}f}" if k in decimals and v is not None else v for k, v in row.items()}
         f = self.files[name]
         text = _csv_line(row.values())
@@ -105,6 +107,12 @@ class Journal:
         the state's replacement leaves the last state whole: `load` cuts bars.bin back to it."""
         self.price_decimals = price_decimals(book.contract)
         self._append_bars(book)
+        self.save_state({**state, "logged": self.logged, "texts": list(book.text_table),
+                         "schedule": dataclasses.asdict(book.schedule), "interval": book.interval}, arrays)
+
+    def save_state(self, state: dict, arrays: dict[str, np.ndarray]) -> None:
+        """`save`'s state without a book (an account's, whose bars are rebuilt from its files): the outputs flushed,
+        the arrays written under a new name, then the state replaced atomically and the old arrays removed."""
         for f in self.files.values():
             f.flush()
             os.fsync(f.fileno())
@@ -113,9 +121,8 @@ class Journal:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
-        self._replace_state({**state, "format": FORMAT, "arrays": name, "logged": self.logged,
-                             "texts": list(book.text_table), "schedule": dataclasses.asdict(book.schedule),
-                             "interval": book.interval, "sizes": {n: f.tell() for n, f in self.files.items()}})
+        self._replace_state({**state, "format": FORMAT, "arrays": name,
+                             "sizes": {n: f.tell() for n, f in self.files.items()}})
         for old in self.state_dir.glob(ARRAYS_FILE.format("*")):
             if old.name != name:
                 old.unlink()
@@ -143,14 +150,7 @@ class Journal:
         records). Records after those (appended for a bar whose state was never saved) are cut off, so the next bar is
         appended in their place. A ValueError names a state of another format."""
         self.price_decimals = price_decimals(book.contract)
-        path = self.state_dir / STATE_FILE
-        if not path.exists():
-            raise ValueError(f"{self.state_dir}: a trading state of format 1 ({FORMAT_1_FILE}, a pickle), this version "
-                             f"reads {FORMAT}; start in a new --out folder")
-        state = json.loads(path.read_text())
-        if state.get("format") != FORMAT:
-            raise ValueError(f"{self.state_dir}: a trading state of format {state.get('format')}, this version "
-                             f"reads {FORMAT}; start in a new --out folder")
+        state, arrays = self.load_state()
         n = state["logged"]
         bars = self.state_dir / BARS_FILE
         records = np.fromfile(bars, BAR_RECORD, count=n)
@@ -163,9 +163,37 @@ class Journal:
                       **{name: records[name] for name in BarBook.ROW_COLUMNS}},
                      Schedule(**state["schedule"]), state["interval"], state["texts"])
         self.logged = n
+        return state, arrays
+
+    def load_state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """`load` without a book: (the saved state, its arrays). A ValueError names a state of another format."""
+        path = self.state_dir / STATE_FILE
+        if not path.exists():
+            raise ValueError(f"{self.state_dir}: a trading state of format 1 ({FORMAT_1_FILE}, a pickle), this version "
+                             f"reads {FORMAT}; start in a new --out folder")
+        state = json.loads(path.read_text())
+        if state.get("format") != FORMAT:
+            raise ValueError(f"{self.state_dir}: a trading state of format {state.get('format')}, this version "
+                             f"reads {FORMAT}; start in a new --out folder")
         with np.load(self.state_dir / state["arrays"]) as saved:
             arrays = {k: saved[k] for k in saved.files}
         return state, arrays
+
+
+def check_resumed(out: Path, state: dict, run: str, data, identity: dict, gate: str) -> None:
+    """A saved trading state is the one this command continues: the same run and data (a file, or an account's files),
+    and the same checkpoint's weights under the same gate mode (the gate's record is one checkpoint's under one mode:
+    another would trade on it). A ValueError names what differs and how to go on."""
+    if state["run"] != run or state["data"] != data:
+        given = " ".join(state["data"]) if isinstance(state["data"], list) else state["data"]
+        raise ValueError(f"{out}: its state is of --run-dir {state['run']} --data {given}; resume with those, or give "
+                         "another --out")
+    asked = {**identity, "gate": gate}
+    saved = {**state["checkpoint"], "gate": state["gate_mode"]}
+    if saved != asked:
+        raise ValueError(f"{out}: its state traded checkpoint {saved['label']} (weights {saved['digest']}) with --gate "
+                         f"{saved['gate']}; asked: checkpoint {asked['label']} (weights {asked['digest']}) with --gate "
+                         f"{asked['gate']}; resume with those (--checkpoint STEP names one), or give another --out")
 
 
 def _csv_line(values) -> str:

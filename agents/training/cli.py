@@ -12,13 +12,12 @@ the end, summary.json (the best checkpoint against flat and random-valid baselin
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
 from pathlib import Path
 
-from agents.command_line import CommandParser, print_error
+from agents.command_line import CommandParser, data_overrides, is_data_path, print_error
 from agents.config import (
     FLAG_PREFIX,
     ConfigError,
@@ -62,24 +61,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         setattr(args, FLAG_PREFIX + "data.source", args.data_items[-1])  # the last, as a flag given twice always took
         args.data_items = None
     return args
-
-
-def is_data_path(item: str) -> bool:
-    """A --data value that is one market's file or synthetic:PRESET, not SYMBOL=PATH (a path holding "=" that is a
-    file is a path)."""
-    return "=" not in item or Path(item).is_file()
-
-
-def data_overrides(items: list[str] | None) -> list[str]:
-    """The override of --data given as SYMBOL=PATH once per instrument: data.instruments, in order (a single PATH is
-    data.source's flag: parse_args). A bare path mixed with SYMBOL=PATH is a ConfigError, one line."""
-    if not items:
-        return []
-    bare = [item for item in items if is_data_path(item)]
-    if bare:
-        raise ConfigError(f"--data: {bare[0]} is one market's file but the others are SYMBOL=PATH; give one PATH, or "
-                          "SYMBOL=PATH once per instrument of one account (--data NQ=nq.csv --data ES=es.csv)")
-    return [f"data.instruments={json.dumps(items)}"]
 
 
 def absolute_adapter(override: str) -> str:
@@ -244,8 +225,8 @@ def out_of_sample_lines(run_dir: Path, trials: int, env: EnvConfig, gate_against
 def account_lines(summary: dict, market_set, trials: int, env: EnvConfig, gate_against: str) -> list[str]:
     """An account of several instruments at the end of its run: its test P&L against flat and the set's buy-and-hold,
     each instrument's P&L and trades, then the out-of-sample verdict and the gate's (agents.evaluation.report's lines)
-    on the account's P&L per test session, against the set's buy-and-hold per session. The record is not saved:
-    trade.py does not trade an account yet."""
+    on the account's P&L per test session, against the set's buy-and-hold per session (the record trade.py's gate
+    starts from: agents.evaluation.account_run.account_out_of_sample walks the same split)."""
     from agents.evaluation.report import account_lines as figure_lines
     from agents.evaluation.report import verdict_lines
     from agents.evaluation.saved_run import in_sample_end
@@ -265,6 +246,4 @@ def account_lines(summary: dict, market_set, trials: int, env: EnvConfig, gate_a
     record = OutOfSample(sessions["days"], sessions["pnl"], f"test split of the account {names}",
                          in_sample_end(market_set), buy_and_hold=sessions["held"], held=sessions["held"])
     verdict = verdict_lines(record, trials, scale_of(env.prop_firm), checkpoint, gate_against)
-    # the gate's verdict stands; what trade.py would do with it does not apply: it does not trade an account yet
-    return lines + [line.split(": trade.py will")[0] + ": trade.py does not trade an account of several instruments "
-                    "yet" if line.startswith("gate: ") else line for line in verdict]
+    return lines + verdict
