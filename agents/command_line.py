@@ -62,23 +62,25 @@ def is_data_path(item: str) -> bool:
     return "=" not in item or Path(item).is_file()
 
 
-def data_overrides(items: list[str] | None) -> list[str]:
-    """The override of --data given as SYMBOL=PATH once per instrument: data.instruments, in order (a single PATH is
-    data.source's flag: train.py's parse_args; all_data_overrides). A bare path mixed with SYMBOL=PATH is a ConfigError, one line."""
+def data_items(items: list[str] | None) -> tuple[str | None, list[str]]:
+    """--data as given (repeatable), read once for every script: (one market's file: the last PATH given, or None;
+    an account's SYMBOL=PATH items in order, or []). A bare path mixed with SYMBOL=PATH is a ConfigError, one line."""
     from agents.config import ConfigError
 
-    if not items:
-        return []
-    bare = [item for item in items if is_data_path(item)]
-    if bare:
-        raise ConfigError(f"--data: {bare[0]} is one market's file but the others are SYMBOL=PATH; give one PATH, or "
+    items = items or []
+    if all(map(is_data_path, items)):
+        return (items[-1] if items else None), []
+    bare = next(filter(is_data_path, items), None)
+    if bare is not None:
+        raise ConfigError(f"--data: {bare} is one market's file but the others are SYMBOL=PATH; give one PATH, or "
                           "SYMBOL=PATH once per instrument of one account (--data NQ=nq.csv --data ES=es.csv)")
-    return [f"data.instruments={json.dumps(items)}"]
+    return None, list(items)
 
 
-def all_data_overrides(items: list[str] | None) -> list[str]:
-    """The overrides of --data, repeatable: one PATH (the last given) is data.source, SYMBOL=PATH once per instrument
-    is data.instruments (data_overrides)."""
-    if items and all(map(is_data_path, items)):
-        return [f"data.source={items[-1]}"]
-    return data_overrides(items)
+def data_overrides(items: list[str] | None) -> list[str]:
+    """The config overrides of --data (data_items): data.source for one market's file, data.instruments for an
+    account's SYMBOL=PATH items."""
+    single, instruments = data_items(items)
+    if single is not None:
+        return [f"data.source={single}"]
+    return [f"data.instruments={json.dumps(instruments)}"] if instruments else []

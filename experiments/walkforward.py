@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.command_line import all_data_overrides, print_error
+from agents.command_line import data_overrides, print_error
 from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
 from experiments.fusion import ADVISED, ARMS, BASELINE, flat_config, parse_seeds, seeds_and_days_interval
 from jaxenv.folds import Fold, FoldPlan, plan_folds, session_starts
@@ -91,8 +91,7 @@ def data_name(flat: dict) -> str:
     instruments = flat.get("data.instruments") or []
     if not instruments:
         return flat["data.source"]
-    return ",".join(f"{i['contract']['symbol'] if isinstance(i['contract'], dict) else i['contract']}={i['source']}"
-                    for i in instruments)
+    return ",".join(f"{i['contract']['symbol']}={i['source']}" for i in instruments)  # contracts resolved on load
 
 
 # ----------------------------------------------------------------------------------------------------------- runs
@@ -542,7 +541,7 @@ def plan_from_args(args) -> Plan:
     if args.llm not in (None, "none"):  # --llm names the advised arm's advisor: the arm runs
         arms.append(ADVISED)
     arms = list(dict.fromkeys([BASELINE, *arms]))
-    overrides = [*args.overrides, *all_data_overrides(args.data),
+    overrides = [*args.overrides, *data_overrides(args.data),
                  *([f"total_steps={args.total_steps}"] if args.total_steps else []),
                  *([f"num_envs={args.envs}"] if args.envs else [])]
     cfg = load_config(args.config, [*ARMS[BASELINE], *overrides])

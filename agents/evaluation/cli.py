@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agents.command_line import CommandParser, is_data_path, print_error
+from agents.command_line import CommandParser, data_items, is_data_path, print_error
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 def single_data(items: list[str] | None) -> str | None:
     """--data for a run on one instrument: its one file (the last given where several are), or None; SYMBOL=PATH is
     an account's and a ValueError, one line."""
-    account = [item for item in items or [] if not is_data_path(item)]
+    single, account = data_items(items)
     if account:
         raise ValueError(f"--data: {account[0]} is SYMBOL=PATH, one instrument of an account, but the run trades one "
                          "instrument: give one PATH")
-    return items[-1] if items else None
+    return single
 
 
 def account_main(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ arrives: the walk of jaxenv.account_evaluate step for step (the same transition,
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -114,11 +115,13 @@ class JointBook:
             out.append((bars, own.bar_features[pos], own.context_features[pos]))
         return tuple(np.stack(parts) for parts in zip(*out))
 
-    def timestamps(self) -> pd.DatetimeIndex:
-        return self.clock[0].timestamps
+    def stamp(self, t: int) -> pd.Timestamp:
+        """Joint bar t's stamp, in the first instrument's exchange zone."""
+        return self.clock[0].stamp(t)
 
-    def days(self) -> np.ndarray:
-        return self.clock[0].days
+    def day(self, t: int) -> str:
+        """Joint bar t's trading day (its session's, as jaxenv.metrics.step_days labels a walk's steps)."""
+        return str(np.datetime64(int(self.clock[0].day[t]), "D"))
 
     def close(self, i: int) -> np.ndarray:
         """Instrument i's close at every joint bar (carried where absent)."""
@@ -176,7 +179,6 @@ class AccountAgent:
         next (as agents.trading.agent writes one instrument's)."""
         if self.params.present.shape[0] != self.book.capacity:
             self.params = self._env_params()  # grown: the jitted steps compile again (log2(bars) times in a feed)
-            return
         bars, bar_f, context_f = self.book.env_rows(t, t + 1)
         self.params = _put_rows(self.params, t, bars[:, 0], bar_f[:, 0], context_f[:, 0],
                                 self.book.present[t], np.float32(self.book.clock[0].next_session_id()))
@@ -186,8 +188,6 @@ class AccountAgent:
         """The decision at joint bar `stamp`'s close (`bars`: each instrument's own bar, None where absent); None while
         the history warms up. Raises agents.trading.bars.BarRefused (HistoryRefused for history that is not the run's),
         adding nothing, for a bar that cannot follow the ones before."""
-        import time
-
         t0 = time.perf_counter()
         self.book.add(stamp, bars)
         t = self.book.n - 1
@@ -215,26 +215,23 @@ class AccountAgent:
         jax.block_until_ready(self._advance(self.state, actions, reset_key, self.params))
 
     def _describe(self, t: int, t0: float, actions: np.ndarray, row: dict) -> AccountDecision:
-        import time
-
         legs = jax.device_get(self.state.legs)
         bars, _, _ = self.book.env_rows(t, t + 1)
+        stops, targets = bracket_distances(self.params.inst, bars[:, 0, ATR])  # the env's own rule, each instrument's
         qty = float(self.cfg.env.contracts_per_trade)
         orders = {}
         for i, symbol in enumerate(self.symbols):
             action, side = int(actions[i]), int(legs.side[i])
-            inst = jax.tree.map(lambda x: x[i], self.params.inst)
             oid = f"{t}-{symbol}-{ACTIONS[action]}"
             if action in (BUY, SELL):
-                stop, target = bracket_distances(inst, bars[i, 0, ATR])  # the env's own rule
                 orders[symbol] = Order(oid, t, "market", 1 if action == BUY else -1, qty,
-                                       stop_distance=float(stop), target_distance=float(target))
+                                       stop_distance=float(stops[i]), target_distance=float(targets[i]))
             elif action == MOVE_TO_BE:
                 orders[symbol] = Order(oid, t, "stop", side, qty, stop=float(legs.entry_price[i]))
             elif action in (ENABLE_TRAIL, DISABLE_TRAIL):
                 orders[symbol] = Order(oid, t, "stop", side, qty, trailing=action == ENABLE_TRAIL)
         return AccountDecision(
-            bar=t, time=str(self.book.timestamps()[t]),
+            bar=t, time=str(self.book.stamp(t)),
             actions={s: ACTIONS[int(a)] for s, a in zip(self.symbols, actions)}, orders=orders,
             positions={s: int(x) for s, x in zip(self.symbols, legs.side)},
             present={s: bool(p) for s, p in zip(self.symbols, self.book.present[t])},

@@ -193,7 +193,6 @@ class AccountSession:
                     ptr[i] += 1
                 bars.append(bar)
             book.add(pd.Timestamp(int(ns), tz="UTC"), bars)
-        self.agent.params = self.agent._env_params()
 
     # ------------------------------------------------------------------------------------------------ loop
     def run(self) -> int:
@@ -268,7 +267,7 @@ class AccountSession:
         agent, journal = self.agent, self.journal
         books = self.brokers if self.live else self.paper
         row = decision.row
-        day = str(agent.book.days()[decision.bar])
+        day = agent.book.day(decision.bar)
         if row:
             for i, symbol in enumerate(agent.symbols):
                 leg = {name: row[col][i].item() for col, name in LEG_COLUMNS.items()}

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from agents.command_line import CommandParser, is_data_path, print_error
+from agents.command_line import CommandParser, data_items, print_error
 from agents.evidence.gate import GATE_MODES, UNKNOWN_IN_SAMPLE
 
 TRADE_DIR = "trade"  # RUN/trade/<file name>: the default --out
@@ -64,15 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--idle-exit goes with --follow")
     if args.wait < 0:
         ap.error("--wait must be >= 0")
-    args.instruments = None  # several instruments: their SYMBOL=FILE items (agents.trading.account_session)
-    if all(map(is_data_path, args.data)):
-        args.data = args.data[-1]  # one file: the last given, as a flag given twice always took
-    elif any(map(is_data_path, args.data)):
-        bare = next(filter(is_data_path, args.data))
-        ap.error(f"--data {bare} is one market's file but the others are SYMBOL=FILE; give one FILE, or SYMBOL=FILE "
-                 "once per instrument of one account")
-    else:
-        args.instruments, args.data = args.data, " ".join(args.data)
+    from agents.config import ConfigError
+
+    try:  # one file (the last given, as a flag given twice always took), or SYMBOL=FILE once per instrument
+        args.data, args.instruments = data_items(args.data)
+    except ConfigError as e:
+        ap.error(str(e))
+    if args.instruments:  # several instruments (agents.trading.account_session): --data in messages names them all
+        args.data = " ".join(args.instruments)
     return args
 
 
