@@ -666,6 +666,29 @@ MOVED_KEYS = {
 }
 
 
+# A run's config.yaml writes out every field of its prop-firm rules. One of several instruments (data.instruments)
+# written before the account's limits were these rules' fields holds exactly the fields below, none of ACCOUNT_LIMITS:
+# its account had no cap then, and its max_contracts (10) bound contracts_per_trade alone. Read now, that 10 would cap
+# the account and change the observation's cap features (jaxenv.account_env.ACCOUNT_FEATURES): such a config is
+# refused, never read silently with another meaning.
+RULES_BEFORE_ACCOUNT_LIMITS = ("version", "starting_balance", "trailing_drawdown", "trail_stop_offset",
+                               "profit_target", "max_contracts", "flat_by", "timezone", "no_entry_minutes_before_close")
+ACCOUNT_LIMITS = ("half_size_until_threshold", "correlated")  # the fields such a config lacks
+UNCAPPED_ACCOUNT_RUN = ("trained before the account's cap was configurable (env.prop_firm.max_contracts; its account "
+                        "had no cap); retrain it (to train anew from this config, add env.prop_firm.correlated: [])")
+
+
+def uncapped_account_run(raw: dict) -> bool:
+    """`raw` (a loaded YAML mapping) is the saved config of a run on several instruments written before the account's
+    limits were prop-firm rules (RULES_BEFORE_ACCOUNT_LIMITS). A config of one instrument never is."""
+    data, env = raw.get("data"), raw.get("env")
+    if not (isinstance(data, dict) and data.get("instruments") and isinstance(env, dict)):
+        return False
+    rules = env.get("prop_firm")
+    return (isinstance(rules, dict) and "base" not in rules and set(RULES_BEFORE_ACCOUNT_LIMITS) <= set(rules)
+            and not set(ACCOUNT_LIMITS) & set(rules))
+
+
 def _learns(raw: dict) -> bool:
     return bool(raw.get("hybrid", {}).get("learning", {}).get("enabled", False))
 
@@ -684,10 +707,13 @@ def _pop(raw: dict, key: str) -> tuple[bool, Any]:
 def drop_removed_keys(raw: dict) -> dict:
     """`raw` (a loaded YAML mapping) without the keys deleted since it was written, where that changes nothing, and
     with moved keys (MOVED_KEYS) under their new names; a ConfigError names a deleted key whose value no longer has a
-    meaning. `learning.advantage_clip` became
+    meaning, and a run on several instruments saved before its account's cap was configurable
+    (uncapped_account_run). `learning.advantage_clip` became
     `learning.move_clip`; `query.wait_min_trust` became `query.min_trust`, and its 0 (every env bound)
     `query.bind_on: always`."""
     errors = []  # every deleted key set to a value that no longer has a meaning, raised together at the end
+    if uncapped_account_run(raw):
+        errors.append(UNCAPPED_ACCOUNT_RUN)
     for key, harmless in REMOVED_KEYS.items():
         found, value = _pop(raw, key)
         if found and not harmless(value, raw):

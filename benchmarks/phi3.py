@@ -130,7 +130,7 @@ def score_rows(path: Path, quantize: str, opts: BenchOptions, renderer, contexts
         backend.options.micro_batch = micro
         last = {}
 
-        def call():
+        def call(backend=backend):  # bound now: the model is deleted (del backend) once its rows are timed
             last["answers"] = backend.advise(contexts)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()

@@ -12,9 +12,15 @@ from more days than a split holds.
     python scripts/experiment.py --quick --json /tmp/q/experiment.json    # 2 seeds, tiny runs: a few minutes
 
 Writes the JSON, `table.md` and `plot.png` beside it; runs go to `--runs` (default: beside the JSON, in runs/),
-one folder per arm and seed (`news-s0`). A second invocation resumes: a run with its evaluation saved
+one folder per arm and seed (`news-s0`). Each run is a job (agents/runs/jobs.py: its folder's job.yaml says what it
+trains and how it is scored), run by `--backend` with the same flags as walkforward.py's: local (one after another in
+this process, seed-major), `processes --jobs N`, `ray` or `slurm` (docs/scale.md#many-runs-at-once); the report is
+read from the folders whichever backend ran them. A second invocation resumes: a run with its evaluation saved
 (`experiment_eval.json`) is read back (scored again, not trained, when an older version scored it), a run without
 it is resumed from its latest checkpoint (train's --resume), and only missing runs start.
+
+    python scripts/experiment.py --arms rl_only,news --seeds 0-4 --backend processes --jobs 4 \
+        --json results/experiment-fusion/experiment.json
 """
 
 from __future__ import annotations
@@ -23,8 +29,6 @@ import dataclasses
 import json
 import shlex
 import sys
-import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +37,8 @@ import numpy as np
 
 from agents.command_line import print_error
 from agents.config import RUN_CONFIG_FILE, ConfigError, HybridConfig, load_config, to_dict
-from agents.runs.lock import RunLocked
+from agents.runs.backends import BackendOptions, add_backend_arguments
+from agents.runs.jobs import Job, write_job
 from jaxenv.config import DataConfig
 from jaxenv.market_files import BARS_FILE, MARKET_FILE, NEWS_FILE, write_market, written_market
 
@@ -69,6 +74,7 @@ BASELINE = "rl_only"
 ADVISED = "advised"  # the arm of the config's own advisor (walkforward.py refuses it where the config has llm: none)
 CHECKPOINTS = ("latest", "best")
 EVAL_FILE = "experiment_eval.json"  # a run's scored checkpoints: its presence means the run is finished
+SCORE_FILE = EVAL_FILE  # as agents.runs.jobs asks a scorer
 # the scoring's version: a run scored by an older one (without daily P&L or validation walks (2); without the veto
 # switched on the fresh path, and before the veto's rule near the drawdown limit (3)) is scored again, untrained
 EVAL_VERSION = 3
@@ -78,7 +84,6 @@ RESAMPLES = 10_000
 DAY_BLOCK = 3
 # --fresh-days walks a path of the run's synthetic preset drawn with its data seed plus this: bars no run trained on
 FRESH_SEED_OFFSET = 1000
-LOCKED_WAIT_S = 30.0  # a run locked by another experiment process is looked at again this often
 # --quick: small envs and data, two updates with a checkpoint and a validation walk after each
 QUICK_SEEDS = [0, 1]
 QUICK_UPDATES = 2
@@ -198,18 +203,6 @@ def check_saved_runs(plan: Plan) -> None:
                                  f"{k}={wanted[k]!r}{more}; pass the settings it was trained with, or another --runs")
 
 
-def train_run(plan: Plan, arm: str, seed: int) -> Path:
-    """Trains the run to its end: from scratch, or resumed from its latest checkpoint when its folder holds one."""
-    from agents.training.loop import train
-
-    run_dir = plan.run_dir(arm, seed)
-    resume = (run_dir / "config.yaml").exists()
-    result = train(None if resume else run_config(plan, arm, seed), run_dir, resume=resume)
-    if result.interrupted:
-        raise KeyboardInterrupt(f"{run_dir}: training was interrupted; run the same command again to resume")
-    return run_dir
-
-
 def fresh_market(data: DataConfig, days: int, offset: int = FRESH_SEED_OFFSET) -> DataConfig:
     """`days` of the run's synthetic preset on a path of its own (data seed + `offset`): the same market, bars no
     run trained on. A market written as files (scripts/write_market.py) gets its fresh path written as files beside
@@ -296,37 +289,33 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
     return out
 
 
-def scored_as_asked(scores: dict[str, Any], plan: Plan) -> bool:
-    """Saved scores hold every walk this experiment reports, as the current version walks them: its own, or version
-    2's for a run without an advisor (3 changed only the veto's walks)."""
-    if plan.fresh_days not in (0, scores.get("fresh_days", 0)):
+def scored_as_asked(scores: dict[str, Any], fresh_days: int = 0) -> bool:
+    """Saved scores hold every walk an experiment with `fresh_days` reports, as the current version walks them: its
+    own, or version 2's for a run without an advisor (3 changed only the veto's walks). agents.runs.jobs scores a run
+    again, untrained, when they do not."""
+    if fresh_days not in (0, scores.get("fresh_days", 0)):
         return False
     advised = "llm_only" in scores.get("latest", {}).get("walks", {})
     return scores.get("version") == EVAL_VERSION or (scores.get("version") == 2 and not advised)
 
 
-def finished_run(plan: Plan, arm: str, seed: int) -> dict[str, Any]:
-    """The run's scores: read back when saved, scored again (not trained) when an older scoring saved them or they
-    lack the fresh path asked for, else trained (or resumed) and scored, then saved."""
-    path = plan.run_dir(arm, seed) / EVAL_FILE
-    if path.exists():
-        scores = json.loads(path.read_text())
-        if scored_as_asked(scores, plan):
-            return without_unasked_fresh(scores, plan)
-        run_dir = path.parent
-    else:
-        run_dir = train_run(plan, arm, seed)
-    scores = score_run(run_dir, plan.fresh_days)
-    tmp = path.with_suffix(".tmp")  # a scoring cut short leaves the old file, never half a new one
-    tmp.write_text(json.dumps(scores, indent=1))
-    tmp.replace(path)
-    return scores
+def plan_jobs(plan: Plan) -> list[Job]:
+    """Every arm × seed as a job (agents.runs.jobs), seed-major: a stopped experiment leaves whole seeds."""
+    return [Job(plan.run_dir(arm, seed), run_config(plan, arm, seed), __name__, {"fresh_days": plan.fresh_days},
+                label=f"{arm}-s{seed}") for seed in plan.seeds for arm in plan.arms]
 
 
-def without_unasked_fresh(scores: dict[str, Any], plan: Plan) -> dict[str, Any]:
+def collect(plan: Plan) -> dict[str, dict[int, dict]]:
+    """Every run's saved scores, read back from its folder (whichever backend made them), as this experiment reports
+    them: arm -> seed -> scores."""
+    return {arm: {s: without_unasked_fresh(json.loads((plan.run_dir(arm, s) / EVAL_FILE).read_text()), plan.fresh_days)
+                  for s in plan.seeds} for arm in plan.arms}
+
+
+def without_unasked_fresh(scores: dict[str, Any], fresh_days: int) -> dict[str, Any]:
     """Scores of a run that another experiment walked on a fresh path, as this one (without --fresh-days) reports
     them: a report's fresh figures all come from the N days it names."""
-    if plan.fresh_days:
+    if fresh_days:
         return scores
     out = {**scores, "fresh_days": 0}
     for kind in CHECKPOINTS:
@@ -588,32 +577,22 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
-    """Every arm × seed (seed-major: a stopped experiment leaves whole seeds), then the JSON, table and plot. A run
-    another experiment process is training (its folder is locked) is taken up again after the others."""
-    from tqdm import tqdm
-
+def run(plan: Plan, command: str, progress: bool = True, backend: BackendOptions = BackendOptions()
+        ) -> dict[str, Any]:
+    """Every arm × seed as a job (its folder's job.yaml written first), run by `backend` (agents.runs.backends:
+    seed-major in this process, several processes at once, or Ray's or SLURM's; their own state beside the runs
+    folder, in ray/ or slurm/), then the JSON, table and plot from the run folders. A run another process holds (its
+    folder is locked) is taken up again after the others. JobsFailed (nothing written) when a run failed. --partial
+    (plan.partial) reports the saved scores and runs nothing."""
     check_saved_runs(plan)
     if plan.partial:
         return report(plan, command, saved_results(plan))
-    results: dict[str, dict[int, dict]] = {arm: {} for arm in plan.arms}
-    jobs = deque((arm, seed) for seed in plan.seeds for arm in plan.arms)
-    locked_in_a_row = 0
-    with tqdm(total=len(jobs), desc="runs", disable=not progress, file=sys.stderr) as bar:
-        while jobs:
-            arm, seed = jobs.popleft()
-            bar.set_postfix_str(f"{arm}-s{seed}")
-            try:
-                results[arm][seed] = finished_run(plan, arm, seed)
-            except RunLocked:
-                jobs.append((arm, seed))
-                locked_in_a_row += 1
-                if locked_in_a_row >= len(jobs):  # every job left is someone else's for now
-                    time.sleep(LOCKED_WAIT_S)
-                continue
-            locked_in_a_row = 0
-            bar.update()
-    return report(plan, command, results)
+    jobs = plan_jobs(plan)
+    for job in jobs:
+        write_job(job)
+    outcome = backend.run(jobs, progress=progress, desc="runs", state_dir=plan.runs_dir.parent / backend.backend)
+    outcome.check()
+    return report(plan, command, collect(plan))
 
 
 def saved_results(plan: Plan) -> dict[str, dict[int, dict]]:
@@ -623,7 +602,7 @@ def saved_results(plan: Plan) -> dict[str, dict[int, dict]]:
     if not seeds:
         raise ValueError(f"--partial: no seed of {plan.seeds} has finished every arm in {plan.runs_dir}")
     plan.seeds = seeds
-    return {arm: {s: without_unasked_fresh(json.loads(paths[arm, s].read_text()), plan) for s in seeds}
+    return {arm: {s: without_unasked_fresh(json.loads(paths[arm, s].read_text()), plan.fresh_days) for s in seeds}
             for arm in plan.arms}
 
 
@@ -661,8 +640,8 @@ def plan_from_args(args) -> Plan:
     return plan
 
 
-def main(argv: list[str] | None = None) -> int:
-
+def parser():
+    """experiment.py's command line."""
     from agents.command_line import CommandParser
 
     ap = CommandParser(description=__doc__)
@@ -683,9 +662,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh-days", type=int, default=0, metavar="N",
                     help="also score every run on N days of a fresh path of its synthetic preset, bars no run trained "
                          "on: market intervals from N days instead of the test split's few (default: off)")
+    add_backend_arguments(ap)  # --backend, --jobs, --ray-address, --slurm-*: walkforward.py's
     ap.add_argument("--no-progress", action="store_true", help="no progress bars (the experiment's and its runs')")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from agents.runs.backends import JobsFailed, backend_options
+
+    args = parser().parse_args(argv)
     try:
+        backend = backend_options(args)  # a bad flag or a missing package: one line, before anything is planned
         if args.updates is not None and args.updates < 1:
             raise ValueError("--updates: must be at least 1")
         if args.fresh_days < 0:
@@ -696,7 +683,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = "python scripts/experiment.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     try:
-        summary = run(plan, command, progress=not args.no_progress)
+        summary = run(plan, command, progress=not args.no_progress, backend=backend)
+    except JobsFailed as e:  # each failed run and its log; the others are in their folders
+        print_error(e)
+        print(f"no table written: {len(e.failures)} run(s) failed; the same command runs them again and reads the "
+              "others back", file=sys.stderr)
+        return 1
     except ValueError as e:  # --partial with nothing finished, or runs trained with other settings
         print_error(e)
         return 2

@@ -16,7 +16,14 @@ overfitting over the arms and seeds (agents.evidence.overfitting).
 Writes to --out: walkforward.json, table.md, equity.png, in_vs_out.png, trials.jsonl (every trial any walk-forward
 in this folder ran: the deflated Sharpe ratio counts them) and runs/fold<K>/<arm>-s<seed>/ (<arm>-s<seed>-warm/ with
 --warm-start: its own runs and trials, never a fresh walk-forward's read back). The same command resumes a stopped
-walk-forward: a finished run's scores are read back, an unfinished run resumes from its checkpoint.
+walk-forward: a finished run's scores are read back, an unfinished run resumes from its checkpoint. Each run is a job
+(agents/runs/jobs.py: its folder's job.yaml says what it trains and how it is scored); `--backend processes --jobs N`
+runs N at once, each in a process of its own; `--backend ray` (a local Ray instance, or a cluster's with
+--ray-address) and `--backend slurm` (a SLURM job array) need the `sweep` extra (docs/scale.md#many-runs-at-once);
+the report is read from the folders whichever backend ran them.
+
+    python scripts/walkforward.py --config configs/signal.yaml --seeds 0-4 --folds 4 --backend processes --jobs 4 \
+        --out results/walk-forward/signal
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ import numpy as np
 
 from agents.command_line import data_overrides, print_error
 from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
+from agents.runs.backends import BackendOptions, add_backend_arguments
+from agents.runs.jobs import Job, write_job
 from experiments.fusion import ADVISED, ARMS, BASELINE, flat_config, parse_seeds, seeds_and_days_interval
 from jaxenv.folds import Fold, FoldPlan, plan_folds, session_starts
 
@@ -180,39 +189,27 @@ def score_account_run(run_dir: Path) -> dict[str, Any]:
             BUY_AND_HOLD: {"sessions": dict(zip(walked["test"]["sessions"]["days"], walked["test"]["sessions"]["held"]))}}
 
 
-def finished_run(plan: Plan, fold: Fold, arm: str, seed: int) -> tuple[dict[str, Any], bool]:
-    """(the run's scores, whether this call made them): read back when saved, else trained (or resumed) and scored,
-    with the time each took."""
-    from agents.training.loop import train
-
-    run_dir = plan.run_dir(fold, arm, seed)
-    path = run_dir / SCORE_FILE
-    if path.exists():
-        scores = json.loads(path.read_text())
-        if scores.get("version") == SCORE_VERSION:
-            return scores, False
-    t0 = time.perf_counter()
-    if not (run_dir / "checkpoints").exists() or _unfinished(run_dir):
-        resume = (run_dir / RUN_CONFIG_FILE).exists()
-        result = train(None if resume else plan.run_config(fold, arm, seed), run_dir, resume=resume)
-        if result.interrupted:
-            raise KeyboardInterrupt(f"{run_dir}: training was interrupted; the same command resumes it")
-    t1 = time.perf_counter()
-    scores = score_run(run_dir)
-    scores.update(train_s=t1 - t0, score_s=time.perf_counter() - t1)
-    tmp = path.with_name(path.name + ".tmp")  # a scoring cut short leaves no half file under the name
-    tmp.write_text(json.dumps(scores, indent=1))
-    tmp.replace(path)
-    return scores, True
+def scored_as_asked(scores: dict[str, Any]) -> bool:
+    """Saved scores stand when the current version made them (agents.runs.jobs: else the run is scored again)."""
+    return scores.get("version") == SCORE_VERSION
 
 
-def _unfinished(run_dir: Path) -> bool:
-    """A run folder whose training has not reached its last update."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
-    if not lines:
-        return True
-    cfg = load_config(run_dir / RUN_CONFIG_FILE)
-    return json.loads(lines[-1])["update"] < cfg.num_updates
+def plan_jobs(plan: Plan) -> list[Job]:
+    """Every fold × arm × seed as a job (agents.runs.jobs), fold-major: a warm start's run needs the previous fold's."""
+    jobs = []
+    for fold in plan.folds:
+        for arm in plan.arms:
+            for seed in plan.seeds:
+                needs = (plan.run_dir(plan.folds[fold.index - 1], arm, seed),) if plan.warm_start and fold.index else ()
+                jobs.append(Job(plan.run_dir(fold, arm, seed), plan.run_config(fold, arm, seed), __name__,
+                                needs=needs, label=f"fold {fold.index} {arm} seed {seed}"))
+    return jobs
+
+
+def collect(plan: Plan) -> dict[int, dict[str, dict[int, dict]]]:
+    """Every run's saved scores, read back from its folder (whichever backend made them): fold -> arm -> seed."""
+    return {f.index: {a: {s: json.loads((plan.run_dir(f, a, s) / SCORE_FILE).read_text()) for s in plan.seeds}
+                      for a in plan.arms} for f in plan.folds}
 
 
 # ---------------------------------------------------------------------------------------------------------- report
@@ -409,7 +406,11 @@ def time_line(cost: dict) -> str:
     """Where the time went: every run's training and walks, and what this invocation added to its own runs."""
     line = (f"Time: every run's training {cost['all_runs_train_s'] / 60:,.1f} min and scoring walks "
             f"{cost['all_runs_score_s'] / 60:,.1f} min.")
-    if cost["runs_s"]:
+    at_once = cost.get("processes", 1)
+    if cost["runs_s"] and (at_once is None or at_once > 1):  # side by side: their times add up to more than the wall
+        line += (f" This invocation: {cost['wall_s'] / 60:,.1f} min, its runs {cost['runs_s'] / 60:,.1f} min of run time "
+                 f"over {f'up to {at_once} processes' if at_once else 'as many processes as the scheduler ran'} at once.")
+    elif cost["runs_s"]:
         line += (f" This invocation: {cost['wall_s'] / 60:,.1f} min, of which its runs {cost['runs_s'] / 60:,.1f} min; the"
                  f" bookkeeping (plan, ledger, resumes read back, report, plots) added {cost['bookkeeping_s']:,.0f} s"
                  f" ({cost['bookkeeping_share']:.1%} of its runs).")
@@ -482,24 +483,25 @@ def count_trials(plan: Plan) -> int:
     return len({json.dumps(t, sort_keys=True) for t in seen + new if t["source"] == source})
 
 
-def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
-    """Every fold × arm × seed (fold-major: a warm start needs the fold before), then the JSON, table and plots."""
-    from tqdm import tqdm
-
+def run(plan: Plan, command: str, progress: bool = True, backend: BackendOptions = BackendOptions()
+        ) -> dict[str, Any]:
+    """Every fold × arm × seed as a job (its folder's job.yaml written first), run by `backend` (agents.runs.backends:
+    fold-major in this process, several processes at once, or Ray's or SLURM's; their own state in OUT/ray/ or
+    OUT/slurm/), then the JSON, table and plots from the run folders. JobsFailed (nothing written) when a run
+    failed."""
     t0 = time.perf_counter()
     check_saved_runs(plan)
     trials = count_trials(plan)
-    train_s = score_s = 0.0  # this invocation's runs: what its bookkeeping is measured against
-    results: dict[int, dict[str, dict[int, dict]]] = {f.index: {a: {} for a in plan.arms} for f in plan.folds}
-    jobs = [(f, a, s) for f in plan.folds for a in plan.arms for s in plan.seeds]
-    with tqdm(total=len(jobs), desc="walk-forward", unit="run", disable=not progress, file=sys.stderr) as bar:
-        for fold, arm, seed in jobs:
-            bar.set_postfix_str(f"fold {fold.index} {arm} seed {seed}")
-            scores, made = finished_run(plan, fold, arm, seed)
-            if made:
-                train_s, score_s = train_s + scores["train_s"], score_s + scores["score_s"]
-            results[fold.index][arm][seed] = scores
-            bar.update()
+    jobs = plan_jobs(plan)
+    for job in jobs:
+        write_job(job)
+    outcome = backend.run(jobs, progress=progress, desc="walk-forward", state_dir=plan.out / backend.backend)
+    outcome.check()
+    results = collect(plan)
+    made = [results[f.index][a][s] for f in plan.folds for a in plan.arms for s in plan.seeds
+            if plan.run_dir(f, a, s) in {job.run_dir for job in outcome.ran}]
+    # this invocation's runs: what its bookkeeping is measured against
+    train_s, score_s = sum(r.get("train_s", 0.0) for r in made), sum(r.get("score_s", 0.0) for r in made)
     summary = {"command": command, "config": plan.config, "arms": plan.arms, "seeds": plan.seeds,
                "overrides": plan.overrides, "llm": plan.llm, "warm_start": plan.warm_start, "trials": trials,
                "folds": [{"index": f.index, **dataclasses.asdict(f), "splits": f.spec()} for f in plan.folds]}
@@ -513,6 +515,7 @@ def run(plan: Plan, command: str, progress: bool = True) -> dict[str, Any]:
     every = [r for by_arm in results.values() for by_seed in by_arm.values() for r in by_seed.values()]
     runs_s = train_s + score_s
     summary["cost"] = {"wall_s": wall, "runs_s": runs_s, "train_s": train_s, "score_s": score_s,
+                       "processes": backend.processes,  # None: as many as Ray or SLURM ran
                        "bookkeeping_s": max(wall - runs_s, 0.0),
                        "bookkeeping_share": max(wall - runs_s, 0.0) / runs_s if runs_s else None,
                        "all_runs_train_s": float(sum(r.get("train_s", 0.0) for r in every)),
@@ -591,16 +594,19 @@ def parser():
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config key of every run (after the arm's), as in train.py; repeatable")
     ap.add_argument("--out", default="results/walk-forward", help="the output folder (default: %(default)s)")
+    add_backend_arguments(ap)  # --backend, --jobs, --ray-address, --slurm-*
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
 
+    from agents.runs.backends import JobsFailed, backend_options
     from jaxenv.data import DataValidationError
 
     args = parser().parse_args(argv)
     try:
+        backend = backend_options(args)  # a bad flag or a missing package: one line, before anything is planned
         plan = plan_from_args(args)
     except (ValueError, ConfigError, DataValidationError, FileNotFoundError) as e:
         print_error(e)
@@ -608,7 +614,12 @@ def main(argv: list[str] | None = None) -> int:
     command = "python scripts/walkforward.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
                                                                                     else argv))
     try:
-        run(plan, command, progress=not args.no_progress)
+        run(plan, command, progress=not args.no_progress, backend=backend)
+    except JobsFailed as e:  # each failed run and its log; the others are in their folders
+        print_error(e)
+        print(f"no table written: {len(e.failures)} run(s) failed; the same command runs them again and reads the "
+              "others back", file=sys.stderr)
+        return 1
     except ValueError as e:  # run folders trained with other settings
         print_error(e)
         return 2

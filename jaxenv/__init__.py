@@ -9,11 +9,11 @@
     mask = env.action_mask(state, params)
 
     markets = load_market_set([("NQ", "NQ.csv"), ("ES", "ES.csv")], DataConfig())   # several instruments, one timeline
-    account = AccountEnv(EnvConfig(), AccountRules(max_minis=2.0))                   # one account trading them all
+    account = AccountEnv(EnvConfig())               # one account trading them all, under EnvConfig.prop_firm's limits
     figures = evaluate_account(account, markets, "test", act, key)                   # its walk (jaxenv.account_evaluate)
 """
 
-from jaxenv.account_env import AccountEnv, AccountRules
+from jaxenv.account_env import AccountEnv
 from jaxenv.account_evaluate import evaluate_account, walk_account
 from jaxenv.config import DataConfig, EnvConfig, PropFirmRules
 from jaxenv.contracts import CONTRACTS, ContractSpec, get_contract, resolve_contract
@@ -26,7 +26,6 @@ from jaxenv.market_set import MarketSet, load_market_set
 
 __all__ = [
     "AccountEnv",
-    "AccountRules",
     "CONTRACTS",
     "ContractSpec",
     "DataConfig",

@@ -16,9 +16,9 @@ env's helpers, vmapped over the instrument axis); the account layer ties them to
   is TradingEnv's rule exactly: the liquidation price where equity meets the threshold, at the open on a gap.
 - **The peak** rises to the bar's best combined mark: every position still open at its favourable extreme (an upper
   bound of the combined intrabar high, the conservative counterpart of the worst mark), else the equity.
-- **Account limits** (`AccountRules`): a cap on the contracts held, in mini-equivalents (a built-in micro counts
-  0.1); half that cap until the trailing threshold locks (`half_size_until_threshold`); no opposite sides on a
-  declared correlated pair.
+- **Account limits** (the prop firm's rules, `EnvConfig.prop_firm`): a cap on the contracts held, in mini-equivalents
+  (`max_contracts`; a built-in micro counts 0.1); half that cap until the trailing threshold locks
+  (`half_size_until_threshold`); no opposite sides on a declared correlated pair (`correlated`).
 
 Actions are TradingEnv's six, one per instrument. The masks apply the account rules in a FIXED instrument order: head
 i's mask depends on the actions taken by heads < i at this step (an entry of instrument 0 counts against the cap of
@@ -33,7 +33,8 @@ position is marked at the carried close. The flat-by close and the close of a po
 still happen on an absent bar, at the carried close (the firm's rule binds every instrument).
 
     market_set = load_market_set([("NQ", "synthetic:pair_signal"), ("ES", "synthetic:pair_signal")])
-    env = AccountEnv(EnvConfig(), AccountRules(max_minis=2.0, correlated=(("NQ", "ES"),)))
+    rules = dataclasses.replace(PropFirmRules(), max_contracts=2.0, correlated=[["NQ", "ES"]])
+    env = AccountEnv(dataclasses.replace(EnvConfig(), prop_firm=rules))   # or load_config(...).env
     params = env.make_params(market_set, "train")
     obs, state = env.reset(key, params)                     # obs.instruments [I, F_inst], obs.account [F_acc]
     actions, log_prob = env.sample_actions(key, state, params, logits)   # logits [I, 6], head by head
@@ -43,7 +44,6 @@ still happen on an absent bar, at the carried close (the firm's rule binds every
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import partial
 
 import jax
@@ -88,35 +88,15 @@ from jaxenv.market_set import MarketSet
 # Per-instrument columns after TradingEnv's observation of the instrument (its obs_size columns, the account's risk
 # features included): is bar t the instrument's own, one entry's size in mini-equivalents, BUY and SELL allowed.
 INSTRUMENT_EXTRAS = ("present", "entry_minis", "can_buy", "can_sell")
-# The account block: open contracts in minis / max_minis (0 without a cap), the room left under the cap in force /
-# max_minis (1 without a cap), the half-size rule binds, the trailing threshold is locked, open positions / I.
+# The account block: open contracts in minis / the cap (prop_firm.max_contracts; 0 without a cap), the room left under
+# the cap in force / the cap (1 without a cap), the half-size rule binds, the trailing threshold is locked, open
+# positions / I.
 ACCOUNT_FEATURES = ("minis_open", "minis_room", "half_size", "threshold_locked", "open_positions")
 TENTHS_PER_MINI = 10  # contracts are counted in tenths of a mini, in integers: a micro is 1, a mini 10
 NO_CAP = 1 << 30  # tenths: no cap
 # info's per-instrument entries ([I]); its others (episode_*, terminated, truncated, ...) are the account's.
 INSTRUMENT_INFO = ("invalid_action", "unfilled", "entry_side", "entry_price", "exit_reason", "exit_price", "trade_pnl")
 MASKED_LOGIT = -1e9  # as agents.rl.networks: exp() underflows to 0, and no 0·(-inf) = nan in an entropy
-
-
-@dataclass(frozen=True)
-class AccountRules:
-    """The account's limits across instruments (the per-instrument rules stay in EnvConfig.prop_firm)."""
-
-    max_minis: float = math.inf  # the most contracts held at once, in mini-equivalents (a built-in micro: 0.1)
-    # Entries may use only half of max_minis until the trailing threshold locks (stops trailing: the peak reaches
-    # starting_balance + trailing_drawdown + trail_stop_offset, jaxenv.env.drawdown_threshold). An account without a
-    # trailing drawdown has no threshold to lock: the rule never binds there.
-    half_size_until_threshold: bool = False
-    # Pairs of symbols that may not be held (or entered) on opposite sides at once; a pair naming an instrument that is
-    # not in the set does not bind.
-    correlated: tuple[tuple[str, str], ...] = ()
-
-    def __post_init__(self):
-        if not self.max_minis > 0:
-            raise ValueError(f"account.max_minis: must be > 0 (inf: no cap), got {self.max_minis!r}")
-        for pair in self.correlated:
-            if len(pair) != 2 or not all(isinstance(s, str) for s in pair) or pair[0] == pair[1]:
-                raise ValueError(f"account.correlated: each pair names two different symbols, got {pair!r}")
 
 
 def is_micro(spec: ContractSpec) -> bool:
@@ -144,9 +124,9 @@ class AccountParams(environment.EnvParams):
     reward_scale: jax.Array = 0.01
     breach_penalty: jax.Array = 0.0
     entry_tenths: jax.Array = None  # int32 [I]: one entry's size in tenths of a mini
-    cap_tenths: jax.Array = NO_CAP  # max_minis in tenths (NO_CAP: none)
-    half_size: jax.Array = False  # AccountRules.half_size_until_threshold
-    opposed: jax.Array = None  # bool [I, I]: the correlated pairs, symmetric
+    cap_tenths: jax.Array = NO_CAP  # prop_firm.max_contracts in tenths of a mini (NO_CAP: none)
+    half_size: jax.Array = False  # prop_firm.half_size_until_threshold
+    opposed: jax.Array = None  # bool [I, I]: prop_firm.correlated's pairs, symmetric
 
     @property
     def num_instruments(self) -> int:
@@ -217,7 +197,8 @@ def threshold_locked(peak: jax.Array, params: AccountParams) -> jax.Array:
 
 
 def cap_in_force(state: AccountState, params: AccountParams) -> jax.Array:
-    """The cap on contracts held, in tenths of a mini: max_minis, or half of it while the half-size rule binds."""
+    """The cap on contracts held, in tenths of a mini: prop_firm.max_contracts, or half of it while the half-size rule
+    binds."""
     half = params.half_size & ~threshold_locked(state.peak, params)
     return jnp.where(half, params.cap_tenths // 2, params.cap_tenths)
 
@@ -245,15 +226,29 @@ def _others(x: jax.Array) -> jax.Array:
     return jnp.stack([_sum(jnp.concatenate([x[..., :i], x[..., i + 1:]], axis=-1)) for i in range(n)], axis=-1)
 
 
+def _each(fn, in_axes=0):
+    """jax.vmap over the instrument axis; with one instrument, `fn` on that instrument's slice (a vmap over an axis of
+    one still runs XLA's batched gathers, slower on CPU than the plain call)."""
+    vmapped = jax.vmap(fn, in_axes=in_axes)
+
+    def each(*args):
+        axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+        n = next(jax.tree.leaves(a)[0].shape[0] for a, axis in zip(args, axes) if axis == 0)
+        if n > 1:
+            return vmapped(*args)
+        out = fn(*(jax.tree.map(lambda x: x[0], a) if axis == 0 else a for a, axis in zip(args, axes)))
+        return jax.tree.map(lambda x: x[None], out)
+
+    return each
+
 class AccountEnv(environment.Environment[AccountState, AccountParams]):
     """Trades the instruments of a MarketSet in one prop-firm account (the module's docstring). Build params with
     `make_params(market_set, split)`."""
 
-    def __init__(self, config: EnvConfig | None = None, account: AccountRules | None = None):
+    def __init__(self, config: EnvConfig | None = None):
         super().__init__()
-        self.single = TradingEnv(config)  # validates the config; its helpers trade each instrument
+        self.single = TradingEnv(config)  # validates the config (its prop-firm rules too); trades each instrument
         self.config = self.single.config
-        self.account = account or AccountRules()
         self.window = self.single.window
         self.extended = self.single.extended
 
@@ -274,11 +269,12 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
         symbols = [c.symbol.upper() for c in contracts]
         n = len(symbols)
         opposed = np.zeros((n, n), bool)
-        for a, b in self.account.correlated:
-            if a.upper() in symbols and b.upper() in symbols:
-                i, j = symbols.index(a.upper()), symbols.index(b.upper())
+        for a, b in rules.correlated:
+            a, b = a.strip().upper(), b.strip().upper()
+            if a in symbols and b in symbols:
+                i, j = symbols.index(a), symbols.index(b)
                 opposed[i, j] = opposed[j, i] = True
-        cap = self.account.max_minis
+        cap = rules.max_contracts  # in mini-equivalents
         cap_tenths = NO_CAP if math.isinf(cap) else min(NO_CAP, math.floor(cap * TENTHS_PER_MINI + 1e-6))
         f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
         return AccountParams(
@@ -295,7 +291,7 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
             breach_penalty=f32(self.config.breach_penalty),
             entry_tenths=jnp.asarray([mini_tenths(c, self.config.contracts_per_trade) for c in contracts], jnp.int32),
             cap_tenths=jnp.asarray(cap_tenths, jnp.int32),
-            half_size=jnp.asarray(self.account.half_size_until_threshold),
+            half_size=jnp.asarray(rules.half_size_until_threshold),
             opposed=jnp.asarray(opposed),
         )
 
@@ -364,7 +360,7 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
     # ------------------------------------------------------------------------------------------- masks
     def instrument_masks(self, state: AccountState, params: AccountParams) -> jax.Array:
         """[I, 6]: TradingEnv's mask of each instrument alone, with no entry on a bar where it is absent."""
-        masks = jax.vmap(lambda leg, p: self.single.action_mask(leg_state(state, leg), p))(state.legs, params.inst)
+        masks = _each(lambda leg, p: self.single.action_mask(leg_state(state, leg), p))(state.legs, params.inst)
         present = params.present[state.t]
         return masks.at[:, BUY].set(masks[:, BUY] & present).at[:, SELL].set(masks[:, SELL] & present)
 
@@ -442,7 +438,7 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
     def _observe(self, state: AccountState, params: AccountParams, mask: jax.Array) -> AccountObs:
         # TradingEnv's observation of each instrument; its "can_enter" column is BUY or SELL allowed.
         entry_ok = mask[:, BUY] | mask[:, SELL]
-        rows = jax.vmap(lambda leg, p, m: self.single._observe(leg_state(state, leg), p, m))(
+        rows = _each(lambda leg, p, m: self.single._observe(leg_state(state, leg), p, m))(
             state.legs, params.inst, mask.at[:, BUY].set(entry_ok))
         extras = jnp.stack([params.present[state.t], params.entry_tenths / TENTHS_PER_MINI, mask[:, BUY],
                             mask[:, SELL]], axis=1).astype(jnp.float32)
@@ -479,21 +475,21 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
             s = leg_state(state, leg)
             return fill_entry(s, a, *manage_position(s, a, now, p), now, bar, p)
 
-        pos = jax.vmap(position)(state.legs, a, now, bar, inst)
-        balance = state.balance - _sum(jnp.where(pos.entered, jax.vmap(commission)(inst), 0.0))
-        commissions = state.commissions + _sum(jnp.where(pos.entered, jax.vmap(commission)(inst), 0.0))
-        carried = jax.vmap(carried_over)(pos, now, bar, inst)
+        pos = _each(position)(state.legs, a, now, bar, inst)
+        balance = state.balance - _sum(jnp.where(pos.entered, _each(commission)(inst), 0.0))
+        commissions = state.commissions + _sum(jnp.where(pos.entered, _each(commission)(inst), 0.0))
+        carried = _each(carried_over)(pos, now, bar, inst)
         # No stop or target touches an absent bar: its high below and low above every level.
         touch = jnp.where(here[:, None], bar, bar.at[:, HIGH].set(-jnp.inf).at[:, LOW].set(jnp.inf))
         threshold = drawdown_threshold(state.peak, params)
         exit_ = self.account_exit(pos, balance, threshold, carried, here, bar, touch, params)
-        settled = jax.vmap(settle_exit, in_axes=(0, 0, None, None, 0))(pos, exit_, 0.0, 0.0, inst)
+        settled = _each(settle_exit, in_axes=(0, 0, None, None, 0))(pos, exit_, 0.0, 0.0, inst)
         balance = balance + _sum(settled[0])
         commissions = commissions + _sum(settled[1])
         trade_pnl = settled[2]
         still_open = (pos.side != 0) & ~exit_.exiting
         side = jnp.where(exit_.exiting, 0, pos.side)
-        mark = jax.vmap(marked_equity, in_axes=(None, 0, 0, 0, 0))
+        mark = _each(marked_equity, in_axes=(None, 0, 0, 0, 0))
         close_marks = mark(0.0, side, pos.entry_price, bar[:, CLOSE], inst)
         equity = balance + _sum(close_marks)
         terminated = jnp.any(exit_.liquidated) | (equity <= threshold)
@@ -511,7 +507,7 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
             legs=Legs(
                 side=side,
                 entry_price=pos.entry_price,
-                stop=jax.vmap(trailed_stop)(pos, still_open, bar, inst),
+                stop=_each(trailed_stop)(pos, still_open, bar, inst),
                 target=pos.target,
                 trailing=pos.trailing & still_open,
                 entry_time=pos.entry_time,
@@ -523,8 +519,8 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
             **counters,
             **roll_session(state, bar[0], exits),
         )
-        reason = jax.vmap(exit_reason)(state.legs.trailing, pos, exit_)
-        info = jax.vmap(step_info, in_axes=(0, 0, 0, 0, 0, None, None, None))(
+        reason = _each(exit_reason)(state.legs.trailing, pos, exit_)
+        info = _each(step_info, in_axes=(0, 0, 0, 0, 0, None, None, None))(
             valid, pos, exit_, reason, trade_pnl, next_state, terminated, params)
         info = {key: value[0] if key.startswith("episode_") else value for key, value in info.items()}
         info["unfilled"] = unfilled
@@ -544,9 +540,9 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
         adverse = jnp.where(is_long, bar[:, LOW], bar[:, HIGH])
         stop_fill = jnp.where(is_long, jnp.minimum(pos.stop, bar[:, OPEN]), jnp.maximum(pos.stop, bar[:, OPEN]))
         worst = jnp.where(movable, better_for(is_long, adverse, stop_fill), bar[:, OPEN])
-        mark = jax.vmap(marked_equity, in_axes=(None, 0, 0, 0, 0))
+        mark = _each(marked_equity, in_axes=(None, 0, 0, 0, 0))
         worst_marks = mark(0.0, pos.side, pos.entry_price, worst, inst)
-        first = jax.vmap(find_exit, in_axes=(0, 0, None, 0, 0, 0))(
+        first = _each(find_exit, in_axes=(0, 0, None, 0, 0, 0))(
             pos, balance + _others(worst_marks), threshold, carried, touch, inst)
         breach = jnp.any(first.liquidated)
         open_marks = mark(0.0, pos.side, pos.entry_price, bar[:, OPEN], inst)
@@ -554,11 +550,11 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
         span = at_open - at_worst
         share = jnp.where(span > 0, jnp.clip((at_open - threshold) / jnp.where(span > 0, span, 1.0), 0.0, 1.0), 0.0)
         meet = bar[:, OPEN] + share * (worst - bar[:, OPEN])
-        level = jax.vmap(liquidation_price, in_axes=(0, 0, None, 0))(
+        level = _each(liquidation_price, in_axes=(0, 0, None, 0))(
             pos, balance + _others(mark(0.0, pos.side, pos.entry_price, meet, inst)), threshold, inst)
         forced = breach & (pos.side != 0) & ~carried
         yes, no = jnp.ones_like(forced), jnp.zeros_like(forced)
-        price = jax.vmap(exit_fill)(pos, level, yes, no, no, bar, inst)
+        price = _each(exit_fill)(pos, level, yes, no, no, bar, inst)
         return Exit(
             liquidated=forced,
             stop_hit=first.stop_hit & ~forced,
@@ -571,5 +567,5 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
 
 __all__ = [
     "ACCOUNT_FEATURES", "INSTRUMENT_EXTRAS", "INSTRUMENT_INFO", "AccountEnv", "AccountObs", "AccountParams",
-    "AccountRules", "AccountState", "Legs", "flatten_observation", "is_micro",
+    "AccountState", "Legs", "flatten_observation", "is_micro",
 ]

@@ -26,7 +26,15 @@ class PropFirmRules:
     # The threshold trails the peak until it reaches starting_balance + trail_stop_offset, then freezes.
     trail_stop_offset: float = 100.0
     profit_target: float = 3_000.0  # an evaluation passes when equity reaches starting_balance + this (reports only)
-    max_contracts: int = 10  # the most contracts the account may hold
+    # The most contracts held at once across every instrument, in mini-equivalents: a built-in micro (MNQ, MES, MBT)
+    # counts 0.1, any other contract 1 (.inf = no cap). One instrument: contracts_per_trade may not exceed it.
+    max_contracts: float = 10.0
+    # Several instruments: entries may use only half of max_contracts until the trailing threshold locks (stops
+    # trailing); an account without a trailing drawdown never binds it.
+    half_size_until_threshold: bool = False
+    # Several instruments: pairs of symbols never held (or entered) on opposite sides at once, e.g. [[NQ, ES]]; a pair
+    # naming an instrument not traded does not bind.
+    correlated: list[list[str]] = field(default_factory=list)
     # Futures positions are closed on the last bar that ends by this time of day in `timezone` ("" = no such rule).
     # It binds futures only: spot FX and equities follow their instrument's flat_at_close.
     flat_by: str = "16:59"
@@ -188,20 +196,34 @@ def rules_fields(value: str | Mapping[str, Any]) -> dict[str, Any]:
 
 def rules_text(rules: PropFirmRules) -> str:
     """The rules in words, for reports: "balance 50,000, trailing drawdown 2,500, futures flat by 16:59
-    America/New_York, no entries in the last 15 minutes, at most 10 contracts"."""
+    America/New_York, no entries in the last 15 minutes, at most 10 contracts (mini-equivalents)", then the half-size
+    rule and the correlated pairs where they are set."""
     drawdown = (f"trailing drawdown {rules.trailing_drawdown:,.0f}" if math.isfinite(rules.trailing_drawdown)
                 else "no trailing drawdown")
     flat = f"futures flat by {rules.flat_by} {rules.timezone}" if rules.flat_by else "no flat-by time"
     minutes = rules.no_entry_minutes_before_close
     entries = f"no entries in the last {minutes} minutes" if minutes else "entries until the close"
-    return (f"balance {rules.starting_balance:,.0f}, {drawdown}, {flat}, {entries}, "
-            f"at most {rules.max_contracts} contracts")
+    cap = (f"at most {rules.max_contracts:g} contracts (mini-equivalents)" if math.isfinite(rules.max_contracts)
+           else "no cap on contracts")
+    text = f"balance {rules.starting_balance:,.0f}, {drawdown}, {flat}, {entries}, {cap}"
+    if rules.half_size_until_threshold:
+        text += ", half of them until the threshold locks"
+    if rules.correlated:
+        text += ", never opposite sides on " + ", ".join("/".join(pair) for pair in rules.correlated)
+    return text
 
 
 def check_rules(rules: PropFirmRules) -> None:
     """A ValueError names the key of a prop-firm rule that cannot be read."""
     if not rules.trailing_drawdown > 0:
         raise ValueError(f"env.prop_firm.trailing_drawdown: must be > 0 (.inf: none), got {rules.trailing_drawdown!r}")
+    if not rules.max_contracts > 0:
+        raise ValueError(f"env.prop_firm.max_contracts: must be > 0 (.inf: no cap), got {rules.max_contracts!r}")
+    for i, pair in enumerate(rules.correlated):
+        if (isinstance(pair, str) or len(pair) != 2 or not all(isinstance(s, str) and s.strip() for s in pair)
+                or pair[0].strip().upper() == pair[1].strip().upper()):
+            raise ValueError(f"env.prop_firm.correlated[{i}]: each pair names two different symbols ([[NQ, ES]]), "
+                             f"got {pair!r}")
     if rules.flat_by and not is_hhmm(rules.flat_by):
         raise ValueError(f"env.prop_firm.flat_by: expected HH:MM or \"\" (no rule), got {rules.flat_by!r}")
     if not known_zone(rules.timezone):

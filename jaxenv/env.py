@@ -162,7 +162,7 @@ class TradingEnv(environment.Environment[EnvState, EnvParams]):
         if not 1 <= self.config.contracts_per_trade <= self.config.prop_firm.max_contracts:
             raise ValueError(
                 f"env.contracts_per_trade={self.config.contracts_per_trade} must be between 1 and "
-                f"prop_firm.max_contracts={self.config.prop_firm.max_contracts}"
+                f"prop_firm.max_contracts={self.config.prop_firm.max_contracts:g}"
             )
         check_rules(self.config.prop_firm)
         self.window = self.config.window

@@ -10,7 +10,7 @@ import numpy as np
 from jaxenv.config import ACCOUNT_RULES, EnvConfig, PropFirmRules, rules_text
 from jaxenv.contracts import describe
 from jaxenv.env import flattens_at_session_end, prop_flat_by, session_rules
-from jaxenv.market import SPLITS, Market
+from jaxenv.market import Market, splits_text
 from jaxenv.sessions import DAILY, interval_text
 
 
@@ -67,12 +67,6 @@ def load_report(market: Market, env: EnvConfig | None = None) -> str:
     scale = market.scale
     on_grid = f"; {1 - scale.off_grid_share:.1%} of prices on the tick grid" if scale is not None else ""
     ranges = f"median bar range {scale.median_range_ticks:,.1f} ticks{on_grid}" if scale is not None else ""
-    sid = sessions.session_id
-    split_text = []
-    for name in SPLITS:
-        start, end = market.splits[name]
-        n_sessions = len(np.unique(sid[start:end])) if end > start else 0
-        split_text.append(f"{name} {end - start:,} bars / {n_sessions:,} session{'s' if n_sessions != 1 else ''}")
     lines = [
         ("data", f"{market.source}: {market.num_bars:,} bars, {_stamp(market, 0)} to {_stamp(market, -1)}"),
         ("interval", f"{interval_text(market.interval_minutes)} (detected); {episode}"),
@@ -81,7 +75,7 @@ def load_report(market: Market, env: EnvConfig | None = None) -> str:
         ("time zones", f"stamps {market.stamps_note}; exchange time {spec.timezone}"),
         ("sessions", f"{sessions.num_sessions:,} sessions ({kind}); {holding}"),
         ("account", account_text(rules)),
-        ("splits", f"{', '.join(split_text)}; the first {market.first_decision_bar} bars are feature warm-up"),
+        ("splits", splits_text(market.splits, sessions.session_id, market.first_decision_bar)),
         ("dropped", dropped_text(market)),
         *([("news", market.news_note)] if market.news_note else []),
     ]

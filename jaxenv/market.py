@@ -113,6 +113,16 @@ def _session_aligned_bounds(session_id: np.ndarray, fractions: np.ndarray) -> li
     return out
 
 
+def splits_text(splits: dict[str, tuple[int, int]], session_id: np.ndarray, first_decision_bar: int) -> str:
+    """The load report's splits line: each split's bars and sessions, and the feature warm-up."""
+    parts = []
+    for name in SPLITS:
+        start, end = splits[name]
+        count = len(np.unique(session_id[start:end])) if end > start else 0
+        parts.append(f"{name} {end - start:,} bars / {count:,} session{'s' if count != 1 else ''}")
+    return f"{', '.join(parts)}; the first {first_decision_bar} bars are feature warm-up"
+
+
 def market_splits(session_id: np.ndarray, cfg: DataConfig, source: str) -> dict[str, tuple[int, int]]:
     """The splits `data.splits` names by session (a walk-forward's fold), else the time fractions."""
     if not cfg.splits:

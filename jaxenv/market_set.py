@@ -29,7 +29,7 @@ import pandas as pd
 from jaxenv.config import DataConfig, resolve_data_config
 from jaxenv.contracts import ContractSpec
 from jaxenv.data import DataValidationError, too_few_bars
-from jaxenv.market import FIRST_DECISION_BAR, SPLITS, Market, load_market, market_from_frame, market_splits
+from jaxenv.market import FIRST_DECISION_BAR, Market, load_market, market_from_frame, market_splits, splits_text
 from jaxenv.scale import same_calendar
 from jaxenv.sessions import DAILY, SessionInfo, choose_schedule, interval_text, outside_schedule, session_info
 from jaxenv.synthetic import PAIR_PRESETS, generate_pair
@@ -91,13 +91,7 @@ class MarketSet:
         sessions, spec = self.sessions, self.markets[0].contract
         hours = "one bar a trading day" if daily else f"{sessions.schedule.text()} {spec.timezone}"
         lines.append(f"{'sessions':<11} {sessions.num_sessions:,} sessions on {spec.symbol}'s calendar ({hours})")
-        sid = sessions.session_id
-        parts = []
-        for name in SPLITS:
-            start, end = self.splits[name]
-            count = len(np.unique(sid[start:end])) if end > start else 0
-            parts.append(f"{name} {end - start:,} bars / {count:,} session{'s' if count != 1 else ''}")
-        lines.append(f"{'splits':<11} {', '.join(parts)}; the first {self.first_decision_bar} bars are feature warm-up")
+        lines.append(f"{'splits':<11} {splits_text(self.splits, sessions.session_id, self.first_decision_bar)}")
         return lines
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
-from jaxenv.config import DataConfig  # noqa: E402
+from jaxenv.config import DataConfig, EnvConfig  # noqa: E402
 from jaxenv.market import Market, market_from_frame  # noqa: E402
 
 SESSION_BARS = 390
@@ -60,6 +62,14 @@ def hand_market():
 def bar_at(days_offset: int, hh: int, mm: int) -> int:
     """Index of the bar stamped hh:mm on the given session (0-based)."""
     return days_offset * SESSION_BARS + (hh * 60 + mm) - (9 * 60 + 30)
+
+
+def account_config(config: EnvConfig | None = None, **limits) -> EnvConfig:
+    """`config` (EnvConfig() by default) with its prop firm's account limits set (max_contracts,
+    half_size_until_threshold, correlated): max_contracts .inf (no cap) unless given."""
+    config = config or EnvConfig()
+    rules = dataclasses.replace(config.prop_firm, **{"max_contracts": math.inf, **limits})
+    return dataclasses.replace(config, prop_firm=rules)
 
 
 @pytest.fixture(autouse=True)

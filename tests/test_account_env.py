@@ -6,8 +6,6 @@ Hand markets (tests.conftest): flat bars, ATR 10. NQ: point $20; ES: point $50; 
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,12 +13,12 @@ import pandas as pd
 import pytest
 
 from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, HOLD, MOVE_TO_BE, SELL
-from jaxenv.account_env import ACCOUNT_FEATURES, INSTRUMENT_EXTRAS, AccountEnv, AccountRules, flatten_observation
+from jaxenv.account_env import ACCOUNT_FEATURES, INSTRUMENT_EXTRAS, AccountEnv, flatten_observation
 from jaxenv.config import DataConfig, EnvConfig, PropFirmRules
 from jaxenv.env import EXIT_REASONS, TradingEnv
 from jaxenv.market_files import write_pair
 from jaxenv.market_set import MarketSet, load_market_set
-from tests.conftest import HandMarket, bar_at
+from tests.conftest import HandMarket, account_config, bar_at
 
 T0 = bar_at(2, 10, 0)  # a decision bar in the third session, well inside trading hours
 PRICES = {"NQ": 18_000.0, "ES": 5_000.0, "MNQ": 18_000.0}
@@ -47,8 +45,10 @@ def hand(symbol: str, bars: dict[int, tuple[float, float, float, float]] | None 
     return m.build()
 
 
-def setup(market_set, config=NO_COSTS, rules=None, commission=0.0, t0=T0):
-    env = AccountEnv(config, rules)
+def setup(market_set, config=NO_COSTS, commission=0.0, t0=T0, **limits):
+    """The account on `market_set` under `config` with the prop firm's account `limits` (tests.conftest
+    .account_config: no cap unless max_contracts is given), its params over every bar and a state at bar `t0`."""
+    env = AccountEnv(account_config(config, **limits))
     params = env.make_params(market_set, (0, market_set.num_bars))
     if commission is not None:
         params = params.replace(inst=params.inst.replace(
@@ -82,7 +82,7 @@ def test_one_instrument_trades_as_trading_env(one_nq, config):
     """A few hundred steps of random actions (mostly valid, some not), auto-resets included: the same P&L, trades,
     rewards, exits, masks and observation as TradingEnv."""
     market = one_nq.markets[0]
-    single, env = TradingEnv(config), AccountEnv(config)
+    single, env = TradingEnv(config), AccountEnv(account_config(config))
     p1, p2 = single.make_params(market, (0, market.num_bars)), env.make_params(one_nq, (0, market.num_bars))
     key = jax.random.PRNGKey(7)
     o1, s1 = single.reset(key, p1)
@@ -171,7 +171,7 @@ def test_a_gap_below_the_threshold_liquidates_both_at_their_opens():
 @pytest.mark.nojit
 def test_the_contract_cap_counts_mini_equivalents_in_instrument_order():
     nq, es, mnq = hand("NQ"), hand("ES"), hand("MNQ")
-    env, params, state = setup(market_set_of(nq, es), rules=AccountRules(max_minis=1.0))
+    env, params, state = setup(market_set_of(nq, es), max_contracts=1.0)
     assert env.action_mask(state, params)[:, BUY].tolist() == [True, True]  # head 1's, head 0 holding
     assert not bool(env.sequential_mask(state, params, 1, jnp.array([BUY, HOLD]))[BUY])
     assert not bool(env.sequential_mask(state, params, 1, jnp.array([SELL, HOLD]))[SELL])
@@ -187,7 +187,7 @@ def test_the_contract_cap_counts_mini_equivalents_in_instrument_order():
 
     # a micro plus a mini: 1.1 minis
     for cap, fits in [(1.1, True), (1.0, False)]:
-        env, params, state = setup(market_set_of(mnq, es), rules=AccountRules(max_minis=cap))
+        env, params, state = setup(market_set_of(mnq, es), max_contracts=cap)
         assert params.entry_tenths.tolist() == [1, 10]
         assert bool(env.sequential_mask(state, params, 1, jnp.array([BUY, HOLD]))[SELL]) is fits
         after, _, _ = play(env, params, state, [[BUY, SELL]])
@@ -199,7 +199,7 @@ def test_the_contract_cap_counts_mini_equivalents_in_instrument_order():
 @pytest.mark.nojit
 def test_half_the_cap_until_the_threshold_locks():
     env, params, state = setup(market_set_of(hand("NQ"), hand("ES")),
-                               rules=AccountRules(max_minis=2.0, half_size_until_threshold=True))
+                               max_contracts=2.0, half_size_until_threshold=True)
     assert not bool(env.sequential_mask(state, params, 1, jnp.array([BUY, HOLD]))[BUY])  # 1 of 2 minis
     locked = state.replace(peak=jnp.float32(50_000 + 2_500 + 100))  # the threshold stops trailing at 50,100
     assert bool(env.sequential_mask(locked, params, 1, jnp.array([BUY, HOLD]))[BUY])
@@ -209,20 +209,20 @@ def test_half_the_cap_until_the_threshold_locks():
 
 @pytest.mark.nojit
 def test_correlated_pairs_may_not_take_opposite_sides():
-    env, params, state = setup(market_set_of(hand("NQ"), hand("ES")), rules=AccountRules(correlated=(("ES", "NQ"),)))
+    env, params, state = setup(market_set_of(hand("NQ"), hand("ES")), correlated=[["ES", "NQ"]])
     assert env.sequential_mask(state, params, 1, jnp.array([BUY, HOLD]))[BUY:SELL + 1].tolist() == [True, False]
     assert env.sequential_mask(state, params, 1, jnp.array([SELL, HOLD]))[BUY:SELL + 1].tolist() == [False, True]
     short, infos, _ = play(env, params, state, [[SELL, BUY]])  # ES's BUY, opposite NQ's SELL, is taken as HOLD
     assert short.legs.side.tolist() == [-1, 0] and infos[0]["invalid_action"].tolist() == [False, True]
     assert env.action_mask(short, params)[1, BUY:SELL + 1].tolist() == [False, True]  # against the held short
     # a pair not in the set binds nothing
-    env, params, state = setup(market_set_of(hand("NQ"), hand("ES")), rules=AccountRules(correlated=(("NQ", "YM"),)))
+    env, params, state = setup(market_set_of(hand("NQ"), hand("ES")), correlated=[["NQ", "YM"]])
     assert bool(env.sequential_mask(state, params, 1, jnp.array([BUY, HOLD]))[SELL])
 
 
 @pytest.mark.nojit
 def test_sampling_head_by_head_gives_the_exact_log_probability():
-    env, params, state = setup(market_set_of(hand("NQ"), hand("ES")), rules=AccountRules(max_minis=1.0))
+    env, params, state = setup(market_set_of(hand("NQ"), hand("ES")), max_contracts=1.0)
     logits = jnp.zeros((2, 6))
     for seed in range(6):
         actions, log_prob = env.sample_actions(jax.random.PRNGKey(seed), state, params, logits)
@@ -272,7 +272,7 @@ def test_rewriting_the_second_instrument_after_bar_t_changes_no_observation_up_t
     changed = tmp_path / "ES_changed.csv"
     frame.drop(index=[t + 5, t + 40]).to_csv(changed, index=False)
     base = DataConfig(synthetic_days=4, synthetic_seed=0)
-    env = AccountEnv(EnvConfig(), AccountRules(max_minis=1.5, correlated=(("NQ", "ES"),)))
+    env = AccountEnv(account_config(max_contracts=1.5, correlated=[["NQ", "ES"]]))
 
     @jax.jit
     def walk(params):
@@ -307,4 +307,4 @@ def test_the_observation_layout():
     np.testing.assert_array_equal(np.asarray(obs.instruments[1, : single.obs_size]), np.asarray(one))
     assert flatten_observation(obs).shape == (2 * obs.instruments.shape[1] + obs.account.shape[0],)
     assert env.action_mask(state, params).shape == (2, 6)
-    assert MOVE_TO_BE == 3 and DISABLE_TRAIL == 5 and dataclasses.is_dataclass(AccountRules())
+    assert MOVE_TO_BE == 3 and DISABLE_TRAIL == 5

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bridge.protocol import BUY, HOLD, SELL
-from jaxenv.account_env import AccountEnv, AccountRules
+from jaxenv.account_env import AccountEnv
 from jaxenv.account_evaluate import (
     INSTRUMENT_COLUMNS,
     evaluate_account,
@@ -22,6 +22,7 @@ from jaxenv.env import TradingEnv
 from jaxenv.evaluate import evaluate_policy, held_pnl, walk_split
 from jaxenv.market_set import load_market_set
 from jaxenv.metrics import METRICS
+from tests.conftest import account_config
 
 # Scans of a thousand steps: left out of the JAX_DISABLE_JIT=1 pass, where they take minutes.
 KEY = jax.random.PRNGKey(3)
@@ -50,7 +51,7 @@ def test_one_instrument_walks_as_walk_split(one_nq, policy):
     """The same market, split, key and actions (the account's act gives walk_split's policy its first head's mask):
     every column of the trace bit for bit, and the same figures."""
     config = EnvConfig()
-    single, env = TradingEnv(config), AccountEnv(config)
+    single, env = TradingEnv(config), AccountEnv(account_config(config))
     market = one_nq.markets[0]
 
     def act(obs, state, params, key):
@@ -76,7 +77,7 @@ def test_one_instrument_walks_as_walk_split(one_nq, policy):
 def test_buy_the_first_hold_the_second(pair):
     """BUY on NQ whenever flat (a BUY while long is refused and flagged), HOLD on ES: ES trades nothing and makes
     nothing, and the account's P&L, trades and commissions are NQ's."""
-    env = AccountEnv(EnvConfig())
+    env = AccountEnv(account_config())
 
     def act(obs, state, params, key):
         return jnp.array([BUY, HOLD], jnp.int32)
@@ -105,7 +106,7 @@ def test_sampled_heads_keep_the_account_rules(pair):
     """A policy of logits [I, 6] sampled head by head under the sequential masks (logits_policy, with a
     policy_state): under a one-mini cap and NQ/ES correlated, no action is refused and never two positions are open;
     greedy takes each head's best allowed action."""
-    env = AccountEnv(EnvConfig(), AccountRules(max_minis=1.0, correlated=(("NQ", "ES"),)))
+    env = AccountEnv(account_config(max_contracts=1.0, correlated=[["NQ", "ES"]]))
     sampled = logits_policy(env, lambda weights, obs: jnp.broadcast_to(weights, (2, 6)))
     trace = walk_account(env, pair, "train", sampled, KEY, policy_state=jnp.zeros(6))
     assert not trace["invalid_action"].any()
@@ -131,7 +132,7 @@ def test_the_account_benchmarks_report_says_where_a_target_is_missed(pair):
     assert one.symbols == ("NQ",) and one.present.shape == (pair.num_bars, 1) and one.num_bars == pair.num_bars
     base = {"suite": "account", "envs": 4096, "compile_s": 1.0, "cores_used": 1.9, "working_set_mb": 4.0, "reps": 5,
             "load_avg_start": [1.0, 1.0, 1.0], "load_avg_end": [1.0, 1.0, 1.0],
-            "config": {"data": "synthetic:pair", "rules": "AccountRules()", "steps_per_scan": 200}}
+            "config": {"data": "synthetic:pair", "rules": "no cap, no pairs", "steps_per_scan": 200}}
     rows = [{**base, "env": "TradingEnv", "instruments": 1, "account_steps_per_s": 100.0, "instrument_steps_per_s": 100.0},
             {**base, "env": "AccountEnv", "instruments": 1, "account_steps_per_s": 96.0, "instrument_steps_per_s": 96.0,
              "ratio_to_trading_env": 0.96},

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 
 from agents.config import ConfigError, load_config, save_config
 from agents.evidence.eprocess import scale_of
 from agents.trading.cli import rules_line
 from bridge.protocol import BUY, HOLD, SELL
-from jaxenv.config import ACCOUNT_RULES, DataConfig, EnvConfig, PropFirmRules
+from jaxenv.config import ACCOUNT_RULES, DataConfig, EnvConfig, PropFirmRules, rules_text
 from jaxenv.env import EXIT_REASONS, TradingEnv
 from jaxenv.evaluate import walk_split
 from jaxenv.load_report import load_report
@@ -134,14 +136,85 @@ def test_the_evidence_scale_is_the_trailing_drawdown_or_five_percent_of_the_bala
 
 def test_the_load_report_and_a_trading_run_name_the_rules_in_force_and_the_flag(trend):
     assert ("\naccount     apex-50k-2025 (env.prop_firm): balance 50,000, trailing drawdown 2,500, futures flat by "
-            "16:59 America/New_York, no entries in the last 15 minutes, at most 10 contracts; other account rules: "
-            "--set env.prop_firm=plain\n") in load_report(trend)
+            "16:59 America/New_York, no entries in the last 15 minutes, at most 10 contracts (mini-equivalents); other "
+            "account rules: --set env.prop_firm=plain\n") in load_report(trend)
     plain = load_report(trend, EnvConfig(prop_firm=PLAIN))
     assert ("\naccount     plain (env.prop_firm): balance 50,000, no trailing drawdown, no flat-by time, entries until "
-            "the close, at most 10 contracts; other account rules: --set env.prop_firm=apex-50k-2025\n") in plain
+            "the close, at most 10 contracts (mini-equivalents); other account rules: "
+            "--set env.prop_firm=apex-50k-2025\n") in plain
     assert "positions may be held across sessions" in plain
     assert rules_line(PLAIN).startswith("rules: plain (balance 50,000, no trailing drawdown, no flat-by time, entries "
-                                        "until the close, at most 10 contracts) are enforced here; ")
+                                        "until the close, at most 10 contracts (mini-equivalents)) are enforced here; ")
     assert rules_line(APEX).startswith("rules: apex-50k-2025 (balance 50,000, trailing drawdown 2,500, futures flat "
                                        "by 16:59 America/New_York, no entries in the last 15 minutes, at most 10 "
-                                       "contracts) are enforced here; ")
+                                       "contracts (mini-equivalents)) are enforced here; ")
+
+
+# ------------------------------------------------------------------------------------------ the account's limits
+def test_the_account_limits_load_from_yaml_and_set_the_account_envs_cap_and_pairs(tmp_path):
+    """env.prop_firm's account limits through the real loader: the cap in tenths of a mini, the opposed pair."""
+    from jaxenv.account_env import NO_CAP, AccountEnv
+    from jaxenv.market_set import load_market_set
+
+    path = tmp_path / "account.yaml"
+    path.write_text("env:\n  prop_firm: {base: plain, max_contracts: 1.5, correlated: [[NQ, ES]]}\n")
+    rules = load_config(path).env.prop_firm
+    assert rules == dataclasses.replace(PLAIN, max_contracts=1.5, correlated=[["NQ", "ES"]])
+    assert load_config(None, ["env.prop_firm=plain", "env.prop_firm.max_contracts=1.5",
+                              "env.prop_firm.correlated=[[NQ,ES]]"]).env.prop_firm == rules  # the same by --set
+    market_set = load_market_set([("NQ", "synthetic:pair"), ("ES", "synthetic:pair")], DataConfig(synthetic_days=4))
+    params = AccountEnv(load_config(path).env).make_params(market_set, "train")
+    assert int(params.cap_tenths) == 15 and not bool(params.half_size)
+    assert np.asarray(params.opposed).tolist() == [[False, True], [True, False]]
+    uncapped = load_config(None, ["env.prop_firm.max_contracts=.inf", "env.prop_firm.half_size_until_threshold=true"])
+    params = AccountEnv(uncapped.env).make_params(market_set, "train")
+    assert int(params.cap_tenths) == NO_CAP and bool(params.half_size) and not np.asarray(params.opposed).any()
+    assert rules_text(rules).endswith("at most 1.5 contracts (mini-equivalents), never opposite sides on NQ/ES")
+    assert rules_text(uncapped.env.prop_firm).endswith("no cap on contracts, half of them until the threshold locks")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("env.prop_firm.correlated=[[NQ,NQ]]",
+     "env.prop_firm.correlated[0]: each pair names two different symbols ([[NQ, ES]]), got ['NQ', 'NQ']"),
+    ("env.prop_firm.correlated=[[NQ,ES,YM]]",
+     "env.prop_firm.correlated[0]: each pair names two different symbols ([[NQ, ES]]), got ['NQ', 'ES', 'YM']"),
+    ("env.prop_firm.max_contracts=0", "env.prop_firm.max_contracts: must be > 0 (.inf: no cap), got 0.0"),
+])
+def test_bad_account_limits_are_refused_naming_the_key(override, message, capsys):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [override])
+    assert str(error.value) == message
+    with pytest.raises(ValueError, match=r"env.prop_firm.correlated\[0\]: each pair names two different symbols"):
+        TradingEnv(EnvConfig(prop_firm=dataclasses.replace(APEX, correlated=[["ES", "es"]])))
+    assert cli_main()(["--llm", "none", "--set", override]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_an_account_run_saved_before_its_cap_was_configurable_is_refused_in_one_line(tmp_path):
+    """Such a run's config.yaml has every prop-firm field of then and no account limit: its account had no cap, and
+    read now its max_contracts (10) would cap it and change its observation. A run of one instrument still loads."""
+    from agents.runs.saved_runs import load_run_config
+
+    def saved(name: str, instruments: list[str]) -> Path:
+        cfg = load_config(None, ["llm=none"] + [f"data.instruments=[{','.join(instruments)}]"] * bool(instruments))
+        run = tmp_path / name
+        run.mkdir()
+        save_config(cfg, run / "config.yaml")
+        return run
+
+    new_account = saved("new", ["NQ=a.csv", "ES=b.csv"])
+    assert load_run_config(new_account).env.prop_firm == APEX  # a run saved now records its limits
+    for name, instruments in (("old", ["NQ=a.csv", "ES=b.csv"]), ("old_single", [])):
+        run = saved(name, instruments)
+        raw = yaml.safe_load((run / "config.yaml").read_text())
+        for key in ("half_size_until_threshold", "correlated"):
+            del raw["env"]["prop_firm"][key]
+        raw["env"]["prop_firm"]["max_contracts"] = 10  # as it was written then
+        (run / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert load_run_config(tmp_path / "old_single").env.prop_firm == APEX
+    with pytest.raises(ConfigError) as error:
+        load_run_config(tmp_path / "old")
+    lines = str(error.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{tmp_path / 'old' / 'config.yaml'}: trained before the account's "
+                                                   "cap was configurable (env.prop_firm.max_contracts")
+    assert "retrain it" in lines[0]

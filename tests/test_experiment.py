@@ -95,6 +95,37 @@ def _fake_scores(pnl: float, advised: bool) -> dict:
     return {"version": fusion.EVAL_VERSION, **{kind: {"update": 3, "walks": walks} for kind in fusion.CHECKPOINTS}}
 
 
+def _no_run(monkeypatch, why: str = "a finished run was trained again") -> None:
+    """Every job's run (agents.runs.jobs.run_job) fails the test: the experiment must read its runs back."""
+    from agents.runs import jobs
+
+    monkeypatch.setattr(jobs, "run_job", lambda *a: pytest.fail(why))
+
+
+def _no_training(monkeypatch) -> None:
+    """Training fails the test; a job may score its run (fusion.score_run, patched by the test) but not train it."""
+    from agents.training import loop
+
+    monkeypatch.setattr(loop, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+
+
+def _trained(plan, arm: str, seed: int) -> None:
+    """The run's folder as a finished training leaves it (its config, checkpoints, its last update logged), untrained:
+    a job scores it and does not train it."""
+    from agents.config import save_config
+
+    folder = plan.run_dir(arm, seed)
+    cfg = fusion.run_config(plan, arm, seed)
+    (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
+    save_config(cfg, folder / "config.yaml")
+    (folder / "metrics.jsonl").write_text(json.dumps({"update": cfg.num_updates}) + "\n")
+
+
+def _without_timing(scores: dict) -> dict:
+    """Scores as the scorer made them, less the time the job took (agents.runs.jobs adds train_s and score_s)."""
+    return {k: v for k, v in scores.items() if k not in ("train_s", "score_s")}
+
+
 def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
     """A second invocation reads every finished run's saved scores: nothing trains; the paired differences are
     taken seed by seed."""
@@ -107,7 +138,7 @@ def test_saved_runs_are_read_back_not_retrained(tmp_path, monkeypatch):
             folder.mkdir(parents=True)
             pnl = 1000.0 * (seed + 1) + float(np.broadcast_to(edge[arm], 3)[seed])
             (folder / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(pnl, arm != "rl_only")))
-    monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("a finished run was trained again"))
+    _no_run(monkeypatch)
     plan = fusion.Plan("configs/headlines.yaml", arms, seeds, tmp_path / "experiment.json", runs, [], None)
     summary = fusion.run(plan, "python scripts/experiment.py ...", progress=False)
     _check_schema(summary, arms)
@@ -151,7 +182,7 @@ def test_runs_trained_with_other_settings_are_refused_not_read_back(tmp_path, mo
     save_config(other, runs / "news-s0" / "config.yaml")
     save_config(fusion.run_config(dataclasses.replace(plan, overrides=["hybrid.fusion=rules"]), "rl_only", 0),
                 runs / "rl_only-s0" / "config.yaml")
-    monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("trained"))
+    _no_run(monkeypatch, "trained")
     argv = ["--arms", "news", "--seeds", "0", "--json", str(plan.json_path), "--runs", str(runs), "--no-progress"]
     assert fusion.main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -169,33 +200,90 @@ def test_ctrl_c_stops_the_experiment_cleanly(tmp_path, monkeypatch, capsys):
     (runs / "rl_only-s0").mkdir(parents=True)
     (runs / "rl_only-s0" / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(100.0, False)))
 
-    def interrupted(plan, arm, seed):
-        raise KeyboardInterrupt(f"{plan.run_dir(arm, seed)}: training was interrupted; run the same "
-                                "command again to resume")  # as train_run says it
+    from types import SimpleNamespace
 
-    monkeypatch.setattr(fusion, "train_run", interrupted)
+    from agents.training import loop
+
+    monkeypatch.setattr(loop, "train", lambda *a, **k: SimpleNamespace(interrupted=True))  # as Ctrl-C leaves it
     argv = ["--arms", "news", "--seeds", "0", "--json", str(plan.json_path), "--runs", str(runs), "--no-progress"]
     assert fusion.main(argv) == 130
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "news-s0" in err and "resume" in err
 
 
+def test_the_experiment_runs_its_runs_as_jobs_seed_major(tmp_path, monkeypatch):
+    """Each arm × seed is a job: its folder's job.yaml holds the run's config, scored by experiments.fusion with the
+    experiment's --fresh-days; the jobs run seed-major (a stopped experiment leaves whole seeds) and the report is
+    read back from the folders; a second invocation runs nothing."""
+    from agents.config import to_dict
+    from agents.runs import jobs
+
+    ran = []
+
+    def run_job(job):  # the job's run, cheap: its scores written where the scorer would
+        ran.append(job.label)
+        scores = {**_fake_scores(100.0, job.label.startswith("news")), "fresh_days": job.options["fresh_days"]}
+        (job.run_dir / fusion.EVAL_FILE).write_text(json.dumps(scores))
+        return scores, True
+
+    monkeypatch.setattr(jobs, "run_job", run_job)
+    out = tmp_path / "experiment.json"
+    argv = ["--arms", "news", "--seeds", "0-1", "--fresh-days", "5", "--json", str(out), "--no-progress"]
+    assert fusion.main(argv) == 0
+    assert ran == ["rl_only-s0", "news-s0", "rl_only-s1", "news-s1"]
+    plan = fusion.plan_from_args(fusion.parser().parse_args(argv))
+    assert [j.run_dir for j in fusion.plan_jobs(plan)] == [tmp_path / "runs" / name for name in ran]
+    for name in ran:
+        job = jobs.read_job(tmp_path / "runs" / name)
+        assert (job.scorer, job.options, job.label, job.needs) == ("experiments.fusion", {"fresh_days": 5}, name, ())
+        arm, seed = name.rsplit("-s", 1)
+        assert to_dict(job.config) == to_dict(fusion.run_config(plan, arm, int(seed)))
+    summary = json.loads(out.read_text())
+    assert summary["seeds"] == [0, 1] and summary["arms"]["news"]["latest"]["test_pnl"]["n"] == 2
+    assert fusion.main(argv) == 0 and len(ran) == 4  # read back, not run again
+
+
+def test_a_failed_run_is_named_in_one_line_and_no_report_is_written(tmp_path, monkeypatch, capsys):
+    """A run that fails is named (with why) in one line, the others go on, and the experiment exits 1 without writing
+    its JSON, table or plot; the same command runs the failed run again."""
+    from agents.training import loop
+
+    runs = tmp_path / "runs"
+    (runs / "rl_only-s0").mkdir(parents=True)
+    (runs / "rl_only-s0" / fusion.EVAL_FILE).write_text(json.dumps(_fake_scores(100.0, False)))
+
+    def broken(*a, **k):
+        raise RuntimeError("the advisor is gone")
+
+    monkeypatch.setattr(loop, "train", broken)
+    out = tmp_path / "out" / "experiment.json"
+    argv = ["--arms", "news,random", "--seeds", "0", "--json", str(out), "--runs", str(runs), "--no-progress"]
+    assert fusion.main(argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if line.startswith("error:")] == [
+        f"error: {runs / name}: failed (RuntimeError: the advisor is gone); its traceback is above"
+        for name in ("news-s0", "random-s0")]
+    assert err[-1].startswith("no table written: 2 run(s) failed")
+    assert not out.parent.exists()
+
+
 def test_a_run_scored_by_an_older_version_is_scored_again_not_trained(tmp_path, monkeypatch):
     """Runs scored before daily P&L was kept are scored again from their checkpoints, and the new scores saved."""
     runs = tmp_path / "runs"
+    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "experiment.json", runs, [], None)
     for arm in ("rl_only", "news"):
-        (runs / f"{arm}-s0").mkdir(parents=True)
+        _trained(plan, arm, 0)
         old = _fake_scores(100.0, arm == "news")
         del old["version"]
         (runs / f"{arm}-s0" / fusion.EVAL_FILE).write_text(json.dumps(old))
     scored = []
-    monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("a finished run was trained again"))
+    _no_training(monkeypatch)
     monkeypatch.setattr(fusion, "score_run",
                         lambda run_dir, fresh_days: scored.append(run_dir.name) or _fake_scores(7.0, True))
-    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "experiment.json", runs, [], None)
     fusion.run(plan, "python scripts/experiment.py ...", progress=False)
-    assert sorted(scored) == ["news-s0", "rl_only-s0"]
-    assert json.loads((runs / "news-s0" / fusion.EVAL_FILE).read_text()) == _fake_scores(7.0, True)
+    assert scored == ["rl_only-s0", "news-s0"]
+    saved = json.loads((runs / "news-s0" / fusion.EVAL_FILE).read_text())
+    assert _without_timing(saved) == _fake_scores(7.0, True) and saved["score_s"] >= 0
     fusion.run(plan, "python scripts/experiment.py ...", progress=False)
     assert len(scored) == 2  # the new scores are read back
     # asked for a fresh market path the saved scores lack: scored again, with it
@@ -213,15 +301,15 @@ def test_version_2_scores_stand_for_a_run_without_an_advisor_only(tmp_path, monk
     """Version 3 changed only the veto's walks (a new rule; the fresh path): saved version-2 scores of a run without
     an advisor stand, an advised run is walked again."""
     runs = tmp_path / "runs"
+    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "experiment.json", runs, [], None)
     for arm in ("rl_only", "news"):
-        (runs / f"{arm}-s0").mkdir(parents=True)
+        _trained(plan, arm, 0)
         (runs / f"{arm}-s0" / fusion.EVAL_FILE).write_text(json.dumps(
             {**_fake_scores(100.0, arm == "news"), "version": 2, "fresh_days": 40}))
     scored = []
-    monkeypatch.setattr(fusion, "train_run", lambda *a: pytest.fail("a finished run was trained again"))
+    _no_training(monkeypatch)
     monkeypatch.setattr(fusion, "score_run", lambda run_dir, fresh_days: scored.append(run_dir.name) or {
         **_fake_scores(7.0, True), "fresh_days": fresh_days})
-    plan = fusion.Plan("configs/headlines.yaml", ["rl_only", "news"], [0], tmp_path / "experiment.json", runs, [], None)
     fusion.run(dataclasses.replace(plan, fresh_days=40), "python scripts/experiment.py ...", progress=False)
     assert scored == ["news-s0"]
     fusion.run(plan, "python scripts/experiment.py ...", progress=False)
@@ -325,6 +413,9 @@ def test_the_market_interval_sees_an_edge_that_one_day_made():
     (["--json", "out/results.json"], "--json"),
     (["--set", "ppo.lr=oops"], "ppo.lr"),
     (["--fresh-days", "-3"], "--fresh-days"),
+    (["--jobs", "2"], "--jobs 2: give --backend processes, ray or slurm (local runs one at a time)"),
+    (["--backend", "processes", "--jobs", "0"], "--jobs 0: must be at least 1"),
+    (["--ray-address", "auto"], "--ray-address: give --backend ray"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, flag, capsys):
     argv = ["--json", str(tmp_path / "experiment.json"), *args]

@@ -488,7 +488,6 @@ def test_near_the_drawdown_limit_a_bound_env_enters_only_where_its_advice_names_
     cfg = QueryConfig(interval=K, wait_for_answer=True, bind_on="trust", min_trust=0.05)
     acting = acting_with("learned", cfg, VetoConfig())
     assert acting.veto.advised_only_below == 0.5  # on by default
-    flat = jnp.zeros(4, jnp.int32)
     env_0 = (state.t[0] // K - 1) * SIDES + 1  # env 0's flat key: BUY
     advice = AdviceTable.create(int(state.t[-1] // K + 2) * SIDES).write(
         env_0[None], jax.nn.one_hot(jnp.array([BUY]), 6) * 0.9 + 0.1 / 6, jnp.full(1, 0.8), jnp.zeros(1, jnp.int32),

@@ -15,15 +15,16 @@ from agents.config import load_config
 from agents.rl.account import AccountHeads
 from agents.rl.normalization import normalize_obs
 from agents.rl.ppo import make_train
-from jaxenv.account_env import AccountEnv, AccountRules
+from jaxenv.account_env import AccountEnv
 from jaxenv.config import DataConfig, EnvConfig
 from jaxenv.market_files import write_pair
 from jaxenv.market_set import load_market_set
+from tests.conftest import account_config
 
 ENVS, STEPS = 4, 8
 BASE = DataConfig(synthetic_days=4, synthetic_seed=0)
 # A cap of one mini and a correlated pair: head 1's mask often depends on what head 0 chose.
-ENV = AccountEnv(EnvConfig(max_steps_in_episode=40), AccountRules(max_minis=1.0, correlated=(("NQ", "ES"),)))
+ENV = AccountEnv(account_config(EnvConfig(max_steps_in_episode=40), max_contracts=1.0, correlated=[["NQ", "ES"]]))
 
 
 def tiny_cfg():

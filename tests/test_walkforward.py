@@ -101,9 +101,9 @@ def test_llm_names_the_advised_arms_advisor_and_no_other_arms(tmp_path):
 
 
 def test_the_advised_arm_without_an_advisor_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
-    import experiments.walkforward as wf
+    from agents.runs import jobs
 
-    monkeypatch.setattr(wf, "finished_run", lambda *a: pytest.fail("trained a run"))
+    monkeypatch.setattr(jobs, "run_job", lambda *a: pytest.fail("trained a run"))
     out = tmp_path / "wf"
     assert walkforward(out, "--arms", "advised") == 2
     assert capsys.readouterr().err.splitlines() == [
@@ -113,22 +113,23 @@ def test_the_advised_arm_without_an_advisor_is_refused_in_one_line(tmp_path, cap
 
 def test_a_killed_walk_forward_resumes_where_it_was(tmp_path, monkeypatch):
     import experiments.walkforward as wf
+    from agents.runs import jobs
 
     out = tmp_path / "wf"
     calls = []
-    scored = wf.finished_run
+    scored = jobs.run_job
 
-    def killed_after_the_first(plan, fold, arm, seed):
+    def killed_after_the_first(job):
         if calls:
             raise KeyboardInterrupt
-        calls.append((fold.index, arm, seed))
-        return scored(plan, fold, arm, seed)
+        calls.append(job.run_dir)
+        return scored(job)
 
-    monkeypatch.setattr(wf, "finished_run", killed_after_the_first)
+    monkeypatch.setattr(jobs, "run_job", killed_after_the_first)
     assert walkforward(out) == 130
     first = out / "runs" / "fold0" / "rl_only-s0"
     kept = (first / wf.SCORE_FILE).read_text()
-    monkeypatch.setattr(wf, "finished_run", scored)
+    monkeypatch.setattr(jobs, "run_job", scored)
     assert walkforward(out) == 0
     assert (first / wf.SCORE_FILE).read_text() == kept  # read back, not trained or scored again
     summary = json.loads((out / "walkforward.json").read_text())

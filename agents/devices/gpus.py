@@ -31,6 +31,15 @@ def visible_gpus() -> int:
     return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
+def visible_gpu_ids() -> list[str]:
+    """The visible GPUs as CUDA_VISIBLE_DEVICES names them (its entries when set, else 0..N-1 of `nvidia-smi -L`'s):
+    what a process given one of them is told to see."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and not d.strip().startswith("-")]
+    return [str(i) for i in range(visible_gpus())]
+
+
 def leave_gpu_memory_to_advisor() -> bool:
     """Where GPUs are visible, JAX allocates GPU memory as it needs it instead of taking 75% of each GPU when it
     starts (its default), which would leave the advisor's PyTorch process beside it a quarter of the card: on an

@@ -95,7 +95,10 @@ class AccountHeads:
         head on its own: what the sequential rules then forbid the env takes as HOLD (exact sampling needs the env's
         state: `sample`)."""
         logits = masked_logits(logits, mask)
-        return jnp.argmax(logits, -1) if deterministic else jax.random.categorical(key, logits)
+        if deterministic:
+            return jnp.argmax(logits, -1)
+        # sampled as rows [..·I, A]: XLA on CPU samples over a middle instrument axis several times slower
+        return jax.random.categorical(key, logits.reshape(-1, logits.shape[-1])).reshape(logits.shape[:-1])
 
     @staticmethod
     def instrument_stats(info: dict) -> dict[str, jax.Array]:

@@ -26,10 +26,23 @@ def _trial(run_dir: Path, settings: dict) -> dict:
         tried["data"] = {k: v for k, v in data.items() if k != "instruments"}
     # started from another run's agent: another trial than a fresh start (where that run lies is not tried); a fresh
     # run's digest stays as it was
+    tried["env"] = {**tried["env"], "prop_firm": _rules_as_before(tried["env"]["prop_firm"])}
     if settings["transfer"]["init_from"]:
         tried["transfer"] = {k: v for k, v in settings["transfer"].items() if k != "init_from"}
     digest = hashlib.sha256(json.dumps(tried, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return {"run": Path(run_dir).name, "config": digest, "seed": settings["seed"], "data": trial_data(data)}
+
+
+def _rules_as_before(rules):
+    """The prop-firm rules as a digest saw them before the account limits joined them: the half-size rule and the
+    correlated pairs left out while unset, a whole max_contracts as an integer (a run's digest does not change)."""
+    if not isinstance(rules, dict):
+        return rules
+    rules = {k: v for k, v in rules.items()
+             if not (k == "half_size_until_threshold" and v is False) and not (k == "correlated" and not v)}
+    if isinstance(rules.get("max_contracts"), float) and rules["max_contracts"].is_integer():
+        rules["max_contracts"] = int(rules["max_contracts"])
+    return rules
 
 
 def trial_data(data: dict) -> str:

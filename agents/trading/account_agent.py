@@ -34,7 +34,7 @@ from agents.runs.saved_runs import SavedPolicy, check_fits
 from agents.trading.bars import FIRST_DECISION_BAR, Bar, BarBook
 from agents.trading.orders import Order
 from bridge.protocol import ACTIONS, BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, SELL
-from jaxenv.account_env import AccountEnv, AccountRules
+from jaxenv.account_env import AccountEnv
 from jaxenv.account_evaluate import account_trace_step
 from jaxenv.config import resolve_instruments
 from jaxenv.env import ATR, SESSION, bracket_distances
@@ -151,7 +151,7 @@ class AccountAgent:
         instruments = resolve_instruments(cfg.data.instruments)
         self.contracts = [item.contract for item in instruments]
         self.symbols = [c.symbol for c in self.contracts]
-        self.env = AccountEnv(cfg.env, AccountRules())  # the rules training's account_setup trades under
+        self.env = AccountEnv(cfg.env)  # the run's prop-firm rules, as training's account_setup trades under them
         self.book = JointBook(self.symbols, self.contracts, cfg.env.prop_firm, cfg.data.min_range_ticks,
                               run_data(saved.run_dir).get("interval_minutes", 0), capacity)
         self.params = self._env_params()

@@ -83,19 +83,20 @@ def make_env_setup(env_name: str, env: EnvConfig, data: DataConfig, eval_episode
 
 
 def account_setup(env: EnvConfig, data: DataConfig) -> EnvSetup:
-    """Several instruments traded in one account (jaxenv.account_env.AccountEnv, default AccountRules, the prop firm of
-    `env`) on the MarketSet of data.instruments (each loaded with `data`'s other keys). Each split is scored by the
-    account walking it (jaxenv.account_evaluate.evaluate_account: its net P&L after costs, every instrument's figures,
-    each session's P&L and the set's buy-and-hold); the act a walk takes is account_evaluate's: act(policy_state, obs,
-    state, params, key) -> actions [I] (agents.evaluation.policies.make_account_act for the agent)."""
+    """Several instruments traded in one account (jaxenv.account_env.AccountEnv under the prop firm of `env`, its
+    limits across instruments too: env.prop_firm.max_contracts, half_size_until_threshold, correlated) on the
+    MarketSet of data.instruments (each loaded with `data`'s other keys). Each split is scored by the account walking
+    it (jaxenv.account_evaluate.evaluate_account: its net P&L after costs, every instrument's figures, each session's
+    P&L and the set's buy-and-hold); the act a walk takes is account_evaluate's: act(policy_state, obs, state, params,
+    key) -> actions [I] (agents.evaluation.policies.make_account_act for the agent)."""
     from agents.evaluation.policies import account_always, account_flat, account_random_valid
     from bridge.protocol import BUY
-    from jaxenv.account_env import AccountEnv, AccountRules
+    from jaxenv.account_env import AccountEnv
     from jaxenv.account_evaluate import evaluate_account
     from jaxenv.market_set import load_market_set
 
     market_set = load_market_set([(item.contract, item.source) for item in data.instruments], data)
-    account = AccountEnv(env, AccountRules())
+    account = AccountEnv(env)
 
     def on_split(split: str) -> Evaluator:
         def evaluate(act, act_params, key):
