@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agents.runs import backends, jobs
-from tests.test_walkforward import TINY, walkforward, walkforward_plan
+from tests.test_walkforward import TINY, walkforward, walkforward_figures, walkforward_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,15 +136,6 @@ def test_the_slurm_backend_submits_a_job_array_through_submitit_and_names_a_fail
 
 
 # ------------------------------------------------------------------------------------------------------------ slow
-def figures(folder: Path) -> dict:
-    """A walk-forward's figures, less the times its runs took."""
-    summary = json.loads((folder / "walkforward.json").read_text())
-    runs = {fold: {arm: {s: {k: v for k, v in r.items() if k not in ("train_s", "score_s")}
-                         for s, r in by_seed.items()} for arm, by_seed in by_arm.items()}
-            for fold, by_arm in summary["runs"].items()}
-    return {"summary": summary["summary"], "runs": runs, "trials": summary["trials"]}
-
-
 def table_lines(folder: Path) -> list[str]:
     return (folder / "table.md").read_text().splitlines()[1:-1]  # less the command and the time
 
@@ -160,7 +151,7 @@ def test_a_walk_forward_run_by_ray_gives_the_same_report_as_local(tmp_path):
         assert walkforward(out[backend], "--seeds", "0-1", "--backend", backend, *extra) == 0
         took[backend] = time.perf_counter() - t0
     print(f"walk-forward 2 folds x 2 seeds: local {took['local']:.0f} s, ray --jobs 2 {took['ray']:.0f} s")
-    assert figures(out["local"]) == figures(out["ray"])
+    assert walkforward_figures(out["local"]) == walkforward_figures(out["ray"])
     assert table_lines(out["local"]) == table_lines(out["ray"])
     assert len(list((out["ray"] / "ray").glob("jobs-*-wave0/experiment_state-*.json"))) == 1
 
@@ -217,6 +208,6 @@ def test_a_walk_forward_run_as_a_slurm_job_array_gives_the_same_report_as_local(
         assert walkforward(out[backend], "--seeds", "0-1", "--folds", "1", "--backend", backend, *extra) == 0
         took[backend] = time.perf_counter() - t0
     print(f"walk-forward 1 fold x 2 seeds: local {took['local']:.0f} s, slurm (submitit local) {took['slurm']:.0f} s")
-    assert figures(out["local"]) == figures(out["slurm"])
+    assert walkforward_figures(out["local"]) == walkforward_figures(out["slurm"])
     assert table_lines(out["local"]) == table_lines(out["slurm"])
     assert list((out["slurm"] / "slurm").glob("*/*_log.err"))

@@ -13,7 +13,7 @@ import pytest
 
 from agents.runs import jobs
 from agents.runs.backends import run_jobs
-from tests.test_walkforward import walkforward, walkforward_plan
+from tests.test_walkforward import walkforward, walkforward_figures, walkforward_plan
 
 
 def test_a_walk_forwards_jobs_are_its_run_folders_fold_major_and_describe_themselves(tmp_path):
@@ -144,14 +144,7 @@ def test_every_backend_gives_the_same_report_from_the_same_folders(tmp_path):
         out[backend] = tmp_path / backend
         assert walkforward(out[backend], "--seeds", "0-1", "--backend", backend, *extra) == 0
 
-    def figures(folder: Path) -> dict:
-        summary = json.loads((folder / "walkforward.json").read_text())
-        runs = {fold: {arm: {s: {k: v for k, v in r.items() if k not in ("train_s", "score_s")}
-                             for s, r in by_seed.items()} for arm, by_seed in by_arm.items()}
-                for fold, by_arm in summary["runs"].items()}
-        return {"summary": summary["summary"], "runs": runs, "trials": summary["trials"]}
-
-    assert figures(out["local"]) == figures(out["processes"])
+    assert walkforward_figures(out["local"]) == walkforward_figures(out["processes"])
     tables = {b: (out[b] / "table.md").read_text().splitlines()[1:-1] for b in out}  # less the command and the time
     assert tables["local"] == tables["processes"]
     logs = sorted(p.relative_to(out["processes"]).as_posix() for p in out["processes"].rglob(jobs.LOG_FILE))

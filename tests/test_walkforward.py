@@ -4,6 +4,7 @@ input in one line with nothing written, and a killed walk-forward resumed where 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -204,3 +205,13 @@ def test_the_account_against_the_single_agents_is_compared_seed_by_seed_on_the_s
     with pytest.raises(ValueError, match="sessions differ"):
         compare(account, [walked({0: [1] * 4, 1: [1] * 4}, days=("2024-02-01", "2024-02-02", "2024-02-05",
                                                                    "2024-02-06")), es])
+
+
+def walkforward_figures(folder: Path) -> dict:
+    """A walk-forward's figures (its summary, each run's scores, its trials), less the times its runs took: what two
+    backends that trained the same runs must agree on."""
+    summary = json.loads((folder / "walkforward.json").read_text())
+    runs = {fold: {arm: {s: {k: v for k, v in r.items() if k not in ("train_s", "score_s")}
+                         for s, r in by_seed.items()} for arm, by_seed in by_arm.items()}
+            for fold, by_arm in summary["runs"].items()}
+    return {"summary": summary["summary"], "runs": runs, "trials": summary["trials"]}

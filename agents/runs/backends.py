@@ -230,6 +230,23 @@ def waves(jobs: list[Job]) -> list[list[Job]]:
     return out
 
 
+
+def wave_todo(wave: list[Job], outcome: Outcome, bar) -> list[Job]:
+    """The jobs of a wave a scheduler still has to run: a job whose needed job failed is failed in `outcome` ("not
+    run"), a finished one is read back; each of those moves the bar."""
+    failed = {f.run_dir for f in outcome.failed}
+    todo = []
+    for job in wave:
+        need = next((n for n in job.needs if n in failed), None)
+        if need is not None:
+            outcome.failed.append(Failure(job.run_dir, f"not run: it needs {need}, which failed"))
+            bar.update()
+        elif job.finished():
+            bar.update()
+        else:
+            todo.append(job)
+    return todo
+
 class _Queue:
     """The jobs left, in order, with what each needs: ready, waiting for a needed job, or blocked by a failed one."""
 

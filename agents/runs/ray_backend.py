@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from agents.runs import jobs as job_runs
-from agents.runs.backends import waves
+from agents.runs.backends import wave_todo, waves
 from agents.runs.jobs import EXIT_LOCKED, LOG_FILE, Job
 
 RETRIES = 2  # a failed trial is started again this many times before it counts as failed
@@ -79,17 +79,7 @@ def run(jobs: list[Job], workers: int | None, bar, address: str | None, state_di
     started_ray = False
     try:
         for k, wave in enumerate(waves(jobs)):
-            failed = {f.run_dir for f in outcome.failed}
-            todo = []
-            for job in wave:
-                need = next((n for n in job.needs if n in failed), None)
-                if need is not None:
-                    outcome.failed.append(failure(job.run_dir, f"not run: it needs {need}, which failed"))
-                    bar.update()
-                elif job.finished():
-                    bar.update()
-                else:
-                    todo.append(job)
+            todo = wave_todo(wave, outcome, bar)
             if not todo:
                 continue
             if not started_ray:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import submitit
 
-from agents.runs.backends import waves
+from agents.runs.backends import wave_todo, waves
 from agents.runs.jobs import EXIT_LOCKED, Job
 
 LOCKED_WAIT_S = 30.0  # a task whose folder another live process holds looks again this often
@@ -70,17 +70,7 @@ def run(jobs: list[Job], workers: int | None, bar, options, state_dir: Path, out
     executor = executor_for(state_dir, options, workers)
     call = RunFolder(os.getcwd())
     for wave in waves(jobs):
-        failed = {f.run_dir for f in outcome.failed}
-        todo = []
-        for job in wave:
-            need = next((n for n in job.needs if n in failed), None)
-            if need is not None:
-                outcome.failed.append(failure(job.run_dir, f"not run: it needs {need}, which failed"))
-                bar.update()
-            elif job.finished():
-                bar.update()
-            else:
-                todo.append(job)
+        todo = wave_todo(wave, outcome, bar)
         if not todo:
             continue
         for job in todo:
