@@ -203,8 +203,8 @@ def rules_text(rules: PropFirmRules) -> str:
     flat = f"futures flat by {rules.flat_by} {rules.timezone}" if rules.flat_by else "no flat-by time"
     minutes = rules.no_entry_minutes_before_close
     entries = f"no entries in the last {minutes} minutes" if minutes else "entries until the close"
-    cap = (f"at most {rules.max_contracts:g} contracts (mini-equivalents)" if math.isfinite(rules.max_contracts)
-           else "no cap on contracts")
+    cap = (f"at most {rules.max_contracts:g} contract{'' if rules.max_contracts == 1 else 's'} (mini-equivalents)"
+           if math.isfinite(rules.max_contracts) else "no cap on contracts")
     text = f"balance {rules.starting_balance:,.0f}, {drawdown}, {flat}, {entries}, {cap}"
     if rules.half_size_until_threshold:
         text += ", half of them until the threshold locks"

@@ -103,7 +103,7 @@ def start(args: argparse.Namespace):
     from agents.devices.parallel import is_writer, make_mesh
     from agents.runs.lock import RunLock
     from agents.training.env_setup import make_env_setup
-    from jaxenv.load_report import load_report
+    from jaxenv.load_report import account_text, load_report
 
     # num_envs splits over the devices, or exit 2 before anything is written
     mesh = make_mesh(cfg.num_envs, cfg.devices)
@@ -116,7 +116,8 @@ def start(args: argparse.Namespace):
             lock.release(discard=True)  # bad data leaves no run folder behind
         raise
     if setup.market_set is not None and is_writer():  # several instruments: the set's own report
-        print("\n".join(setup.market_set.report), file=sys.stderr)
+        print("\n".join([*setup.market_set.report, f"{'account':<11} {account_text(cfg.env.prop_firm)}"]),
+              file=sys.stderr)
     if setup.market is not None and is_writer():
         print(load_report(setup.market, cfg.env), file=sys.stderr)
         if cfg.llm not in ("none", "mock"):
