@@ -135,11 +135,16 @@ def test_from_json_merges_reports_made_one_command_each_on_one_machine(tmp_path)
     assert done.returncode == 2 and str(bad) in done.stderr and "Traceback" not in done.stderr
 
 
+def phi3_quick_command(out: Path) -> list[str]:
+    return [sys.executable, str(SCRIPTS / "benchmark.py"), "phi3", "--quick", "--reps", "1", "--json", str(out)]
+
+
+@pytest.mark.slow  # 1-2 min on 2 cores: the whole suite in small
 def test_phi3_quick_runs_a_tiny_phi3_through_scoring_a_learning_round_and_training(tmp_path):
     """The `phi3` suite's code paths on any machine: the tiny model answers every prompt, a LoRA round learns,
     and training with it as the advisor in its own process gets advice."""
     out = tmp_path / "phi3.json"
-    cmd = [sys.executable, str(SCRIPTS / "benchmark.py"), "phi3", "--quick", "--reps", "1", "--json", str(out)]
+    cmd = phi3_quick_command(out)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())["results"]
@@ -149,7 +154,10 @@ def test_phi3_quick_runs_a_tiny_phi3_through_scoring_a_learning_round_and_traini
     assert cases["learning"]["steps"] >= 1 and cases["learning"]["train_examples"] >= 16
     assert cases["hybrid"]["coverage"] > 0 and cases["hybrid"]["ratio"] > 0
 
+
+def test_phi3_refuses_an_unknown_quantisation_in_one_line(tmp_path):
     bad_env = {**os.environ, "BENCH_PHI3_QUANTIZE": "int3"}
-    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=bad_env)
+    bad = subprocess.run(phi3_quick_command(tmp_path / "phi3.json"), capture_output=True, text=True, timeout=120,
+                         env=bad_env)
     assert bad.returncode == 2 and "error: BENCH_PHI3_QUANTIZE: unknown int3" in bad.stderr
     assert "Traceback" not in bad.stderr
