@@ -307,6 +307,7 @@ def test_the_gate_sends_orders_to_the_broker_only_while_the_agents_out_of_sample
     assert summary["gate"]["changes"] == evaluation["gate"][0]["changes"]
 
 
+@pytest.mark.slow  # 80 s; the flat gate's replay = evaluate (above) runs in the default suite
 def test_against_buy_and_hold_trading_and_evaluating_a_file_count_the_same_evidence(runs, tmp_path):
     """A run whose gate_against is buy_and_hold: trade.py's gate and evaluate.py's gated walk of the same file count
     each session less buy-and-hold's move, to the same evidence; the same file against flat gives other evidence."""
