@@ -24,9 +24,9 @@ def _trial(run_dir: Path, settings: dict) -> dict:
     data = settings["data"]
     if not data.get("instruments"):  # one instrument: its digest as before data.instruments existed
         tried["data"] = {k: v for k, v in data.items() if k != "instruments"}
+    tried["env"] = {**tried["env"], "prop_firm": _rules_as_before(tried["env"]["prop_firm"])}
     # started from another run's agent: another trial than a fresh start (where that run lies is not tried); a fresh
     # run's digest stays as it was
-    tried["env"] = {**tried["env"], "prop_firm": _rules_as_before(tried["env"]["prop_firm"])}
     if settings["transfer"]["init_from"]:
         tried["transfer"] = {k: v for k, v in settings["transfer"].items() if k != "init_from"}
     digest = hashlib.sha256(json.dumps(tried, sort_keys=True, default=str).encode()).hexdigest()[:16]
