@@ -307,6 +307,15 @@ def _is_local_path(llm: str) -> bool:
     return llm.startswith(("/", "./", "../", "~")) or llm.count("/") > 1 or Path(llm).expanduser().exists()
 
 
+def refuse_set_advice(cfg: TrainConfig) -> None:
+    """Training on several instruments (data.instruments) is RL only for now: their advisor fills its stores
+    (scripts/advise.py) and walks nothing yet. Every path that trains calls this; the configs themselves stay valid,
+    so advise.py reads the same config."""
+    if cfg.data.instruments and cfg.llm != "none":
+        raise ConfigError("llm: training with advice on several instruments is not built yet: use --llm none "
+                          "(scripts/advise.py fills each instrument's advice store)")
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Cross-field checks that types alone cannot express: every failed one, in one ConfigError (one line each, in
     the checks' order). They need a whole config of the right types, so load_config runs them only after the keys
@@ -336,9 +345,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"no model folder at {cfg.llm} (a local model is a folder; a hub id is NAME or ORG/NAME)"),
         (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env; use --llm none (llm=none) with other envs"),
         (cfg.gate_against in GATE_BARS, "gate_against", f"must be one of {', '.join(GATE_BARS)}"),
-        # several instruments in one account (data.instruments): RL only, on the trading env, from scratch for now
-        (not cfg.data.instruments or cfg.llm == "none", "llm",
-         "advice for several instruments is not built yet: use --llm none"),
+        # several instruments in one account (data.instruments): on the trading env, from scratch for now (training
+        # with their advice: refuse_set_advice)
         (not cfg.data.instruments or cfg.env_name == "trading", "env_name",
          "several instruments (data.instruments) trade in the trading env: env_name must be trading"),
         (not cfg.data.instruments or not cfg.transfer.init_from, "transfer.init_from",

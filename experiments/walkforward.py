@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from agents.command_line import data_overrides, print_error
-from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, to_dict
+from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, refuse_set_advice, to_dict
 from agents.runs.backends import BackendOptions, add_backend_arguments
 from agents.runs.jobs import Job, write_job
 from experiments.fusion import ADVISED, ARMS, BASELINE, flat_config, parse_seeds, seeds_and_days_interval
@@ -558,7 +558,9 @@ def plan_from_args(args) -> Plan:
     plan = Plan(args.config, arms, parse_seeds(args.seeds), folds, Path(args.out), overrides, args.warm_start,
                 args.llm)
     for arm in arms:  # every run's config is checked before the first trains
-        if plan.run_config(folds[-1], arm, plan.seeds[0]).llm == "none" and arm == ADVISED:
+        run_cfg = plan.run_config(folds[-1], arm, plan.seeds[0])
+        refuse_set_advice(run_cfg)
+        if run_cfg.llm == "none" and arm == ADVISED:
             why = "--llm none trains no advisor" if args.llm == "none" else "the config trains no advisor (llm: none)"
             raise ValueError(f"--arms advised: {why}; name one with --llm")
     return plan

@@ -156,3 +156,40 @@ def test_a_gate_live_from_its_record_keeps_whole_trades_of_every_instrument(acco
     assert 0 < halves[0]["trades"] < halves[1]["trades"]
     assert sum(f["net_pnl"] for f in halves[0]["instruments"].values()) == pytest.approx(halves[0]["net_pnl"],
                                                                                           abs=0.05)
+
+
+def test_the_advice_alone_trades_each_instrument_on_its_own_advice_in_force(account, tmp_path, capsys):
+    """evaluate.py --advisor mock on a run trained without advice: the ablation llm_only is the account walked by each
+    instrument's own advisor (its own keys and prompts), every entry on the side its instrument's answer in force
+    names: block t // k - 1's flat key, rendered before bar t."""
+    import jax
+    import numpy as np
+
+    from agents.evaluation.account_advice import advice_alone_act, advice_tables
+    from agents.evaluation.account_run import account_bounds, load_account_run
+    from bridge.protocol import BUY, SELL
+    from jaxenv.account_evaluate import account_figures, walk_account
+
+    run_dir, _ = account
+    out = tmp_path / "eval"
+    argv = ["--run-dir", str(run_dir), "--advisor", "mock", "--out", str(out), "--no-progress"]
+    assert evaluate_main(argv) == 0
+    assert "llm_only" in capsys.readouterr().out
+    alone = json.loads((out / "evaluation.json").read_text())["ablations"]["llm_only"]
+
+    run = load_account_run(run_dir)
+    market_set, env, h = run.setup.market_set, run.setup.env, run.cfg.hybrid
+    start, end = account_bounds(market_set, "test")
+    tables = advice_tables(h, "mock", run.cfg.env, run.cfg.data, market_set, start, end, progress=False)
+    assert not np.array_equal(tables.probs[0], tables.probs[1])  # NQ's answers are not ES's
+    trace = walk_account(env, market_set, (start, end), advice_alone_act(env, h.query), jax.random.PRNGKey(0),
+                         tables)
+    assert alone["net_pnl"] == pytest.approx(account_figures(trace, market_set, env)["net_pnl"])
+    t, actions = np.asarray(trace["t"]), np.asarray(trace["action"])
+    flat_before = np.vstack([np.zeros((1, actions.shape[1])), np.asarray(trace["position"])[:-1]]) == 0
+    entries = np.argwhere(((actions == BUY) | (actions == SELL)) & flat_before)
+    assert len(entries) > 10
+    probs = np.asarray(tables.probs)
+    for row, i in entries:
+        key = (t[row] // h.query.interval - 1) * 3 + 1  # the flat side's key of the block before bar t's
+        assert actions[row, i] == (BUY if probs[i, key, BUY] >= probs[i, key, SELL] else SELL), (row, i)

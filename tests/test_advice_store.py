@@ -437,3 +437,35 @@ def test_a_runs_training_and_its_walks_leave_both_splits_keys_in_the_store(tmp_p
     for split in ("train", "val"):
         start, end = market.split_range(split)
         assert ((bars >= start) & (bars < end)).sum() > 10, split
+
+
+def test_advise_on_several_instruments_fills_a_store_per_instrument_whose_identity_names_the_set(tmp_path):
+    """advise.py --data NQ=.. --data ES=..: each instrument's keys on the set's joint timeline, asked with prompts that
+    name the instrument, into its own store whose identity holds the set; a second fill asks nothing."""
+    from agents.advisor.fill import fill_store
+    from agents.advisor.instrument_set import each_advisor
+    from jaxenv.market_set import load_market_set
+
+    out = tmp_path / "pair"
+    subprocess.run([sys.executable, "scripts/write_market.py", "--preset", "pair", "--days", "20", "--out", str(out)],
+                   cwd=ROOT, check=True, capture_output=True)
+    store = tmp_path / "store"
+    cfg = load_config(None, [f'data.instruments=["NQ={out / "NQ.csv"}", "ES={out / "ES.csv"}"]', "llm=mock",
+                             f"hybrid.store={store}"])
+    first = fill_store(cfg.hybrid, cfg.llm, cfg.env, cfg.data, ["val"], progress=False)
+    assert set(first["instruments"]) == {"NQ", "ES"} and first["filled"] == 1.0
+    assert first["asked"] == first["keys"] == 2 * first["instruments"]["NQ"]["keys"] > 0
+    identities = []
+    for path in sorted(store.glob("*/answers.sqlite")):
+        with closing(sqlite3.connect(path)) as db:
+            identities.append(json.loads(dict(db.execute("SELECT name, value FROM meta"))["identity"]))
+    assert [ident["instruments"] for ident in identities] == [["NQ", "ES"], ["NQ", "ES"]]
+    assert identities[0]["data"] != identities[1]["data"]  # each instrument's own bars
+    assert fill_store(cfg.hybrid, cfg.llm, cfg.env, cfg.data, ["val", "train"], progress=False)["instruments"][
+        "NQ"]["keys"] - first["instruments"]["NQ"]["keys"] > 0
+    assert fill_store(cfg.hybrid, cfg.llm, cfg.env, cfg.data, ["val"], progress=False)["asked"] == 0
+
+    market_set = load_market_set([(item.contract, item.source) for item in cfg.data.instruments], cfg.data)
+    for i, advisor in each_advisor(cfg.hybrid, cfg.llm, cfg.env, cfg.data, market_set, 8, start=False):
+        prompt = advisor.renderer.render(advisor.fields.build(np.array([300 * SIDES + 1])), advisor.texts)[0].decode()
+        assert market_set.symbols[i] in prompt and market_set.symbols[1 - i] not in prompt

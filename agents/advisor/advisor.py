@@ -110,13 +110,15 @@ class Advisor:
              adapter: str | None, *,
              fields: Callable[[PromptRenderer], Any] | None = None, texts: list[str] | None = None,
              log_stem: Path | None = None, learning: dict | None = None, client=None, keep_known: bool = True,
-             llm_log: Path | None = None, start: bool = True) -> Advisor:
+             llm_log: Path | None = None, start: bool = True, instruments: tuple[str, ...] = ()) -> Advisor:
         """The one set-up of the run's advisor on `market`: the prompt template and `market`'s prompt fields (or
         `fields(renderer)`'s, e.g. a growing feed's, with its `texts`), the store of this advisor's answers on
         `market`'s keys (none without hybrid.store or without a market), the host's copy (`keep_known`) and the
         workers (`client`: one started sidecar instead), answering submissions of up to `capacity` keys with LoRA
         `adapter` (None: the run's starting one). `learning`: the sidecar learns from outcomes (training's). `start`
-        False: the workers start at the first submission (a fill that may find every key answered asks nobody)."""
+        False: the workers start at the first submission (a fill that may find every key answered asks nobody).
+        `instruments`: the symbols of the set whose joint timeline `market` is one instrument of (its store's identity
+        names them; agents.advisor.instrument_set opens one advisor per instrument)."""
         renderer, template = prompt_template(hybrid, data)
         h = hybrid
         adapter = adapter or starting_adapter(hybrid)
@@ -135,8 +137,8 @@ class Advisor:
             prompt_format = prompt_format_digest(builder, renderer, list(market.text_table) or None, num_keys)
 
             def open_store_of(with_adapter: str | None) -> AdviceStore:
-                return open_store(root, identity(hybrid, llm, env, market, template, with_adapter, prompt_format, root),
-                                  num_keys)
+                return open_store(root, identity(hybrid, llm, env, market, template, with_adapter, prompt_format, root,
+                                                 instruments), num_keys)
 
         store = open_store_of(adapter) if open_store_of is not None else None
         known = None

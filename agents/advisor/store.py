@@ -149,8 +149,9 @@ def prompt_format_digest(fields, renderer, texts: list[str] | None, num_keys: in
 
 
 def identity(hybrid: HybridConfig, llm: str, env: EnvConfig, market, template: str, adapter: str | None,
-             prompt_format: str, root: Path) -> dict:
-    """What the answers depend on (`template`: the prompt template's text; `prompt_format`: prompt_format_digest)."""
+             prompt_format: str, root: Path, instruments: tuple[str, ...] = ()) -> dict:
+    """What the answers depend on (`template`: the prompt template's text; `prompt_format`: prompt_format_digest;
+    `instruments`: the set `market` is one instrument of, on the set's joint timeline, in the set's order)."""
     from agents.devices.gpus import visible_gpus
 
     h = hybrid
@@ -168,7 +169,8 @@ def identity(hybrid: HybridConfig, llm: str, env: EnvConfig, market, template: s
     return {"format": STORE_FORMAT, "advisor": advisor, "adapter": adapter_digest(adapter),
             "template": hashlib.sha256(template.encode()).hexdigest(), "prompt_format": prompt_format,
             "data": data_digest(market), "interval": h.query.interval,
-            "contracts": env.contracts_per_trade, "reasoning": bool(h.reasoning.enabled)}
+            "contracts": env.contracts_per_trade, "reasoning": bool(h.reasoning.enabled),
+            **({"instruments": list(instruments)} if instruments else {})}  # named only for a set: others keep theirs
 
 
 @dataclass

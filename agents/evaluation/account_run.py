@@ -30,6 +30,7 @@ import pandas as pd
 
 from agents.advice.acting import training_acting
 from agents.config import TrainConfig
+from agents.evaluation.advised_walk import LLM_ONLY
 from agents.evaluation.saved_run import (
     EVIDENCE_DIR,
     GATED,
@@ -59,8 +60,8 @@ from jaxenv.market_set import MarketSet
 from jaxenv.metrics import Trace, step_days, trades_table
 
 # What evaluate.py does for one instrument and not yet for an account: one note line says so
-NOT_WALKED = ("ablations (RL only) and random episodes; equity.png has no trade marks (trades.csv lists each "
-              "instrument's)")
+NOT_WALKED = ("ablations but the advice alone (--advisor) and random episodes; equity.png has no trade marks "
+              "(trades.csv lists each instrument's)")
 # An instrument column's value on a step the gate kept on paper (gated_account_walk): no position, trade, P&L or cost
 PAPER = {"position": 0, "entry_side": 0, "exit_reason": NO_EXIT, "trade_pnl": 0.0, "instrument_pnl": 0.0,
          "instrument_commission": 0.0}
@@ -126,15 +127,24 @@ def account_bounds(market_set: MarketSet, split: str) -> tuple[int, int]:
     return market_set.markets[0].split_range((0, market_set.num_bars) if split == "all" else split)
 
 
-def evaluate_account_run(run: AccountRun, split: str, seeds: int = 1) -> tuple[dict[str, Any], Trace]:
+def evaluate_account_run(run: AccountRun, split: str, seeds: int = 1, advisor: str | None = None,
+                         progress: bool = True) -> tuple[dict[str, Any], Trace]:
     """evaluate.py's summary of the account walking `split` (val | test | all: account_bounds; the module's docstring)
     and the agent's first walk. Seed i walks with PRNGKey(i); a walk the key cannot change (the greedy agent, flat,
-    always-long) once. Each agent walk is also walked as its gate would have traded it (gated_account_walk)."""
+    always-long, the advice alone) once. Each agent walk is also walked as its gate would have traded it
+    (gated_account_walk). `advisor` (an llm: mock, smollm2, a model path): its advice alone on every instrument is
+    walked too, as the ablation `llm_only` (agents.evaluation.account_advice), with the run's hybrid section."""
     env, market_set = run.setup.env, run.setup.market_set
     start, end = account_bounds(market_set, split)
     record = run_record(run)
     policies = {"agent": (run.act, (run.saved.params, run.saved.obs_norm), run.sampled),
                 **{name: (act, (), name == "random_valid") for name, act in run.setup.baselines.items()}}
+    if advisor is not None:
+        from agents.evaluation.account_advice import advice_alone_act, advice_tables
+
+        h = run.cfg.hybrid
+        tables = advice_tables(h, advisor, run.cfg.env, run.cfg.data, market_set, start, end, progress)
+        policies[LLM_ONLY] = (advice_alone_act(env, h.query), tables, False)
     walks: dict[str, list[dict]] = {}
     first: dict[str, dict] = {}
     gates: list[dict] = []
@@ -170,8 +180,8 @@ def evaluate_account_run(run: AccountRun, split: str, seeds: int = 1) -> tuple[d
         "agent": summarize_walks(walks["agent"]),
         "gated": summarize_walks(walks[GATED]),
         "gate": gates,
-        "ablations": {},
-        "baselines": {**{k: summarize_walks(v) for k, v in walks.items() if k not in ("agent", GATED)},
+        "ablations": {k: summarize_walks(v) for k, v in walks.items() if k == LLM_ONLY},
+        "baselines": {**{k: summarize_walks(v) for k, v in walks.items() if k not in ("agent", GATED, LLM_ONLY)},
                       "buy_and_hold": held},
         "account": {"net_pnl": agent["net_pnl"], "flat": first["flat"]["net_pnl"], "buy_and_hold": agent["held_pnl"],
                     "trades": agent["trades"], "instruments": agent["instruments"]},

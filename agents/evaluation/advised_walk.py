@@ -11,7 +11,7 @@ again. Acting is greedy by default: the most probable action of the distribution
 
     walker = AdvisedWalker(cfg.hybrid, cfg.llm, cfg.data, ppo, env, market, normalize_obs=True, greedy=True)
     trace = walker.walk(params, obs_norm, "val", key)                          # the agent as trained
-    trace = walker.walk(params, obs_norm, "val", key, **ABLATIONS["llm_only"])  # the advisor alone
+    trace = walker.walk(params, obs_norm, "val", key, **ABLATIONS[LLM_ONLY])    # the advisor alone
     walker.close()                                                              # stops the sidecar
 """
 
@@ -48,10 +48,11 @@ def chunk_lengths(steps: int, k: int) -> list[int]:
     return [k] * (steps // k) + ([steps % k] if steps % k else [])
 
 
+LLM_ONLY = "llm_only"  # the advice alone: the ablation an account walks too (agents.evaluation.account_advice)
 # name -> the acting changes of that ablation (fusion None = the run's own fusion)
 ABLATIONS: dict[str, dict] = {
     "rl_only": {"fusion": "none", "veto": False},  # the policy alone: no advice, no veto
-    "llm_only": {"fusion": "advice_only", "veto": False},  # the advice alone; HOLD where there is none
+    LLM_ONLY: {"fusion": "advice_only", "veto": False},  # the advice alone; HOLD where there is none
     "fused_no_veto": {"fusion": None, "veto": False},
     "fused_veto": {"fusion": None, "veto": True},
 }
@@ -64,7 +65,7 @@ def run_ablations(hybrid: HybridConfig) -> dict[str, dict]:
     """The ablations a hybrid run is scored with: ABLATIONS, and FROZEN_ABLATION when its advisor learned."""
     if not hybrid.learning.enabled:
         return dict(ABLATIONS)
-    return {**ABLATIONS, FROZEN_ABLATION: {**ABLATIONS["llm_only"], "adapter": starting_adapter(hybrid)}}
+    return {**ABLATIONS, FROZEN_ABLATION: {**ABLATIONS[LLM_ONLY], "adapter": starting_adapter(hybrid)}}
 
 
 def advised_summary(trace: dict, timestamps, rules, days=None) -> dict:

@@ -4,6 +4,7 @@
     python scripts/evaluate.py --run-dir runs/x --checkpoint 40 --split val --json val.json
     python scripts/evaluate.py --run-dir runs/x --data bars.parquet      # every bar of another file
     python scripts/evaluate.py --run-dir runs/pair --data NQ=a.csv --data ES=b.csv   # an account: one file each
+    python scripts/evaluate.py --run-dir runs/pair --advisor smollm2     # and the advice alone on each instrument
     python scripts/evaluate.py --run-dir runs/x --episodes 50 --seeds 3  # random 5-session episodes
     python scripts/evaluate.py --run-dir runs/s0 --run-dir runs/s1 --run-dir runs/s2   # training seeds pooled
 
@@ -41,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", metavar="PATH", help="write every figure here (default OUT/evaluation.json)")
     ap.add_argument("--out", metavar="DIR", help="folder for the table, trades.csv and plots "
                     "(default RUN/eval/<checkpoint>-<split>)")
+    ap.add_argument("--advisor", metavar="LLM", help="a run on several instruments (trained without advice): walk "
+                    "this advisor's advice alone on every instrument too, under the account's rules, as the ablation "
+                    "llm_only (mock, smollm2 or a model path; the run's hybrid section configures it)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.episodes < 0:
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     split = args.split or ("all" if args.data else "test")
     options = EvalOptions(split=split, episodes=args.episodes, seeds=args.seeds, progress=not args.no_progress)
     try:
+        if args.advisor:
+            raise ValueError("--advisor: a run on one instrument walks its own advisor's ablations; --advisor is for a "
+                             "run on several instruments")
         data = single_data(args.data)
         runs = [load_run(run_dir, args.checkpoint, data, args.sample) for run_dir in args.run_dir]
         for run in runs:  # what train.py's load report says of dropped rows, on one line
@@ -173,7 +180,7 @@ def account_main(args: argparse.Namespace) -> int:
                 refuse_instrument_set(cfg, run_dir, why)
         run = load_account_run(run_dir, args.checkpoint, args.sample, args.data)
         print_banner(None, run.cfg.llm)
-        summary, trace = evaluate_account_run(run, split, args.seeds)
+        summary, trace = evaluate_account_run(run, split, args.seeds, args.advisor, not args.no_progress)
     except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError) as e:
         print_error(e)
         return 2

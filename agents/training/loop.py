@@ -33,6 +33,7 @@ from agents.config import (
     TrainConfig,
     TransferConfig,
     load_config,
+    refuse_set_advice,
     save_config,
     to_dict,
 )
@@ -235,6 +236,7 @@ def _set_up(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: in
     for a resumed run: its folder's) and hands each part the sections it reads."""
     cfg = _run_config(run_dir, resume, devices) or cfg  # a resumed run's, or the new run's as given
     assert cfg is not None
+    refuse_set_advice(cfg)
     # num_envs must split over the devices: before anything is written
     mesh = make_mesh(cfg.num_envs, cfg.devices) if mesh is None else mesh
     barrier("jaxfutures-run-checked")  # every process has looked at the folder before process 0 writes to it

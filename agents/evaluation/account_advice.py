@@ -1,0 +1,67 @@
+"""The advice alone on an account of several instruments (issue 77): does the advisor, trading each instrument by its
+own answers under the account's rules, do better than the agent?
+
+Each instrument's advisor (agents.advisor.instrument_set: its own keys, prompts naming it, a store whose identity holds
+the set) is first asked every key the walk reads, in full batches, one instrument after the other. The account then
+walks the split as every walk does (jaxenv.account_evaluate.walk_account): at bar t each instrument, in the set's
+order, takes the advice in force for its block and side (agents.advice.table.view: block b's answer, rendered at
+block b's last bar, is read from block b + 1 on) as its action: the advice's most probable action among those its
+sequential mask allows, HOLD where no view is in force (no answer, a "no view" answer, or one older than
+hybrid.query.max_age bars). It is the single instrument's `llm_only` ablation, head by head; a key the advisor did
+not answer (an error) is not asked again, its blocks walk with no advice.
+
+    tables = advice_tables(hybrid, "mock", env_cfg, data, market_set, start, end)    # AdviceTable, leaves [I, ...]
+    trace = walk_account(env, market_set, (start, end), advice_alone_act(env, hybrid.query), key, tables)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from agents.advice.table import STATUS_NONE, AdviceTable, answered, view, walk_keys
+from agents.advisor.advisor import ask_every
+from agents.advisor.instrument_set import each_advisor
+from agents.advisor.sidecar import at_full_rate
+from agents.config import HybridConfig, QueryConfig
+from bridge.protocol import HOLD, NUM_ACTIONS
+from jaxenv.config import DataConfig, EnvConfig
+
+NO_PROBABILITY = 1e-30  # the log of a probability 0 stays finite, below any action the masks allow
+
+
+def advice_tables(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, market_set, start: int, end: int,
+                  progress: bool = True) -> AdviceTable:
+    """Every instrument's advice for a walk of joint bars [start, end): its advisor `llm` asked every key the walk
+    reads that its store lacks, at its full rate; the tables stacked, leaves [I, ...]."""
+    hybrid = at_full_rate(hybrid)  # nothing else runs beside an evaluation's advisor
+    keys = walk_keys(start, end, hybrid.query.interval, hybrid.query.entries_only)
+    batch = hybrid.link.max_budget
+    tables = []
+    for i, advisor in each_advisor(hybrid, llm, env, data, market_set, batch, start=False):
+        missing = keys[~advisor.known.filled()[keys]]
+        if len(missing):
+            with tqdm(total=len(missing), desc=f"advisor: {market_set.symbols[i]}'s keys", unit="key", leave=False,
+                      disable=not progress, mininterval=2.0) as bar:
+                ask_every(advisor, missing, batch, on_progress=lambda done: bar.update(done - bar.n))
+        known = advisor.known
+        status = np.where(np.asarray(answered(known.status)), known.status, STATUS_NONE)
+        tables.append(AdviceTable(probs=jnp.asarray(known.probs), confidence=jnp.asarray(known.confidence),
+                                  status=jnp.asarray(status, jnp.int32), version=jnp.asarray(known.version, jnp.int32),
+                                  current=jnp.zeros((), jnp.int32)))
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *tables)
+
+
+def advice_alone_act(env, query: QueryConfig):
+    """An act for jaxenv.account_evaluate.walk_account, its policy state the stacked tables (advice_tables): each
+    instrument's advice in force as its action (the module's docstring). Deterministic: the key is not used."""
+    hold = jnp.log(jnp.maximum(jnp.eye(NUM_ACTIONS)[HOLD], NO_PROBABILITY))
+
+    def act(tables: AdviceTable, obs, state, params, key):
+        advice = jax.vmap(lambda table, side: view(table, query, state.t[None], side[None]))(tables, state.legs.side)
+        logits = jnp.where(advice.valid[:, :1], jnp.log(jnp.maximum(advice.probs[:, 0], NO_PROBABILITY)), hold)
+        return env.sample_actions(key, state, params, logits, deterministic=True)[0]
+
+    return act
