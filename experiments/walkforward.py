@@ -66,10 +66,16 @@ class Plan:
     overrides: list[str]  # applied after the arm's
     warm_start: bool = False  # each fold continues from the previous fold's agent (its best checkpoint)
     llm: str | None = None  # --llm: the advised arm's advisor (None: the config's); part of the arm, before --set
+    advisor: str | None = None  # several instruments: --llm's advisor, whose advice alone each run is scored with
 
     def arm_overrides(self, arm: str) -> list[str]:
         """The arm's overrides (fusion.ARMS), --llm's advisor for the advised arm included."""
         return [*ARMS[arm], *([f"llm={self.llm}"] if arm == ADVISED and self.llm is not None else [])]
+
+    @property
+    def score_options(self) -> dict[str, Any]:
+        """The runs' scorer's options (score_run's keyword arguments)."""
+        return {"advisor": self.advisor} if self.advisor else {}
 
     def run_dir(self, fold: Fold, arm: str, seed: int) -> Path:
         # a warm start's folders are its own: in a fresh walk-forward's --out it would read the fresh runs back
@@ -130,20 +136,24 @@ def session_pnl(trace: dict, market) -> dict[str, float]:
     return {str(day): float(pnl) for day, pnl in daily_pnl(trace, market.timestamps, market.sessions.day).items()}
 
 
-def score_run(run_dir: Path) -> dict[str, Any]:
+def score_run(run_dir: Path, advisor: str | None = None) -> dict[str, Any]:
     """The run's best checkpoint (chosen on its fold's validation window), greedy, walked on its test window (out of
     sample) and its training window (in sample); a hybrid run's advice alone on the test window too; buy-and-hold's
-    P&L per session on the test window. A run on several instruments: score_account_run."""
+    P&L per session on the test window. A run on several instruments: score_account_run (with `advisor`'s advice
+    alone)."""
     import jax
 
     from agents.advice.usage import walk_advice_metrics
     from agents.evaluation.account_run import is_account_run
+    from agents.evaluation.advised_walk import LLM_ONLY
     from agents.evaluation.saved_run import ablation_walks, agent_walk, load_run
     from jaxenv.evaluate import buy_and_hold
     from jaxenv.metrics import walk_metrics
 
     if is_account_run(run_dir):
-        return score_account_run(run_dir)
+        return score_account_run(run_dir, advisor)
+    if advisor:
+        raise ValueError(f"{run_dir}: an advisor's advice alone is scored beside runs on several instruments only")
     run = load_run(run_dir, "best")
 
     def walked(walk, split: str) -> dict:
@@ -159,39 +169,49 @@ def score_run(run_dir: Path) -> dict[str, Any]:
                   "test": walked(agent, "test"), "train": walked(agent, "train"),
                   BUY_AND_HOLD: {"sessions": session_pnl(buy_and_hold(run.env, run.market, "test"), run.market)}}
         if run.advised:
-            scores["advice_alone"] = walked(ablation_walks(run)["llm_only"].walk, "test")
+            scores["advice_alone"] = walked(ablation_walks(run)[LLM_ONLY].walk, "test")
     finally:
         run.close()
     return scores
 
 
-def score_account_run(run_dir: Path) -> dict[str, Any]:
+def score_account_run(run_dir: Path, advisor: str | None = None) -> dict[str, Any]:
     """score_run's scores of a run on several instruments in one account: the account walked greedy on its test and
     training windows (its P&L per session and walk metrics, each instrument's P&L and trades), the set's buy-and-hold
-    per test session (each instrument held in the agent's size, no costs)."""
+    per test session (each instrument held in the agent's size, no costs), and with `advisor` (an llm) the account
+    walked on that advisor's advice alone on the test window (agents.evaluation.account_advice; `advice_alone_of`
+    names it)."""
     import jax
 
-    from agents.evaluation.account_run import load_account_run
+    from agents.evaluation.account_run import account_bounds, load_account_run
     from jaxenv.account_evaluate import account_figures, walk_account
 
     run = load_account_run(run_dir, "best")
     env, market_set = run.setup.env, run.setup.market_set
-    walked = {}
-    for split in ("test", "train"):
-        figures = account_figures(walk_account(env, market_set, split, run.act, jax.random.PRNGKey(0),
-                                               (run.saved.params, run.saved.obs_norm)), market_set, env)
-        walked[split] = figures
-    sessions = {split: dict(zip(f["sessions"]["days"], f["sessions"]["pnl"])) for split, f in walked.items()}
-    metrics = {split: {k: v for k, v in f.items() if k not in ("sessions", "instruments")} for split, f in walked.items()}
+    walks = {split: (run.act, (run.saved.params, run.saved.obs_norm), split) for split in ("test", "train")}
+    if advisor:
+        from agents.evaluation.account_advice import advice_alone_act, advice_tables
+
+        h = run.cfg.hybrid
+        test = account_bounds(market_set, "test")
+        tables = advice_tables(h, advisor, run.cfg.env, run.cfg.data, market_set, *test, progress=False)
+        walks["advice_alone"] = (advice_alone_act(env, h.query), tables, "test")
+    walked = {name: account_figures(walk_account(env, market_set, split, act, jax.random.PRNGKey(0), policy_state),
+                                    market_set, env) for name, (act, policy_state, split) in walks.items()}
+    sessions = {name: dict(zip(f["sessions"]["days"], f["sessions"]["pnl"])) for name, f in walked.items()}
+    metrics = {name: {k: v for k, v in f.items() if k not in ("sessions", "instruments")} for name, f in walked.items()}
     return {"version": SCORE_VERSION, "checkpoint": run.saved.label,
-            **{split: {"metrics": metrics[split], "sessions": sessions[split],
-                       "instruments": walked[split]["instruments"]} for split in walked},
-            BUY_AND_HOLD: {"sessions": dict(zip(walked["test"]["sessions"]["days"], walked["test"]["sessions"]["held"]))}}
+            **{name: {"metrics": metrics[name], "sessions": sessions[name],
+                      "instruments": walked[name]["instruments"]} for name in walked},
+            BUY_AND_HOLD: {"sessions": dict(zip(walked["test"]["sessions"]["days"],
+                                                walked["test"]["sessions"]["held"]))},
+            **({"advice_alone_of": advisor} if advisor else {})}
 
 
-def scored_as_asked(scores: dict[str, Any]) -> bool:
-    """Saved scores stand when the current version made them (agents.runs.jobs: else the run is scored again)."""
-    return scores.get("version") == SCORE_VERSION
+def scored_as_asked(scores: dict[str, Any], advisor: str | None = None) -> bool:
+    """Saved scores stand when the current version made them, with `advisor`'s advice alone where one is asked
+    (agents.runs.jobs: else the run is scored again)."""
+    return scores.get("version") == SCORE_VERSION and scores.get("advice_alone_of") == advisor
 
 
 def plan_jobs(plan: Plan) -> list[Job]:
@@ -202,7 +222,7 @@ def plan_jobs(plan: Plan) -> list[Job]:
             for seed in plan.seeds:
                 needs = (plan.run_dir(plan.folds[fold.index - 1], arm, seed),) if plan.warm_start and fold.index else ()
                 jobs.append(Job(plan.run_dir(fold, arm, seed), plan.run_config(fold, arm, seed), __name__,
-                                needs=needs, label=f"fold {fold.index} {arm} seed {seed}"))
+                                plan.score_options, needs=needs, label=f"fold {fold.index} {arm} seed {seed}"))
     return jobs
 
 
@@ -503,7 +523,8 @@ def run(plan: Plan, command: str, progress: bool = True, backend: BackendOptions
     # this invocation's runs: what its bookkeeping is measured against
     train_s, score_s = sum(r.get("train_s", 0.0) for r in made), sum(r.get("score_s", 0.0) for r in made)
     summary = {"command": command, "config": plan.config, "arms": plan.arms, "seeds": plan.seeds,
-               "overrides": plan.overrides, "llm": plan.llm, "warm_start": plan.warm_start, "trials": trials,
+               "overrides": plan.overrides, "llm": plan.llm, "advisor": plan.advisor, "warm_start": plan.warm_start,
+               "trials": trials,
                "folds": [{"index": f.index, **dataclasses.asdict(f), "splits": f.spec()} for f in plan.folds]}
     summary["summary"] = summarize(plan, results, trials)
     summary["runs"] = {f"fold{f}": {arm: {str(s): {k: v for k, v in r.items() if k != "train"}
@@ -541,13 +562,20 @@ def plan_from_args(args) -> Plan:
     if unknown:
         raise ValueError(f"--arms: unknown arm {', '.join(unknown)}; choose from {', '.join(ARMS)} (flat is always "
                          "walked)")
-    if args.llm not in (None, "none"):  # --llm names the advised arm's advisor: the arm runs
-        arms.append(ADVISED)
-    arms = list(dict.fromkeys([BASELINE, *arms]))
     overrides = [*args.overrides, *data_overrides(args.data),
                  *([f"total_steps={args.total_steps}"] if args.total_steps else []),
                  *([f"num_envs={args.envs}"] if args.envs else [])]
     cfg = load_config(args.config, [*ARMS[BASELINE], *overrides])
+    asked = args.llm not in (None, "none")
+    # --llm names the advised arm's advisor: the arm runs; on several instruments (no advised training yet) the runs
+    # are scored with that advisor's advice alone instead
+    advisor = args.llm if asked and cfg.data.instruments else None
+    if cfg.data.instruments and ADVISED in arms:
+        raise ValueError("--arms advised: training with advice on several instruments is not built yet (--llm NAME "
+                         "scores each run with that advisor's advice alone)")
+    if asked and not advisor:
+        arms.append(ADVISED)
+    arms = list(dict.fromkeys([BASELINE, *arms]))
     if cfg.data.instruments:  # several instruments in one account: the set's joint timeline and sessions
         market = load_market_set([(i.contract, i.source) for i in cfg.data.instruments], cfg.data)
     else:  # a file that does not fit the run's instrument stops here, in one line
@@ -556,7 +584,11 @@ def plan_from_args(args) -> Plan:
     folds = plan_folds(sessions, FoldPlan(args.folds, args.test_sessions, args.val_sessions, args.purge,
                                           args.train_sessions, args.step))
     plan = Plan(args.config, arms, parse_seeds(args.seeds), folds, Path(args.out), overrides, args.warm_start,
-                args.llm)
+                None if advisor else args.llm, advisor)
+    if advisor:  # the advisor is checked as a run's llm would be, before the first run trains
+        from agents.evaluation.account_advice import check_advisor
+
+        check_advisor(plan.run_config(folds[-1], BASELINE, plan.seeds[0]), advisor)
     for arm in arms:  # every run's config is checked before the first trains
         run_cfg = plan.run_config(folds[-1], arm, plan.seeds[0])
         refuse_set_advice(run_cfg)
@@ -578,7 +610,8 @@ def parser():
     ap.add_argument("--arms", default="rl_only", help=f"comma-separated arms from {', '.join(ARMS)}; rl_only is "
                     "always trained and flat always walked; advised: the config's own advisor (default: %(default)s)")
     ap.add_argument("--llm", metavar="NAME", help="the advised arm's advisor: none | mock | smollm2 | a model path or "
-                    "hub id (default: the config's llm); other than none it adds the advised arm to --arms")
+                    "hub id (default: the config's llm); other than none it adds the advised arm to --arms (several "
+                    "instruments: each run is also scored with its advice alone, the advised arm not being built)")
     ap.add_argument("--seeds", default="0-4", help="training seeds: a range 0-4 or a list 0,1,2 (default: %(default)s)")
     ap.add_argument("--folds", type=int, default=4, help="test windows, back to back at the data's end (default 4)")
     ap.add_argument("--test-sessions", type=int, default=12, help="sessions in a test window (default 12)")

@@ -193,3 +193,16 @@ def test_the_advice_alone_trades_each_instrument_on_its_own_advice_in_force(acco
     for row, i in entries:
         key = (t[row] // h.query.interval - 1) * 3 + 1  # the flat side's key of the block before bar t's
         assert actions[row, i] == (BUY if probs[i, key, BUY] >= probs[i, key, SELL] else SELL), (row, i)
+
+
+@pytest.mark.parametrize("advisor, line", [
+    ("none", "--advisor none: no advisor to walk; name one (mock, smollm2, a model path or hub id)"),
+    ("./no_such_model", "llm: no model folder at ./no_such_model (a local model is a folder; a hub id is NAME or "
+                        "ORG/NAME)"),
+])
+def test_an_advisor_that_cannot_advise_is_one_line(account, tmp_path, capsys, advisor, line):
+    run_dir, _ = account
+    out = tmp_path / "eval"
+    assert evaluate_main(["--run-dir", str(run_dir), "--advisor", advisor, "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {line}"
+    assert not out.exists()

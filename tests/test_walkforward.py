@@ -101,6 +101,25 @@ def test_llm_names_the_advised_arms_advisor_and_no_other_arms(tmp_path):
     assert plain.arms == none.arms == ["rl_only"] and plain.trial("rl_only", 0) == none.trial("rl_only", 0)
 
 
+@pytest.mark.parametrize("flags, line", [
+    (["--arms", "advised", "--llm", "mock"], "error: --arms advised: training with advice on several instruments is "
+                                             "not built yet (--llm NAME scores each run with that advisor's advice "
+                                             "alone)"),
+    (["--llm", "./no_such_model"], "error: llm: no model folder at ./no_such_model (a local model is a folder; a hub "
+                                   "id is NAME or ORG/NAME)"),
+])
+def test_on_a_set_the_advised_arm_and_an_advisor_that_cannot_advise_are_one_line(tmp_path, capsys, monkeypatch,
+                                                                                  flags, line):
+    from agents.runs import jobs
+
+    monkeypatch.setattr(jobs, "run_job", lambda *a: pytest.fail("trained a run"))
+    out = tmp_path / "wf"
+    data = ["--data", "NQ=synthetic:pair", "--data", "ES=synthetic:pair", "--set=data.synthetic_days=20"]
+    assert walkforward(out, *data, *flags) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == line
+    assert not out.exists()
+
+
 def test_the_advised_arm_without_an_advisor_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
     from agents.runs import jobs
 
@@ -165,7 +184,8 @@ def test_the_gate_on_a_stitched_path_opens_on_an_edge_and_not_on_none():
 
 def test_an_account_of_two_files_walks_forward_with_each_instruments_figures(tmp_path, capsys):
     """--data SYMBOL=PATH once per instrument: folds over the set's sessions, each run scored by the account's walk,
-    each instrument's P&L on the stitched test windows summing to the account's, the gate on the account's path."""
+    each instrument's P&L on the stitched test windows summing to the account's, the gate on the account's path; with
+    --llm, each run's test window walked on that advisor's advice alone too (no advised arm: not built for a set)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -176,9 +196,15 @@ def test_an_account_of_two_files_walks_forward_with_each_instruments_figures(tmp
                    cwd=repo, check=True, capture_output=True)
     out = tmp_path / "wf"
     assert walkforward(out, "--data", f"NQ={files / 'NQ.csv'}", "--data", f"ES={files / 'ES.csv'}",
-                       "--set=data.synthetic_days=20") == 0
-    summary = json.loads((out / "walkforward.json").read_text())["summary"]
+                       "--set=data.synthetic_days=20", "--llm", "mock") == 0
+    written = json.loads((out / "walkforward.json").read_text())
+    summary = written["summary"]
+    assert written["arms"] == ["rl_only"] and written["advisor"] == "mock"
     rl = summary["arms"]["rl_only"]
+    runs = [r for fold in written["runs"].values() for r in fold["rl_only"].values()]
+    alone = sum(sum(r["advice_alone"]["sessions"].values()) for r in runs) / len(written["seeds"])
+    assert rl["advice_alone"]["mean"] == pytest.approx(alone) and rl["vs_advice_alone"] is not None
+    assert all(r["advice_alone"]["sessions"].keys() == r["test"]["sessions"].keys() for r in runs)
     assert set(rl["instruments"]) == {"NQ", "ES"} and summary["sessions"] == 6
     assert sum(f["net_pnl"] for f in rl["instruments"].values()) == pytest.approx(rl["oos"]["mean"], abs=0.5)
     assert "opened" in next(iter(rl["gate"].values()))  # the gate on seed 0's stitched path

@@ -10,6 +10,7 @@ import argparse
 import signal
 import sys
 import time
+from contextlib import closing
 
 import numpy as np
 from tqdm import tqdm
@@ -77,35 +78,31 @@ def fill_store(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig,
     if root is None:
         raise ConfigError("hybrid.store: no store for this advisor (the mock's default); pass --store PATH")
     batch = int(batch or hybrid.link.max_budget)
-    stopped: list[bool] = []
-    previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batches in flight, save
-    try:
-        if not data.instruments:
-            from jaxenv import load_market
+    stopped: list[bool] = []  # Ctrl-C while asking: the batches in flight finish, the store is saved
+    if not data.instruments:
+        from jaxenv import load_market
 
-            market = load_market(data)
-            # its workers start when there is a key to ask
-            advisor = Advisor.open(hybrid, llm, env, data, market, batch, None, start=False)
-            try:
-                return _fill(advisor, market, splits, hybrid, batch, progress, stopped, "")
-            finally:
-                advisor.close()  # saves the store
-        from agents.advisor.instrument_set import each_advisor
-        from jaxenv.market_set import load_market_set
+        market = load_market(data)
+        # its workers start when there is a key to ask
+        advisor = Advisor.open(hybrid, llm, env, data, market, batch, None, start=False)
+        try:
+            return _fill(advisor, market, splits, hybrid, batch, progress, stopped, "")
+        finally:
+            advisor.close()  # saves the store
+    from agents.advisor.instrument_set import each_advisor
+    from jaxenv.market_set import load_market_set
 
-        market_set = load_market_set([(item.contract, item.source) for item in data.instruments], data)
-        each = {}
-        for i, advisor in each_advisor(hybrid, llm, env, data, market_set, batch, start=False):
-            if stopped:
-                break
+    market_set = load_market_set([(item.contract, item.source) for item in data.instruments], data)
+    each = {}
+    with closing(each_advisor(hybrid, llm, env, data, market_set, batch, stop=lambda: bool(stopped),
+                              start=False)) as advisors:
+        for i, advisor in advisors:
             each[market_set.symbols[i]] = _fill(advisor, market_set.markets[i], splits, hybrid, batch, progress,
                                                 stopped, f"{market_set.symbols[i]}: ")
-        total = {name: sum(r[name] for r in each.values()) for name in ("asked", "answered", "seconds", "keys")}
-        filled = sum(r["filled"] * r["keys"] for r in each.values()) / max(total["keys"], 1)
-        return {**total, "keys_per_s": total["answered"] / max(total["seconds"], 1e-9), "filled": filled,
-                "stopped": bool(stopped), "instruments": each}
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    total = {name: sum(r[name] for r in each.values()) for name in ("asked", "answered", "seconds", "keys")}
+    filled = sum(r["filled"] * r["keys"] for r in each.values()) / max(total["keys"], 1)  # of the instruments reached
+    return {**total, "keys_per_s": total["answered"] / max(total["seconds"], 1e-9), "filled": filled,
+            "stopped": bool(stopped), "instruments": each}
 
 
 def _fill(advisor: Advisor, market, splits: list[str], hybrid: HybridConfig, batch: int, progress: bool,
@@ -123,10 +120,12 @@ def _fill(advisor: Advisor, market, splits: list[str], hybrid: HybridConfig, bat
         return {**out, "filled": 1.0}
     t0 = time.perf_counter()
     bar = tqdm(total=len(todo), unit="key", desc=f"advising {label.rstrip(': ')}".strip(), disable=not progress)
+    previous = signal.signal(signal.SIGINT, lambda *_: stopped.append(True))  # finish the batches in flight, save
     try:
         done = ask_every(advisor, todo, batch, on_progress=lambda n: bar.update(n - bar.n),
                          stop=lambda: bool(stopped), save_every_s=SAVE_EVERY_S)
     finally:
+        signal.signal(signal.SIGINT, previous)
         bar.close()
     seconds = time.perf_counter() - t0
     filled = int(known.filled()[keys].sum())

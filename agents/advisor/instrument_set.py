@@ -7,14 +7,15 @@ instrument has its own key space and its own table. Its prompts name the instrum
 decimals), and its store's identity holds the whole set in order besides the instrument's own bars, so an answer
 about NQ in the set NQ + ES is never read in another set nor on NQ's own file.
 
-    for i, advisor in each_advisor(hybrid, llm, env, data, market_set, capacity):   # opened one at a time
-        ...                                                                         # closed (store saved) after
+    with closing(each_advisor(hybrid, llm, env, data, market_set, capacity)) as advisors:  # one open at a time
+        for i, advisor in advisors:
+            ...                                                                    # closed (store saved) after
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from agents.advisor.advisor import Advisor
 from agents.config import HybridConfig
@@ -27,10 +28,13 @@ def instrument_data(data: DataConfig, market) -> DataConfig:
 
 
 def each_advisor(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, market_set, capacity: int,
-                 **open_kw) -> Iterator[tuple[int, Advisor]]:
+                 stop: Callable[[], bool] | None = None, **open_kw) -> Iterator[tuple[int, Advisor]]:
     """Each instrument's advisor in the set's order, opened as `Advisor.open(..., **open_kw)` opens one and closed
-    (its store saved) before the next opens: one model in memory at a time."""
+    (its store saved) before the next opens: one model in memory at a time. None opens once `stop()` holds; a caller
+    that may leave early closes the iterator (contextlib.closing), which closes the advisor it holds."""
     for i, market in enumerate(market_set.markets):
+        if stop is not None and stop():
+            return
         advisor = Advisor.open(hybrid, llm, env, instrument_data(data, market), market, capacity, None,
                                instruments=tuple(market_set.symbols), **open_kw)
         try:

@@ -16,6 +16,9 @@ not answer (an error) is not asked again, its blocks walk with no advice.
 
 from __future__ import annotations
 
+import dataclasses
+from contextlib import closing
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,11 +28,19 @@ from agents.advice.table import STATUS_NONE, AdviceTable, answered, view, walk_k
 from agents.advisor.advisor import ask_every
 from agents.advisor.instrument_set import each_advisor
 from agents.advisor.sidecar import at_full_rate
-from agents.config import HybridConfig, QueryConfig
+from agents.config import ConfigError, HybridConfig, QueryConfig, TrainConfig, validate
 from bridge.protocol import HOLD, NUM_ACTIONS
 from jaxenv.config import DataConfig, EnvConfig
 
 NO_PROBABILITY = 1e-30  # the log of a probability 0 stays finite, below any action the masks allow
+
+
+def check_advisor(cfg: TrainConfig, advisor: str) -> None:
+    """`advisor` as the llm of the run of `cfg` passes the config's own checks (a model folder that exists, ...): a
+    ConfigError, one line each, before anything walks."""
+    if advisor.strip() in ("", "none"):
+        raise ConfigError(f"--advisor {advisor}: no advisor to walk; name one (mock, smollm2, a model path or hub id)")
+    validate(dataclasses.replace(cfg, llm=advisor))
 
 
 def advice_tables(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, market_set, start: int, end: int,
@@ -40,17 +51,18 @@ def advice_tables(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConf
     keys = walk_keys(start, end, hybrid.query.interval, hybrid.query.entries_only)
     batch = hybrid.link.max_budget
     tables = []
-    for i, advisor in each_advisor(hybrid, llm, env, data, market_set, batch, start=False):
-        missing = keys[~advisor.known.filled()[keys]]
-        if len(missing):
-            with tqdm(total=len(missing), desc=f"advisor: {market_set.symbols[i]}'s keys", unit="key", leave=False,
-                      disable=not progress, mininterval=2.0) as bar:
-                ask_every(advisor, missing, batch, on_progress=lambda done: bar.update(done - bar.n))
-        known = advisor.known
-        status = np.where(np.asarray(answered(known.status)), known.status, STATUS_NONE)
-        tables.append(AdviceTable(probs=jnp.asarray(known.probs), confidence=jnp.asarray(known.confidence),
-                                  status=jnp.asarray(status, jnp.int32), version=jnp.asarray(known.version, jnp.int32),
-                                  current=jnp.zeros((), jnp.int32)))
+    with closing(each_advisor(hybrid, llm, env, data, market_set, batch, start=False)) as advisors:
+        for i, advisor in advisors:
+            missing = keys[~advisor.known.filled()[keys]]
+            if len(missing):
+                with tqdm(total=len(missing), desc=f"advisor: {market_set.symbols[i]}'s keys", unit="key", leave=False,
+                          disable=not progress, mininterval=2.0) as bar:
+                    ask_every(advisor, missing, batch, on_progress=lambda done: bar.update(done - bar.n))
+            known = advisor.known
+            status = np.where(np.asarray(answered(known.status)), known.status, STATUS_NONE)
+            tables.append(AdviceTable(probs=jnp.asarray(known.probs), confidence=jnp.asarray(known.confidence),
+                                      status=jnp.asarray(status, jnp.int32),
+                                      version=jnp.asarray(known.version, jnp.int32), current=jnp.zeros((), jnp.int32)))
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *tables)
 
 

@@ -140,8 +140,9 @@ def evaluate_account_run(run: AccountRun, split: str, seeds: int = 1, advisor: s
     policies = {"agent": (run.act, (run.saved.params, run.saved.obs_norm), run.sampled),
                 **{name: (act, (), name == "random_valid") for name, act in run.setup.baselines.items()}}
     if advisor is not None:
-        from agents.evaluation.account_advice import advice_alone_act, advice_tables
+        from agents.evaluation.account_advice import advice_alone_act, advice_tables, check_advisor
 
+        check_advisor(run.cfg, advisor)
         h = run.cfg.hybrid
         tables = advice_tables(h, advisor, run.cfg.env, run.cfg.data, market_set, start, end, progress)
         policies[LLM_ONLY] = (advice_alone_act(env, h.query), tables, False)

@@ -166,6 +166,7 @@ def account_main(args: argparse.Namespace) -> int:
         write_json,
     )
     from agents.runs.saved_runs import CheckpointMismatch, load_run_config, refuse_instrument_set
+    from bridge import SidecarError
     from jaxenv import DataValidationError
 
     run_dir = next(run_dir for run_dir in args.run_dir if is_account_run(run_dir))
@@ -181,7 +182,7 @@ def account_main(args: argparse.Namespace) -> int:
         run = load_account_run(run_dir, args.checkpoint, args.sample, args.data)
         print_banner(None, run.cfg.llm)
         summary, trace = evaluate_account_run(run, split, args.seeds, args.advisor, not args.no_progress)
-    except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError) as e:
+    except (ConfigError, DataValidationError, FileNotFoundError, CheckpointMismatch, ValueError, SidecarError) as e:
         print_error(e)
         return 2
 
