@@ -96,6 +96,10 @@ def test_a_bare_path_for_an_account_and_symbol_path_for_one_instrument_are_one_l
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: --data: NQ={pair['NQ']} is SYMBOL=PATH, one instrument of an account, but the run trades one "
         "instrument: give one PATH"]
+    assert evaluate_main(["--run-dir", str(single), "--advisor", "mock"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --advisor: a run on one instrument walks its own advisor's ablations; --advisor is for a run on "
+        "several instruments"]
 
 
 def test_the_out_of_sample_record_is_walked_once_then_read_from_the_run(account):
