@@ -455,6 +455,10 @@ def plot(plan: Plan, summary: dict, results: dict, path: Path, in_vs_out: Path) 
         for p in paths:
             ax.plot(p, color=color, lw=0.6, alpha=0.35)
         ax.plot(paths.mean(0), color=color, lw=2, label=f"{arm} (mean of {len(plan.seeds)} seeds)")
+        if arm in plan.arms and "advice_alone" in results[plan.folds[0].index][arm][plan.seeds[0]]:
+            alone = np.stack([np.cumsum(stitched(results, plan, arm, s, "advice_alone")[1]) for s in plan.seeds])
+            whose = f"{plan.advisor}'s" if plan.advisor else f"{arm}: its"  # a set's runs: the advisor named
+            ax.plot(alone.mean(0), color=color, lw=1.5, ls="--", label=f"{whose} advice alone (mean of seeds)")
     for e in edges[:-1]:
         ax.axvline(e - 0.5, color="grey", lw=0.5, ls="--")
     ax.axhline(0, color="black", lw=0.5)
