@@ -87,6 +87,12 @@ class AdviceTable:
             version=self.version.at[ids].set(version, mode="drop"),
         )
 
+    def holding(self, known) -> AdviceTable:
+        """This table with every key's answer, status and version as the host's copy `known` has them
+        (agents.advisor.store.KnownAdvice: a key it lacks is STATUS_NONE there)."""
+        return self.replace(probs=jnp.asarray(known.probs), confidence=jnp.asarray(known.confidence),
+                            status=jnp.asarray(known.status), version=jnp.asarray(known.version))
+
     def mark_asked(self, keys: jax.Array, valid: jax.Array) -> AdviceTable:
         ids = jnp.where(valid, keys, self.num_keys)
         return self.replace(status=self.status.at[ids].set(STATUS_ASKED, mode="drop"))

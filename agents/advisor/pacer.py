@@ -170,9 +170,7 @@ class QueryPacer:
         table = carry.hybrid.advice
         if table.num_keys != self.num_keys:
             raise ValueError(f"advice table of {table.num_keys} keys for a market of {self.num_keys}")
-        k = self.advisor.merged(to_host(table) if self.processes > 1 else jax.device_get(table))
-        table = table.replace(probs=jnp.asarray(k.probs), confidence=jnp.asarray(k.confidence),
-                              status=jnp.asarray(k.status), version=jnp.asarray(k.version))
+        table = table.holding(self.advisor.merged(to_host(table) if self.processes > 1 else jax.device_get(table)))
         # own buffers for every leaf: query steps donate the carry, and a carry built eagerly can share one
         return jax.tree.map(jnp.copy, carry.replace(hybrid=carry.hybrid.replace(advice=table)))
 

@@ -21,10 +21,9 @@ from contextlib import closing
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from tqdm import tqdm
 
-from agents.advice.table import STATUS_NONE, AdviceTable, answered, view, walk_keys
+from agents.advice.table import AdviceTable, view, walk_keys
 from agents.advisor.advisor import ask_every
 from agents.advisor.instrument_set import each_advisor
 from agents.advisor.sidecar import at_full_rate
@@ -58,11 +57,7 @@ def advice_tables(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConf
                 with tqdm(total=len(missing), desc=f"advisor: {market_set.symbols[i]}'s keys", unit="key", leave=False,
                           disable=not progress, mininterval=2.0) as bar:
                     ask_every(advisor, missing, batch, on_progress=lambda done: bar.update(done - bar.n))
-            known = advisor.known
-            status = np.where(np.asarray(answered(known.status)), known.status, STATUS_NONE)
-            tables.append(AdviceTable(probs=jnp.asarray(known.probs), confidence=jnp.asarray(known.confidence),
-                                      status=jnp.asarray(status, jnp.int32),
-                                      version=jnp.asarray(known.version, jnp.int32), current=jnp.zeros((), jnp.int32)))
+            tables.append(AdviceTable.create(advisor.known.num_keys).holding(advisor.known))
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *tables)
 
 

@@ -13,6 +13,8 @@ import json
 import time
 from pathlib import Path
 
+from agents.config import ACCOUNT_LIMITS
+
 TRIALS_FILE = "trials.jsonl"
 # what a run reports, resumes or is judged with, not what it tries
 NOT_A_TRIAL = ("seed", "log", "devices", "checkpoint", "transfer", "gate_against")
@@ -38,8 +40,7 @@ def _rules_as_before(rules):
     correlated pairs left out while unset, a whole max_contracts as an integer (a run's digest does not change)."""
     if not isinstance(rules, dict):
         return rules
-    rules = {k: v for k, v in rules.items()
-             if not (k == "half_size_until_threshold" and v is False) and not (k == "correlated" and not v)}
+    rules = {k: v for k, v in rules.items() if not (k in ACCOUNT_LIMITS and not v)}
     if isinstance(rules.get("max_contracts"), float) and rules["max_contracts"].is_integer():
         rules["max_contracts"] = int(rules["max_contracts"])
     return rules
