@@ -307,13 +307,13 @@ def _is_local_path(llm: str) -> bool:
     return llm.startswith(("/", "./", "../", "~")) or llm.count("/") > 1 or Path(llm).expanduser().exists()
 
 
-def refuse_set_advice(cfg: TrainConfig) -> None:
-    """Training on several instruments (data.instruments) is RL only for now: their advisor fills its stores
-    (scripts/advise.py) and walks nothing yet. Every path that trains calls this; the configs themselves stay valid,
-    so advise.py reads the same config."""
-    if cfg.data.instruments and cfg.llm != "none":
-        raise ConfigError("llm: training with advice on several instruments is not built yet: use --llm none "
-                          "(scripts/advise.py fills each instrument's advice store)")
+def refuse_set_learning(cfg: TrainConfig) -> None:
+    """Training with advice on several instruments (data.instruments) has one advisor per instrument, and none of
+    them learns from outcomes yet. Every path that trains calls this; the configs themselves stay valid, so
+    scripts/advise.py reads the same config."""
+    if cfg.data.instruments and cfg.llm != "none" and cfg.hybrid.learning.enabled:
+        raise ConfigError("hybrid.learning.enabled: the advisors of several instruments do not learn from outcomes "
+                          "yet; set it to false")
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
@@ -345,8 +345,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"no model folder at {cfg.llm} (a local model is a folder; a hub id is NAME or ORG/NAME)"),
         (cfg.llm == "none" or cfg.env_name == "trading", "llm", "the LLM advisor needs the trading env; use --llm none (llm=none) with other envs"),
         (cfg.gate_against in GATE_BARS, "gate_against", f"must be one of {', '.join(GATE_BARS)}"),
-        # several instruments in one account (data.instruments): on the trading env, from scratch for now (training
-        # with their advice: refuse_set_advice)
+        # several instruments in one account (data.instruments): on the trading env, from scratch for now (their
+        # advisors do not learn: refuse_set_learning)
         (not cfg.data.instruments or cfg.env_name == "trading", "env_name",
          "several instruments (data.instruments) trade in the trading env: env_name must be trading"),
         (not cfg.data.instruments or not cfg.transfer.init_from, "transfer.init_from",

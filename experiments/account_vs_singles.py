@@ -22,7 +22,7 @@ import numpy as np
 from agents.command_line import CommandParser, print_error
 from experiments.fusion import seeds_and_days_interval
 
-ARM = "rl_only"  # the arm a set trains (training with advice on several instruments is not built)
+ARM = "rl_only"  # the arm compared: the RL account against the RL single agents
 
 
 def stitched_sessions(summary: dict) -> dict[int, dict[str, float]]:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from agents.command_line import data_overrides, print_error
-from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, refuse_set_advice, to_dict
+from agents.config import RUN_CONFIG_FILE, ConfigError, load_config, refuse_set_learning, to_dict
 from agents.runs.backends import BackendOptions, add_backend_arguments
 from agents.runs.jobs import Job, write_job
 from experiments.fusion import ADVISED, ARMS, BASELINE, flat_config, parse_seeds, seeds_and_days_interval
@@ -177,27 +177,37 @@ def score_run(run_dir: Path, advisor: str | None = None) -> dict[str, Any]:
 
 def score_account_run(run_dir: Path, advisor: str | None = None) -> dict[str, Any]:
     """score_run's scores of a run on several instruments in one account: the account walked greedy on its test and
-    training windows (its P&L per session and walk metrics, each instrument's P&L and trades), the set's buy-and-hold
-    per test session (each instrument held in the agent's size, no costs), and with `advisor` (an llm) the account
-    walked on that advisor's advice alone on the test window (agents.evaluation.account_advice; `advice_alone_of`
-    names it)."""
+    training windows (its P&L per session and walk metrics, each instrument's P&L and trades; a run with an advisor
+    acting with its advice), the set's buy-and-hold per test session (each instrument held in the agent's size, no
+    costs), and with `advisor` (an llm) the account walked on that advisor's advice alone on the test window
+    (agents.evaluation.account_advice; `advice_alone_of` names it)."""
     import jax
 
     from agents.evaluation.account_run import account_bounds, load_account_run
     from jaxenv.account_evaluate import account_figures, walk_account
 
-    run = load_account_run(run_dir, "best")
-    env, market_set = run.setup.env, run.setup.market_set
-    walks = {split: (run.act, (run.saved.params, run.saved.obs_norm), split) for split in ("test", "train")}
-    if advisor:
-        from agents.evaluation.account_advice import advice_alone_act, advice_tables
+    from agents.evaluation.account_advice import advice_alone_act, advice_tables, advised_carry
 
-        h = run.cfg.hybrid
-        test = account_bounds(market_set, "test")
-        tables = advice_tables(h, advisor, run.cfg.env, run.cfg.data, market_set, *test, progress=False)
-        walks["advice_alone"] = (advice_alone_act(env, h.query), tables, "test")
-    walked = {name: account_figures(walk_account(env, market_set, split, act, jax.random.PRNGKey(0), policy_state),
-                                    market_set, env) for name, (act, policy_state, split) in walks.items()}
+    run = load_account_run(run_dir, "best")
+    env, market_set, h = run.setup.env, run.setup.market_set, run.cfg.hybrid
+    policy = (run.saved.params, run.saved.obs_norm)
+
+    def tables(llm: str, split: str):
+        return advice_tables(h, llm, run.cfg.env, run.cfg.data, market_set, *account_bounds(market_set, split),
+                             progress=False)
+
+    # name: (act, its policy state, the window, the act's carry)
+    walks = {split: (run.act, policy, split, None) for split in ("test", "train")}
+    if run.advised is not None:  # a run with an advisor acts with its advice, as it trained
+        walks = {split: (run.advised, policy, split, advised_carry(run.acting, run.setup.params,
+                                                                   tables(run.cfg.llm, split),
+                                                                   run.saved.advice_record))
+                 for split in ("test", "train")}
+    if advisor:
+        walks["advice_alone"] = (advice_alone_act(env, h.query), tables(advisor, "test"), "test", None)
+    walked = {name: account_figures(walk_account(env, market_set, split, act, jax.random.PRNGKey(0), policy_state,
+                                                 carry), market_set, env)
+              for name, (act, policy_state, split, carry) in walks.items()}
     sessions = {name: dict(zip(f["sessions"]["days"], f["sessions"]["pnl"])) for name, f in walked.items()}
     metrics = {name: {k: v for k, v in f.items() if k not in ("sessions", "instruments")} for name, f in walked.items()}
     return {"version": SCORE_VERSION, "checkpoint": run.saved.label,
@@ -455,7 +465,9 @@ def plot(plan: Plan, summary: dict, results: dict, path: Path, in_vs_out: Path) 
         for p in paths:
             ax.plot(p, color=color, lw=0.6, alpha=0.35)
         ax.plot(paths.mean(0), color=color, lw=2, label=f"{arm} (mean of {len(plan.seeds)} seeds)")
-        if arm in plan.arms and "advice_alone" in results[plan.folds[0].index][arm][plan.seeds[0]]:
+        # (a set's runs are each scored on the one advisor's advice alone: drawn once, beside the baseline)
+        if (arm in plan.arms and "advice_alone" in results[plan.folds[0].index][arm][plan.seeds[0]]
+                and not (plan.advisor and arm != BASELINE)):
             alone = np.stack([np.cumsum(stitched(results, plan, arm, s, "advice_alone")[1]) for s in plan.seeds])
             whose = f"{plan.advisor}'s" if plan.advisor else f"{arm}: its"  # a set's runs: the advisor named
             ax.plot(alone.mean(0), color=color, lw=1.5, ls="--", label=f"{whose} advice alone (mean of seeds)")
@@ -571,13 +583,10 @@ def plan_from_args(args) -> Plan:
                  *([f"num_envs={args.envs}"] if args.envs else [])]
     cfg = load_config(args.config, [*ARMS[BASELINE], *overrides])
     asked = args.llm not in (None, "none")
-    # --llm names the advised arm's advisor: the arm runs; on several instruments (no advised training yet) the runs
-    # are scored with that advisor's advice alone instead
+    # --llm names the advised arm's advisor: the arm runs; on several instruments every run is also scored with that
+    # advisor's advice alone
     advisor = args.llm if asked and cfg.data.instruments else None
-    if cfg.data.instruments and ADVISED in arms:
-        raise ValueError("--arms advised: training with advice on several instruments is not built yet (--llm NAME "
-                         "scores each run with that advisor's advice alone)")
-    if asked and not advisor:
+    if asked:
         arms.append(ADVISED)
     arms = list(dict.fromkeys([BASELINE, *arms]))
     if cfg.data.instruments:  # several instruments in one account: the set's joint timeline and sessions
@@ -588,14 +597,14 @@ def plan_from_args(args) -> Plan:
     folds = plan_folds(sessions, FoldPlan(args.folds, args.test_sessions, args.val_sessions, args.purge,
                                           args.train_sessions, args.step))
     plan = Plan(args.config, arms, parse_seeds(args.seeds), folds, Path(args.out), overrides, args.warm_start,
-                None if advisor else args.llm, advisor)
+                args.llm, advisor)
     if advisor:  # the advisor is checked as a run's llm would be, before the first run trains
         from agents.evaluation.account_advice import check_advisor
 
         check_advisor(plan.run_config(folds[-1], BASELINE, plan.seeds[0]), advisor)
     for arm in arms:  # every run's config is checked before the first trains
         run_cfg = plan.run_config(folds[-1], arm, plan.seeds[0])
-        refuse_set_advice(run_cfg)
+        refuse_set_learning(run_cfg)
         if run_cfg.llm == "none" and arm == ADVISED:
             why = "--llm none trains no advisor" if args.llm == "none" else "the config trains no advisor (llm: none)"
             raise ValueError(f"--arms advised: {why}; name one with --llm")

@@ -7,6 +7,7 @@ chooses one action per instrument:
 
     act(obs, state, params, key) -> actions [I]                  # no policy_state
     act(policy_state, obs, state, params, key) -> actions [I]    # e.g. network params
+    act(policy_state, carry, obs, state, params, key) -> (actions [I], carry)   # a carry: what the act keeps
 
 `obs` is the AccountObs at bar t; `state` and `params` let a policy choose head by head under the account's sequential
 masks (`env.sequential_mask(state, params, i, chosen)`, or `env.sample_actions(key, state, params, logits)` for
@@ -85,32 +86,36 @@ def account_trace_step(state: AccountState, actions, next_state: AccountState, t
 
 
 @partial(jax.jit, static_argnames=("env", "act", "num_steps"))
-def _walk(env: AccountEnv, params: AccountParams, act: ActFn, policy_state: Any, key: jax.Array, num_steps: int):
+def _walk(env: AccountEnv, params: AccountParams, act: ActFn, policy_state: Any, key: jax.Array, num_steps: int,
+          act_carry: Any = None):
     def body(carry, _):
-        state, key = carry
+        state, key, act_carry = carry
         key, act_key, reset_key = jax.random.split(key, 3)
         obs = env.get_obs(state, params)
         if policy_state is None:
             actions = act(obs, state, params, act_key)
-        else:
+        elif act_carry is None:
             actions = act(policy_state, obs, state, params, act_key)
+        else:
+            actions, act_carry = act(policy_state, act_carry, obs, state, params, act_key)
         actions = jnp.asarray(actions, jnp.int32)
         next_state, _, terminated, info = env.transition(state, actions, params)
         step = account_trace_step(state, actions, next_state, terminated, info, params)
-        return (continue_after_breach(env, next_state, terminated, reset_key, params), key), step
+        return (continue_after_breach(env, next_state, terminated, reset_key, params), key, act_carry), step
 
     state = env.initial_state(key, params)
-    _, trace = jax.lax.scan(body, (state, key), None, length=num_steps)
+    _, trace = jax.lax.scan(body, (state, key, act_carry), None, length=num_steps)
     return trace
 
 
 def walk_account(env: AccountEnv, market_set: MarketSet, split: str | tuple[int, int], act: ActFn, key: jax.Array,
-                 policy_state: Any = None) -> dict[str, np.ndarray]:
+                 policy_state: Any = None, carry: Any = None) -> dict[str, np.ndarray]:
     """Per-bar trace of one account walking the split of every instrument of `market_set` (evaluate.walk_split's
     account columns, [n]; INSTRUMENT_COLUMNS [n, I] in the set's instrument order). `act`: the module's docstring; keep
-    it the same object between calls so the walk compiles once."""
+    it the same object between calls so the walk compiles once. `carry`: the act's at the first bar, for an act that
+    keeps one (a policy_state is then needed)."""
     params = env.make_params(market_set, split, sequential=True)
-    trace = _walk(env, params, act, policy_state, key, int(params.max_steps_in_episode))
+    trace = _walk(env, params, act, policy_state, key, int(params.max_steps_in_episode), carry)
     return {k: np.asarray(v) for k, v in trace.items()}
 
 
@@ -169,11 +174,11 @@ def account_figures(trace: Trace, market_set: MarketSet, env: AccountEnv) -> dic
 
 
 def evaluate_account(env: AccountEnv, market_set: MarketSet, split: str | tuple[int, int], act: ActFn,
-                     key: jax.Array, policy_state: Any = None) -> dict:
+                     key: jax.Array, policy_state: Any = None, carry: Any = None) -> dict:
     """account_figures of one account walking the split (walk_account): the account's METRICS (net P&L after costs
     first, trades, breaches, the prop-firm result), the set's buy-and-hold, each instrument's P&L and trades, each
     session's account P&L."""
-    return account_figures(walk_account(env, market_set, split, act, key, policy_state), market_set, env)
+    return account_figures(walk_account(env, market_set, split, act, key, policy_state, carry), market_set, env)
 
 
 __all__ = [

@@ -151,9 +151,3 @@ def test_the_actor_sees_each_instrument_through_shared_weights(pair):
     value_swapped = pair.ppo.network.apply(rs.params, obs.replace(instruments=obs.instruments[:, ::-1]),
                                            method=type(pair.ppo.network).value)
     np.testing.assert_allclose(np.asarray(value_swapped), np.asarray(value), atol=1e-5)  # the critic pools
-
-
-def test_hybrid_acting_is_refused_for_an_account(pair):
-    cfg = tiny_cfg()
-    with pytest.raises(ValueError, match="not supported yet for an account env"):
-        make_train(cfg.ppo, cfg.network, ENV, pair.params, object(), num_envs=ENVS, num_updates=1)

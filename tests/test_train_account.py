@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agents.config import load_config, to_dict
+from agents.runs.saved_runs import restore_policy
 from agents.runs.trials import _trial
 from agents.training.loop import train
 from tests.test_config import cli_main
@@ -88,6 +89,40 @@ def test_two_files_train_one_account_that_resumes_and_reports_each_instrument(tm
         "the run's order"]
 
 
+def test_an_account_trains_with_each_instruments_advice_and_evaluates_as_it_acted(tmp_path, pair, capsys):
+    run_dir = tmp_path / "runs" / "advised"
+    overrides = ["llm=mock", "num_envs=16", "total_steps=1536", "log.tensorboard=false", "log.progress=false",
+                 "checkpoint.every_updates=1", "checkpoint.eval_every_updates=1", "env.max_steps_in_episode=400",
+                 f'data.instruments=["NQ={pair["NQ"]}", "ES={pair["ES"]}"]']
+    assert train(load_config(QUICK, overrides), run_dir, stop_after=1).update == 1
+    assert cli_main()(["--resume", str(run_dir)]) == 0  # the advice carry of each instrument restored
+    capsys.readouterr()
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    # (the answers asked before the stop went with its process: the resumed run's second update has none in force)
+    assert last["update"] == 3 and last["llm_prompts"] > 0 and last["advice_coverage"] > 0
+    assert {"record_calls_NQ", "record_calls_ES"} <= set(last)  # each instrument's advice record
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {"agent_best", "ablation_rl_only", "ablation_llm_only"} <= set(summary["test"])
+    saved = restore_policy(run_dir, "best", account=True)
+    assert len(saved.advice_record) == 2 and all("evidence" in record for record in saved.advice_record)
+
+    from agents.evaluation.cli import main as evaluate_main
+
+    out = tmp_path / "eval"  # the agent walked with its advisors' advice, as it trained; the policy alone beside it
+    assert evaluate_main(["--run-dir", str(run_dir), "--out", str(out), "--no-progress"]) == 0
+    numbers = json.loads((out / "evaluation.json").read_text())
+    assert numbers["agent"]["net_pnl"] == pytest.approx(summary["account"]["test"]["net_pnl"], abs=0.01)
+    assert set(numbers["ablations"]) == {"rl_only", "llm_only"}
+    capsys.readouterr()
+    trade = ["--run-dir", str(run_dir), "--data", f"NQ={pair['NQ']}", "--data", f"ES={pair['ES']}"]
+    from agents.trading.cli import main as trade_main
+
+    assert trade_main(trade) == 2  # not traded live with its advice yet: one line
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {run_dir}: trading an account with its advisor (llm: mock) is not built yet; scripts/evaluate.py "
+        "walks it with its advice"]
+
+
 def test_a_first_run_from_the_command_line(tmp_path, pair, capsys):
     run_dir = tmp_path / "run"
     assert cli_main()(["--config", QUICK, *data_flags(pair), "--llm", "none", "--run-dir", str(run_dir), *SMALL]) == 0
@@ -101,8 +136,8 @@ IN_CONFIG = f"{QUICK} with --set overrides: "  # a line of the config's own chec
 
 
 @pytest.mark.parametrize("flags, line", [
-    (["--llm", "mock"], "llm: training with advice on several instruments is not built yet: use --llm none "
-                        "(scripts/advise.py fills each instrument's advice store)"),
+    (["--llm", "smollm2", "--set", "hybrid.learning.enabled=true", "--set", "hybrid.query.bind_on=trust"],
+     "hybrid.learning.enabled: the advisors of several instruments do not learn from outcomes yet; set it to false"),
     (["--llm", "none", "--set", "env_name=CartPole-v1"], IN_CONFIG + "env_name: several instruments "
                                                          "(data.instruments) trade in the trading env: env_name must "
                                                          "be trading"),

@@ -101,22 +101,15 @@ def test_llm_names_the_advised_arms_advisor_and_no_other_arms(tmp_path):
     assert plain.arms == none.arms == ["rl_only"] and plain.trial("rl_only", 0) == none.trial("rl_only", 0)
 
 
-@pytest.mark.parametrize("flags, line", [
-    (["--arms", "advised", "--llm", "mock"], "error: --arms advised: training with advice on several instruments is "
-                                             "not built yet (--llm NAME scores each run with that advisor's advice "
-                                             "alone)"),
-    (["--llm", "./no_such_model"], "error: llm: no model folder at ./no_such_model (a local model is a folder; a hub "
-                                   "id is NAME or ORG/NAME)"),
-])
-def test_on_a_set_the_advised_arm_and_an_advisor_that_cannot_advise_are_one_line(tmp_path, capsys, monkeypatch,
-                                                                                  flags, line):
+def test_on_a_set_an_advisor_that_cannot_advise_is_one_line(tmp_path, capsys, monkeypatch):
     from agents.runs import jobs
 
     monkeypatch.setattr(jobs, "run_job", lambda *a: pytest.fail("trained a run"))
     out = tmp_path / "wf"
     data = ["--data", "NQ=synthetic:pair", "--data", "ES=synthetic:pair", "--set=data.synthetic_days=20"]
-    assert walkforward(out, *data, *flags) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == line
+    assert walkforward(out, *data, "--llm", "./no_such_model") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: llm: no model folder at ./no_such_model (a local model is a folder; a hub id is NAME or ORG/NAME)")
     assert not out.exists()
 
 
@@ -185,7 +178,8 @@ def test_the_gate_on_a_stitched_path_opens_on_an_edge_and_not_on_none():
 def test_an_account_of_two_files_walks_forward_with_each_instruments_figures(tmp_path, capsys):
     """--data SYMBOL=PATH once per instrument: folds over the set's sessions, each run scored by the account's walk,
     each instrument's P&L on the stitched test windows summing to the account's, the gate on the account's path; with
-    --llm, each run's test window walked on that advisor's advice alone too (no advised arm: not built for a set)."""
+    --llm, the advised arm trained with that advisor on each instrument, and each run's test window walked on that
+    advisor's advice alone too."""
     import subprocess
     import sys
     from pathlib import Path
@@ -199,7 +193,10 @@ def test_an_account_of_two_files_walks_forward_with_each_instruments_figures(tmp
                        "--set=data.synthetic_days=20", "--llm", "mock") == 0
     written = json.loads((out / "walkforward.json").read_text())
     summary = written["summary"]
-    assert written["arms"] == ["rl_only"] and written["advisor"] == "mock"
+    assert written["arms"] == ["rl_only", "advised"] and written["advisor"] == "mock"
+    advised = [r for fold in written["runs"].values() for r in fold["advised"].values()]
+    assert all(r["test"]["sessions"].keys() == r["advice_alone"]["sessions"].keys() for r in advised)
+    assert summary["arms"]["advised"]["oos"]["mean"] is not None and "instruments" in summary["arms"]["advised"]
     rl = summary["arms"]["rl_only"]
     runs = [r for fold in written["runs"].values() for r in fold["rl_only"].values()]
     alone = sum(sum(r["advice_alone"]["sessions"].values()) for r in runs) / len(written["seeds"])

@@ -25,7 +25,8 @@ from agents.advice.record import AdviceRecord
 from agents.advice.rules import ENTRIES, STOP_MOVES, EntryRules, RuleState
 from agents.advice.table import SIDES, AdviceTable, AdviceView, num_blocks, view
 from agents.config import GATED_FUSIONS, HybridConfig, QueryConfig, VetoConfig
-from agents.rl.networks import ActorCritic, log_probs_and_entropy, masked_logits
+from agents.rl.account import is_account_env
+from agents.rl.networks import log_probs_and_entropy, masked_logits
 from bridge.protocol import NUM_ACTIONS, action_flags
 
 # The trust gate's market and account context, by observation feature (jaxenv.env.TradingEnv.observation_column):
@@ -241,11 +242,11 @@ def trust_where_valid(network, params, features: jax.Array, valid: jax.Array) ->
     rows = int(n * GATE_ROWS_SHARE)
 
     def every_row() -> jax.Array:
-        return network.apply(params, features, method=ActorCritic.trust)
+        return network.apply(params, features, method="trust")
 
     def valid_rows() -> jax.Array:
         idx = jnp.nonzero(valid, size=rows, fill_value=n)[0]  # n: a padding row, dropped on the way back
-        gate = network.apply(params, features.at[idx].get(mode="fill", fill_value=0.0), method=ActorCritic.trust)
+        gate = network.apply(params, features.at[idx].get(mode="fill", fill_value=0.0), method="trust")
         return jnp.zeros(n, gate.dtype).at[idx].set(gate, mode="drop")
 
     gate = every_row() if rows < 1 else jax.lax.cond(valid.sum() <= rows, valid_rows, every_row)
@@ -253,7 +254,12 @@ def trust_where_valid(network, params, features: jax.Array, valid: jax.Array) ->
 
 
 def make_acting(hybrid: HybridConfig, env) -> HybridActing:
-    """Acting with the advice of the run's advisor as `hybrid` says, in the trading env `env`."""
+    """Acting with the advice of the run's advisor as `hybrid` says, in the trading env `env` (an account env: each
+    head acting so on its instrument, agents.advice.account_acting)."""
+    if is_account_env(env):
+        from agents.advice.account_acting import AccountActing  # it builds on this module
+
+        return AccountActing(make_acting(hybrid, env.single), env)
     h = hybrid
     columns = tuple(env.observation_column(name) for name in CONTEXT_FEATURES)
     return HybridActing(h.fusion, h.query, h.veto, h.llm_weight, columns, gate_lr_scale=h.gate_lr_scale)

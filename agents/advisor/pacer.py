@@ -59,9 +59,10 @@ def query_capacity(h: HybridConfig, market, processes: int = 1) -> int:
 
 def training_pacer(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, seed: int, market,
                    run_dir: Path | None, client: SidecarClient | None = None, learn: bool = False,
-                   adapter: str | None = None, ahead: tuple[int, int] = (0, 2)) -> QueryPacer:
+                   adapter: str | None = None, ahead: tuple[int, int] = (0, 2),
+                   instruments: tuple[str, ...] = ()) -> QueryPacer:
     """Training's query steps and their advisor (at the run's niceness; `learn`: it learns from outcomes; `adapter`:
-    a resumed run's learned one). Several processes: each asks its own workers about its share of the keys, only
+    a resumed run's learned one; `instruments`: Advisor.open's). Several processes: each asks its own workers about its share of the keys, only
     process 0 writes the run folder (`run_dir` None elsewhere: the others' workers log to their stderr)."""
     shared = jax.process_count() > 1
     if shared and learn:
@@ -69,9 +70,10 @@ def training_pacer(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataCon
                           "off or train in one process (on all its local devices)")
     processes = jax.process_count() if shared else 1
     cap = query_capacity(hybrid, market, processes)
-    advisor = Advisor.open(hybrid, llm, env, data, market, cap, adapter, log_stem=run_dir and run_dir / "advisor",
+    own = f"_{market.contract.symbol}" if instruments else ""  # an account's advisors log apart
+    advisor = Advisor.open(hybrid, llm, env, data, market, cap, adapter, log_stem=run_dir and run_dir / f"advisor{own}",
                            learning=learning_options(hybrid, seed) if learn else None, client=client,
-                           llm_log=run_dir / "llm_log.jsonl" if run_dir else None)
+                           llm_log=run_dir / f"llm_log{own}.jsonl" if run_dir else None, instruments=instruments)
     return QueryPacer(advisor, hybrid, market, latency_mode(hybrid, llm), shared=shared, ahead=ahead,
                       keep_written=learn)
 

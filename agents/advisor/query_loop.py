@@ -9,13 +9,18 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from tqdm import tqdm
 
 from agents.advice.record import record_metrics
 from agents.advice.table import update_ahead
 from agents.advice.usage import advice_metrics
+from agents.advisor.instrument_set import instrument_data
 from agents.advisor.later_sessions import LaterSessions
 from agents.advisor.outcomes import outcome_rows, permuted_across_sessions
 from agents.advisor.pacer import training_pacer
@@ -26,6 +31,9 @@ from bridge import STATUS_NAMES, SidecarClient
 from jaxenv.config import DataConfig, EnvConfig
 
 FINISH_ROUND_TIMEOUT_S = 3600.0  # a round finished at the end of a run: a CPU advisor's round can take many minutes
+# The advisor figures that add up over advisors (several processes' or several instruments'); the others average.
+SUMMED = ("llm_prompts", "llm_rate", "llm_budget", "llm_workers_alive", "llm_reasoned", "llm_query_rate",
+          *(f"llm_{name}" for name in STATUS_NAMES))
 
 
 class QueryLoop:
@@ -36,14 +44,15 @@ class QueryLoop:
 
     def __init__(self, hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, market,
                  run_dir: Path | None, client: SidecarClient | None = None, adapter: str | None = None, *,
-                 seed: int, num_steps: int):
-        """`num_steps`: ppo.num_steps, the rollout's length."""
+                 seed: int, num_steps: int, instruments: tuple[str, ...] = ()):
+        """`num_steps`: ppo.num_steps, the rollout's length. `instruments`: the set's symbols where `market` is one
+        instrument of an account (InstrumentQueryLoops)."""
         self.num_steps, self.interval = num_steps, hybrid.query.interval
         self.learning = hybrid.learning if hybrid.learning.enabled else None
         self.market = market  # its prices measure the market's move after each answer (the outcomes' `move`)
         self.pacer = training_pacer(hybrid, llm, env, data, seed, market, run_dir if is_writer() else None, client,
                                     learn=self.learning is not None, adapter=adapter,
-                                    ahead=update_ahead(self.num_steps, self.interval))
+                                    ahead=update_ahead(self.num_steps, self.interval), instruments=instruments)
         self.advisor = self.pacer.advisor
         self.mock = llm == "mock"
         self.rounds_seen = 0
@@ -103,9 +112,7 @@ class QueryLoop:
             return own
         keys = sorted(own)
         table = gather_processes(np.array([float(own[k]) for k in keys]))  # [processes, keys]
-        summed = ("llm_prompts", "llm_rate", "llm_budget", "llm_workers_alive", "llm_reasoned",
-                  *(f"llm_{name}" for name in STATUS_NAMES))
-        out = {k: float(table[:, i].sum() if k in summed else table[:, i].mean()) for i, k in enumerate(keys)}
+        out = {k: float(table[:, i].sum() if k in SUMMED else table[:, i].mean()) for i, k in enumerate(keys)}
         out.update({f"llm_rate_p{p}": float(table[p, keys.index("llm_rate")]) for p in range(processes)})
         return out
 
@@ -166,3 +173,75 @@ class QueryLoop:
             self.advisor.workers.command("save", path=str(staging), timeout_s=600.0)
             staging.replace(path)  # a crash mid-save leaves no half-written adapter under the checkpoint's name
         return str(path)
+
+
+@struct.dataclass
+class _Sides:
+    t: jax.Array  # [N] the account's bar
+    side: jax.Array  # [N] one instrument's position side
+
+
+@struct.dataclass
+class _InstrumentCarry:
+    """What a query step reads and writes of one instrument of an account (QueryPacer's carry): the envs' bars and
+    that instrument's sides, its acting carry."""
+
+    env_state: _Sides
+    hybrid: Any
+
+
+class InstrumentQueryLoops:
+    """QueryLoop's interface for an account of several instruments (agents.advice.account_acting): one QueryLoop per
+    instrument, each with its own advisor (the one-market advisor on its instrument, its store's identity naming the
+    set: agents.advisor.instrument_set), asking the keys of that instrument's advice table. Every advisor is open for
+    the whole run (a model's sidecar each). The figures: the advice's use over every head, the advisors' counters
+    summed or averaged (SUMMED), and each instrument's record under its symbol (record_calls_NQ, ...)."""
+
+    def __init__(self, hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, market_set,
+                 run_dir: Path | None, *, seed: int, num_steps: int):
+        self.symbols = tuple(market_set.symbols)
+        self.loops: list[QueryLoop] = []
+        try:
+            for market in market_set.markets:  # each logs to RUN/advisor_SYMBOL_w*.log, RUN/llm_log_SYMBOL.jsonl
+                self.loops.append(QueryLoop(hybrid, llm, env, instrument_data(data, market), market, run_dir,
+                                            seed=seed, num_steps=num_steps, instruments=self.symbols))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for loop in self.loops:
+            loop.close()
+
+    def checkpoint(self, run_dir: Path, update: int, kept: set[int]) -> None:
+        for loop in self.loops:
+            loop.checkpoint(run_dir, update, kept)
+
+    @staticmethod
+    def _view(rs, i: int) -> _InstrumentCarry:
+        # own buffers for t: the query step donates its carry, and rs keeps its bars
+        return _InstrumentCarry(_Sides(jnp.copy(rs.env_state.t), rs.env_state.legs.side[:, i]), rs.hybrid[i])
+
+    def before(self, rs):
+        return rs.replace(hybrid=tuple(loop.before(self._view(rs, i)).hybrid for i, loop in enumerate(self.loops)))
+
+    def during(self) -> None:
+        for loop in self.loops:
+            loop.during()
+
+    def after(self, rs, stats: dict) -> dict:
+        each = [loop.after(self._view(rs, i), stats) for i, loop in enumerate(self.loops)]
+        out = {}
+        for key in each[0]:
+            values = [figures[key] for figures in each]
+            if key.startswith("record_"):
+                out.update({f"{key}_{symbol}": v for symbol, v in zip(self.symbols, values)})
+            else:
+                out[key] = float(np.sum(values) if key in SUMMED else np.mean(values))
+        return out
+
+    def finish_round(self) -> dict:
+        return {}  # no advisor of an account learns (hybrid.learning is refused on a set)
+
+    def save_adapter(self, run_dir: Path, update: int) -> None:
+        return None

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from tqdm import tqdm
 
 from agents.advice.table import AdviceTable, view, walk_keys
+from agents.rl.normalization import normalize_obs as normalized_obs
 from agents.advisor.advisor import ask_every
 from agents.advisor.instrument_set import each_advisor
 from agents.advisor.sidecar import at_full_rate
@@ -72,3 +73,38 @@ def advice_alone_act(env, query: QueryConfig):
         return env.sample_actions(key, state, params, logits, deterministic=True)[0]
 
     return act
+
+
+def advised_act(acting, network, normalize_obs: bool):
+    """An act with a carry for walk_account: the run's agent acting as it trained (agents.advice.account_acting.
+    AccountActing on a batch of one account: the policy, each head's advice in force, veto, entry rules and fusion,
+    head by head under the sequential masks). Its policy state is (network params, observation normaliser); its carry
+    is `advised_carry`'s. At each query step (a bar that starts a block of hybrid.query.interval) the advice's record
+    counts what has settled, as a training rollout's start does."""
+    logits_of = type(network).logits
+    interval = acting.single.query.interval
+
+    def act(policy_state, carry, obs, state, params, key):
+        net_params, obs_norm = policy_state
+        one = lambda tree: jax.tree.map(lambda x: x[None], tree)  # noqa: E731
+        obs1 = one(obs.replace(instruments=obs.instruments.astype(jnp.float32),
+                               account=obs.account.astype(jnp.float32)))
+        state1 = one(state)
+        logits = network.apply(net_params, normalized_obs(obs_norm, obs1) if normalize_obs else obs1,
+                               method=logits_of)
+        carry = jax.lax.cond(state.t % interval == 0, lambda c: acting.look(c, state1, params), lambda c: c, carry)
+        actions, _, _, _, _, carry = acting.act(network, net_params, carry, logits, None, obs1, state1, params, key)
+        return actions[0], carry
+
+    return act
+
+
+def advised_carry(acting, env_params, tables: AdviceTable, records=None) -> tuple:
+    """advised_act's carry at a walk's first bar: each instrument's one-account carry (from the trained agent's advice
+    record where `records`, one per instrument, has one) holding its advice table (advice_tables' row i)."""
+    carries = []
+    for i in range(env_params.num_instruments):
+        inst = jax.tree.map(lambda x: x[i], env_params.inst)
+        carry = acting.single.carry_for_walk(inst, None if records is None else records[i])
+        carries.append(carry.replace(advice=jax.tree.map(lambda x: x[i], tables)))
+    return tuple(carries)

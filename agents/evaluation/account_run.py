@@ -30,7 +30,14 @@ import pandas as pd
 
 from agents.advice.acting import training_acting
 from agents.config import TrainConfig
-from agents.evaluation.advised_walk import LLM_ONLY
+from agents.evaluation.account_advice import (
+    advice_alone_act,
+    advice_tables,
+    advised_act,
+    advised_carry,
+    check_advisor,
+)
+from agents.evaluation.advised_walk import LLM_ONLY, RL_ONLY
 from agents.evaluation.saved_run import (
     EVIDENCE_DIR,
     GATED,
@@ -60,8 +67,10 @@ from jaxenv.market_set import MarketSet
 from jaxenv.metrics import Trace, step_days, trades_table
 
 # What evaluate.py does for one instrument and not yet for an account: one note line says so
-NOT_WALKED = ("ablations but the advice alone (--advisor) and random episodes; equity.png has no trade marks "
-              "(trades.csv lists each instrument's)")
+NOT_WALKED = ("ablations but the policy alone and the advice alone, and random episodes; equity.png has no trade "
+              "marks (trades.csv lists each instrument's)")
+# The ablations an account is walked with: the policy alone (a run with an advisor) and the advice alone
+ACCOUNT_ABLATIONS = (RL_ONLY, LLM_ONLY)
 # An instrument column's value on a step the gate kept on paper (gated_account_walk): no position, trade, P&L or cost
 PAPER = {"position": 0, "entry_side": 0, "exit_reason": NO_EXIT, "trade_pnl": 0.0, "instrument_pnl": 0.0,
          "instrument_commission": 0.0}
@@ -74,8 +83,10 @@ class AccountRun:
     cfg: TrainConfig
     saved: SavedPolicy
     setup: EnvSetup  # the run's env setup: AccountEnv, params, MarketSet, baselines
-    act: Callable  # act((params, obs_norm), obs, state, params, key) -> actions [I]
+    act: Callable  # the policy alone: act((params, obs_norm), obs, state, params, key) -> actions [I]
     sampled: bool
+    acting: Any = None  # a run with an advisor: how it acts with advice (agents.advice.account_acting.AccountActing)
+    advised: Callable | None = None  # ... and the act of its walks (agents.evaluation.account_advice.advised_act)
 
 
 def is_account_run(run_dir: str | Path) -> bool:
@@ -94,11 +105,16 @@ def load_account_run(run_dir: str | Path, checkpoint: str = "best", sample: bool
         cfg = dataclasses.replace(cfg, data=account_data(cfg.data, data))
     saved = restore_policy(run_dir, checkpoint, cfg, account=True)
     setup = make_env_setup(cfg.env_name, cfg.env, cfg.data, cfg.checkpoint.eval_episodes)
-    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, training_acting(cfg.hybrid, cfg.llm, setup.env),
-                     num_envs=cfg.num_envs, num_updates=cfg.num_updates)
+    acting = training_acting(cfg.hybrid, cfg.llm, setup.env)
+    ppo = make_train(cfg.ppo, cfg.network, setup.env, setup.params, acting, num_envs=cfg.num_envs,
+                     num_updates=cfg.num_updates)
     check_fits(saved, ppo.network, ppo.obs_dim, ppo.num_actions, AccountHeads(setup.env).example_obs())
     act = setup.agent_act(ppo, normalize_obs=cfg.ppo.normalize_obs, greedy=not sample)
-    return AccountRun(cfg, saved, setup, act, sampled=sample)
+    advised = None
+    if acting is not None:  # the walks act as it trained: greedy over the fused distribution unless --sample
+        acting = acting.walking(greedy=not sample)
+        advised = advised_act(acting, ppo.network, cfg.ppo.normalize_obs)
+    return AccountRun(cfg, saved, setup, act, sampled=sample, acting=acting, advised=advised)
 
 
 def account_data(data: DataConfig, items: list[str]) -> DataConfig:
@@ -119,10 +135,10 @@ def account_data(data: DataConfig, items: list[str]) -> DataConfig:
 
 
 def account_bounds(market_set: MarketSet, split: str) -> tuple[int, int]:
-    """The [start, end) joint bars an account walks: a split of the run's (val | test), or "all": every bar from the
-    first decision bar to the end, as saved_run.walk_bounds for one instrument."""
-    if split not in ("val", "test", "all"):
-        raise ValueError(f"split {split!r}: use val, test or all")
+    """The [start, end) joint bars an account walks: a split of the run's (train | val | test), or "all": every bar from
+    the first decision bar to the end, as saved_run.walk_bounds for one instrument."""
+    if split not in ("train", "val", "test", "all"):
+        raise ValueError(f"split {split!r}: use train, val, test or all")
     # the set's markets share its timeline, splits and warm-up: the first one clamps as each instrument's walk does
     return market_set.markets[0].split_range((0, market_set.num_bars) if split == "all" else split)
 
@@ -137,24 +153,31 @@ def evaluate_account_run(run: AccountRun, split: str, seeds: int = 1, advisor: s
     env, market_set = run.setup.env, run.setup.market_set
     start, end = account_bounds(market_set, split)
     record = run_record(run)
-    policies = {"agent": (run.act, (run.saved.params, run.saved.obs_norm), run.sampled),
-                **{name: (act, (), name == "random_valid") for name, act in run.setup.baselines.items()}}
+    h = run.cfg.hybrid
+    policy = (run.saved.params, run.saved.obs_norm)
+    # name: (act, its policy state, whether the key changes its walk, its carry)
+    policies = {"agent": (run.act, policy, run.sampled, None),
+                **{name: (act, (), name == "random_valid", None) for name, act in run.setup.baselines.items()}}
+    if run.advised is not None:  # the agent with its own advisor's advice; the policy alone as the rl_only ablation
+        tables = advice_tables(h, run.cfg.llm, run.cfg.env, run.cfg.data, market_set, start, end, progress)
+        carry = advised_carry(run.acting, run.setup.params, tables, run.saved.advice_record)
+        policies = {"agent": (run.advised, policy, run.sampled, carry), RL_ONLY: policies["agent"],
+                    **{k: v for k, v in policies.items() if k != "agent"}}
+        if advisor is None:  # its advice alone comes with it
+            policies[LLM_ONLY] = (advice_alone_act(env, h.query), tables, False, None)
     if advisor is not None:
-        from agents.evaluation.account_advice import advice_alone_act, advice_tables, check_advisor
-
         check_advisor(run.cfg, advisor)
-        h = run.cfg.hybrid
         tables = advice_tables(h, advisor, run.cfg.env, run.cfg.data, market_set, start, end, progress)
-        policies[LLM_ONLY] = (advice_alone_act(env, h.query), tables, False)
+        policies[LLM_ONLY] = (advice_alone_act(env, h.query), tables, False, None)
     walks: dict[str, list[dict]] = {}
     first: dict[str, dict] = {}
     gates: list[dict] = []
     trace = None
     for seed in range(seeds):
-        for name, (act, policy_state, stochastic) in policies.items():
+        for name, (act, policy_state, stochastic, carry) in policies.items():
             if seed and not stochastic:
                 continue
-            walked = walk_account(env, market_set, (start, end), act, jax.random.PRNGKey(seed), policy_state)
+            walked = walk_account(env, market_set, (start, end), act, jax.random.PRNGKey(seed), policy_state, carry)
             figures = account_figures(walked, market_set, env)
             if name == "agent":
                 trace = walked if trace is None else trace
@@ -181,8 +204,9 @@ def evaluate_account_run(run: AccountRun, split: str, seeds: int = 1, advisor: s
         "agent": summarize_walks(walks["agent"]),
         "gated": summarize_walks(walks[GATED]),
         "gate": gates,
-        "ablations": {k: summarize_walks(v) for k, v in walks.items() if k == LLM_ONLY},
-        "baselines": {**{k: summarize_walks(v) for k, v in walks.items() if k not in ("agent", GATED, LLM_ONLY)},
+        "ablations": {k: summarize_walks(v) for k, v in walks.items() if k in ACCOUNT_ABLATIONS},
+        "baselines": {**{k: summarize_walks(v) for k, v in walks.items()
+                         if k not in ("agent", GATED, *ACCOUNT_ABLATIONS)},
                       "buy_and_hold": held},
         "account": {"net_pnl": agent["net_pnl"], "flat": first["flat"]["net_pnl"], "buy_and_hold": agent["held_pnl"],
                     "trades": agent["trades"], "instruments": agent["instruments"]},
@@ -301,3 +325,39 @@ def account_views(run: AccountRun, trace: Trace) -> tuple[Trace, Trace]:
 __all__ = ["NOT_WALKED", "AccountRun", "account_bounds", "account_data",
            "account_out_of_sample", "account_trades", "account_views", "evaluate_account_run", "gated_account_walk",
            "is_account_run", "load_account_run"]
+
+
+class AdvisedAccountWalks:
+    """Validation's walks of an account trained with advice (agents.training.validation.AgentEvaluator): the agent as
+    it acts in training (advised_act, from the training state's advice records), or an ablation: the policy alone
+    (RL_ONLY) or the advice alone (LLM_ONLY). Each split's advice is asked once (advice_tables) and kept: an account's
+    advisors do not learn, so their answers do not change during a run."""
+
+    def __init__(self, ppo: Any, setup: EnvSetup, cfg_hybrid: Any, llm: str, env_cfg: Any, data: DataConfig, *,
+                 normalize_obs: bool, greedy: bool, progress: bool):
+        self.setup, self.hybrid, self.llm, self.env_cfg, self.data = setup, cfg_hybrid, llm, env_cfg, data
+        self.progress = progress
+        self.acting = training_acting(cfg_hybrid, llm, setup.env).walking(greedy)
+        self.advised = advised_act(self.acting, ppo.network, normalize_obs)
+        self.alone = setup.agent_act(ppo, normalize_obs=normalize_obs, greedy=greedy)
+        self.advice_alone = advice_alone_act(setup.env, cfg_hybrid.query)
+        self.tables: dict[str, Any] = {}
+
+    def __call__(self, state: Any, split: str, key: jax.Array, ablation: str | None = None) -> dict:
+        env, market_set = self.setup.env, self.setup.market_set
+        if split not in self.tables:
+            start, end = account_bounds(market_set, split)
+            self.tables[split] = advice_tables(self.hybrid, self.llm, self.env_cfg, self.data, market_set, start, end,
+                                               self.progress)
+        tables = self.tables[split]
+        policy = (state.params, state.obs_norm)
+        if ablation == RL_ONLY:
+            walked = walk_account(env, market_set, split, self.alone, key, policy)
+        elif ablation == LLM_ONLY:
+            walked = walk_account(env, market_set, split, self.advice_alone, key, tables)
+        else:
+            records = [carry.record for carry in state.hybrid] if state.hybrid is not None else None
+            carry = advised_carry(self.acting, self.setup.params, tables, records)
+            walked = walk_account(env, market_set, split, self.advised, key, policy, carry)
+        result = account_figures(walked, market_set, env)
+        return {"score": result["net_pnl"], **result}

@@ -48,10 +48,12 @@ def chunk_lengths(steps: int, k: int) -> list[int]:
     return [k] * (steps // k) + ([steps % k] if steps % k else [])
 
 
-LLM_ONLY = "llm_only"  # the advice alone: the ablation an account walks too (agents.evaluation.account_advice)
+# the ablations an account walks too (agents.evaluation.account_run)
+RL_ONLY = "rl_only"  # the policy alone
+LLM_ONLY = "llm_only"  # the advice alone
 # name -> the acting changes of that ablation (fusion None = the run's own fusion)
 ABLATIONS: dict[str, dict] = {
-    "rl_only": {"fusion": "none", "veto": False},  # the policy alone: no advice, no veto
+    RL_ONLY: {"fusion": "none", "veto": False},  # the policy alone: no advice, no veto
     LLM_ONLY: {"fusion": "advice_only", "veto": False},  # the advice alone; HOLD where there is none
     "fused_no_veto": {"fusion": None, "veto": False},
     "fused_veto": {"fusion": None, "veto": True},

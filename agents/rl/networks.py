@@ -103,6 +103,8 @@ class AccountActorCritic(nn.Module):
     actor_hidden: Sequence[int] = (256, 256)
     critic_hidden: Sequence[int] = (256, 256)
     activation: str = "tanh"
+    gate: nn.Module | None = None  # as ActorCritic's: one trust gate, shared by every head
+    gate_features: int = 0
 
     def setup(self):
         self.actor = MLP(self.actor_hidden, self.num_actions, self.activation, out_scale=0.01)
@@ -114,7 +116,13 @@ class AccountActorCritic(nn.Module):
 
     def __call__(self, obs) -> tuple[jax.Array, jax.Array]:
         """obs: AccountObs (normalised), leaves [..., I, F] and [..., 5] → (logits [..., I, A], value [...])."""
+        if self.gate is not None and self.is_initializing():
+            self.gate(jnp.zeros((1, self.gate_features)))
         return self.logits(obs), self.value(obs)
+
+    def trust(self, features: jax.Array) -> jax.Array:
+        """Fusion features [..., F] → trust gate g [...] in (0, 1)."""
+        return self.gate(features)
 
     def logits(self, obs) -> jax.Array:
         rows = obs.instruments
@@ -126,9 +134,12 @@ class AccountActorCritic(nn.Module):
         return self.critic(jnp.concatenate([rows, self._account(obs, rows)], axis=-1))[..., 0]
 
 
-def make_account_network(cfg: NetworkConfig, num_actions: int) -> AccountActorCritic:
-    """The multi-instrument actor-critic (one head of `num_actions` per instrument) of `cfg`'s sizes."""
-    return AccountActorCritic(num_actions, tuple(cfg.actor_hidden), tuple(cfg.critic_hidden), cfg.activation)
+def make_account_network(cfg: NetworkConfig, num_actions: int, gate: nn.Module | None = None,
+                         gate_features: int = 0) -> AccountActorCritic:
+    """The multi-instrument actor-critic (one head of `num_actions` per instrument) of `cfg`'s sizes; `gate` as
+    make_network's."""
+    return AccountActorCritic(num_actions, tuple(cfg.actor_hidden), tuple(cfg.critic_hidden), cfg.activation, gate,
+                              gate_features)
 
 
 def masked_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:

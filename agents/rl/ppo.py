@@ -158,19 +158,15 @@ def make_train(ppo: PPOConfig, network: NetworkConfig, env, env_params, acting=N
     mask agents.rl.freeze.with_trainable sets); 0: none.
 
     An account env (several instruments in one account) trains one head per instrument (the module's docstring);
-    `acting` must then be None."""
+    its `acting` is then agents.advice.account_acting.AccountActing, or None."""
     p = ppo
     n_envs = num_envs
     num_actions = env.num_actions
     heads = AccountHeads(env) if is_account_env(env) else None  # None: one head, the single-instrument path
-    if heads is not None and acting is not None:
-        raise ValueError("make_train: hybrid acting (LLM advice) is not supported yet for an account env "
-                         f"({type(env).__name__}, several instruments in one account); train it with acting=None "
-                         "(--llm none)")
-    if heads is not None:
-        network = make_account_network(network, num_actions)
-    else:
-        network = make_network(network, num_actions, *(acting.trust_gate() if acting else (None, 0)))  # config → module
+    gate = acting.trust_gate() if acting else (None, 0)
+    # config → module
+    network = make_network(network, num_actions, *gate) if heads is None else make_account_network(
+        network, num_actions, *gate)
     logits_of, value_of = type(network).logits, type(network).value
     get_mask = action_mask_fn(env)
 
@@ -236,17 +232,17 @@ def make_train(ppo: PPOConfig, network: NetworkConfig, env, env_params, acting=N
         key, k_act, k_env = jax.random.split(rs.key, 3)
         logits, value = network.apply(rs.params, normalize(rs.obs_norm, rs.obs))
         hybrid, extras, mask = rs.hybrid, None, rs.mask
-        if heads is not None:  # head by head under the sequential masks, which the transition keeps
-            action, mask, log_prob = heads.sample(logits, rs.env_state, env_params, k_act)
-            learn_action = action
-        elif acting is None:
-            logits = masked_logits(logits, rs.mask)
-            action = learn_action = jax.random.categorical(k_act, logits)
-            log_prob, _ = log_probs_and_entropy(logits, action)
-        else:
+        if acting is not None:  # an account's acting goes head by head under the sequential masks too
             action, learn_action, log_prob, mask, extras, hybrid = acting.act(
                 network, rs.params, rs.hybrid, logits, rs.mask, rs.obs, rs.env_state, env_params, k_act
             )
+        elif heads is not None:  # head by head under the sequential masks, which the transition keeps
+            action, mask, log_prob = heads.sample(logits, rs.env_state, env_params, k_act)
+            learn_action = action
+        else:
+            logits = masked_logits(logits, rs.mask)
+            action = learn_action = jax.random.categorical(k_act, logits)
+            log_prob, _ = log_probs_and_entropy(logits, action)
 
         obs, env_state, reward, terminated, truncated, info = v_step(
             jax.random.split(k_env, n_envs), rs.env_state, action, env_params
@@ -303,14 +299,14 @@ def make_train(ppo: PPOConfig, network: NetworkConfig, env, env_params, acting=N
 
     def _loss(params, obs_norm, mb: Batch):
         logits, value = network.apply(params, normalize(obs_norm, mb.obs))
-        if heads is not None:
+        if acting is not None:
+            log_prob, entropy, pg_weight = acting.log_prob_entropy(network, params, logits, mb.mask, mb.extras, mb.action)
+        elif heads is not None:
             log_prob, entropy = heads.log_prob_entropy(logits, mb.mask, mb.action)
             pg_weight = 1.0
-        elif acting is None:
+        else:
             log_prob, entropy = log_probs_and_entropy(masked_logits(logits, mb.mask), mb.action)
             pg_weight = 1.0
-        else:
-            log_prob, entropy, pg_weight = acting.log_prob_entropy(network, params, logits, mb.mask, mb.extras, mb.action)
         log_ratio = log_prob - mb.log_prob
         ratio = jnp.exp(log_ratio)
         adv, ret = mb.advantage, mb.target

@@ -42,7 +42,9 @@ class SavedPolicy:
     step: int  # the update the checkpoint was taken after
     params: Any  # flax variables {"params": {...}}
     obs_norm: RunningMeanStd  # a run on several instruments: an AccountObs of normalisers (agents.rl.account)
-    advice_record: Any = None  # hybrid.query.bind_on=record: the advice's track record at the checkpoint (as dicts)
+    # hybrid.query.bind_on=record: the advice's track record at the checkpoint (as dicts; an account's: a list, one
+    # per instrument)
+    advice_record: Any = None
 
     @property
     def label(self) -> str:
@@ -140,11 +142,13 @@ def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | 
     else:
         obs_norm = norm(state["obs_norm"])
     hybrid = state.get("hybrid")
-    record = hybrid.get("record") if isinstance(hybrid, dict) else None
-    if isinstance(record, dict) and "evidence" not in record:
+    carries = hybrid if isinstance(hybrid, list) else [hybrid]  # an account's: one per instrument
+    records = [carry.get("record") if isinstance(carry, dict) else None for carry in carries]
+    if any(isinstance(record, dict) and "evidence" not in record for record in records):
         print(f"note: {run_dir} checkpoint {kind}/{step} holds an advice record of an earlier test (before the betting "
               "e-process over sessions): its walks start from an empty record", file=sys.stderr)
-        record = None
+        records = [None] * len(records)
+    record = records if isinstance(hybrid, list) else records[0]
     return SavedPolicy(run_dir, cfg, kind, step, state["params"], obs_norm, record)
 
 

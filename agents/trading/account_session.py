@@ -93,7 +93,8 @@ class AccountSession:
         if not cfg.data.instruments:
             raise ConfigError(f"--data: {run_dir} trades one instrument; give its file as --data PATH")
         if cfg.llm != "none":
-            raise ConfigError(f"{run_dir}: advice for several instruments is not built yet")
+            raise ConfigError(f"{run_dir}: trading an account with its advisor (llm: {cfg.llm}) is not built yet; "
+                              "scripts/evaluate.py walks it with its advice")
         contracts = [item.contract for item in resolve_instruments(cfg.data.instruments)]
         paths = [item.source for item in account_data(cfg.data, items).instruments]  # one line where they do not fit
         for path in paths:

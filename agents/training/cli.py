@@ -26,7 +26,7 @@ from agents.config import (
     config_overrides,
     flag_name,
     load_config,
-    refuse_set_advice,
+    refuse_set_learning,
     to_dict,
 )
 from jaxenv.config import EnvConfig
@@ -96,7 +96,7 @@ def start(args: argparse.Namespace):
         cfg = load_config(args.config, overrides)
     except ConfigError as error:  # the data is checked too, so that one run names every input error
         raise ConfigError(*error.errors, *data_errors(args.config, overrides)) from None
-    refuse_set_advice(cfg)
+    refuse_set_learning(cfg)
     import jax
 
     if jax.process_count() > 1 and not args.run_dir:

@@ -26,14 +26,14 @@ from tqdm import tqdm
 
 from agents.advice.acting import training_acting
 from agents.advisor.later_sessions import LATER_SESSIONS_PLOT, plot_later_sessions
-from agents.advisor.query_loop import QueryLoop
+from agents.advisor.query_loop import InstrumentQueryLoops, QueryLoop
 from agents.config import (
     RUN_CONFIG_FILE,
     CheckpointConfig,
     TrainConfig,
     TransferConfig,
     load_config,
-    refuse_set_advice,
+    refuse_set_learning,
     save_config,
     to_dict,
 )
@@ -162,8 +162,12 @@ def _train(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: int
         if run.acting is not None:  # chunks with LLM query steps between them; compiled on first use
             # A resumed run's advisor continues from the adapter it had learned by its checkpoint.
             adapter = checkpoint_adapter(cfg.hybrid, run_dir, run.start) if resume else None
-            query_loop = QueryLoop(cfg.hybrid, cfg.llm, cfg.env, cfg.data, run.setup.market, run_dir, adapter=adapter,
-                                   seed=cfg.seed, num_steps=cfg.ppo.num_steps)
+            if run.setup.market_set is None:
+                query_loop = QueryLoop(cfg.hybrid, cfg.llm, cfg.env, cfg.data, run.setup.market, run_dir,
+                                       adapter=adapter, seed=cfg.seed, num_steps=cfg.ppo.num_steps)
+            else:  # an account: one advisor per instrument
+                query_loop = InstrumentQueryLoops(cfg.hybrid, cfg.llm, cfg.env, cfg.data, run.setup.market_set,
+                                                  run_dir, seed=cfg.seed, num_steps=cfg.ppo.num_steps)
             save.with_advisor(query_loop)
         # validation walks: the policy alone, or with the advisor (a sidecar of the walks' own, at normal priority)
         evaluator = AgentEvaluator(run.ppo, run.setup, cfg.hybrid, cfg.llm, cfg.env, cfg.data, save.adapter,
@@ -236,7 +240,7 @@ def _set_up(cfg: TrainConfig | None, run_dir: Path, resume: bool, stop_after: in
     for a resumed run: its folder's) and hands each part the sections it reads."""
     cfg = _run_config(run_dir, resume, devices) or cfg  # a resumed run's, or the new run's as given
     assert cfg is not None
-    refuse_set_advice(cfg)
+    refuse_set_learning(cfg)
     # num_envs must split over the devices: before anything is written
     mesh = make_mesh(cfg.num_envs, cfg.devices) if mesh is None else mesh
     barrier("jaxfutures-run-checked")  # every process has looked at the folder before process 0 writes to it

@@ -11,7 +11,7 @@ from typing import Callable
 import jax
 
 from agents.config import HybridConfig
-from agents.evaluation.advised_walk import ABLATIONS, AdvisedWalker, advised_summary, run_ablations
+from agents.evaluation.advised_walk import ABLATIONS, RL_ONLY, AdvisedWalker, advised_summary, run_ablations
 from agents.evaluation.policies import Evaluator
 from agents.rl.ppo import PPO, RunnerState
 from agents.training.env_setup import EnvSetup
@@ -41,14 +41,23 @@ class AgentEvaluator:
         self.walker = None if setup.market is None else AdvisedWalker(
             hybrid, llm, data, ppo, setup.env, setup.market, log_dir=log_dir, progress=progress,
             normalize_obs=normalize_obs, greedy=greedy)
+        self.account = None  # an account with an advisor: its walks with advice, and its two ablations
+        if setup.market_set is not None and llm != "none":
+            from agents.evaluation.account_run import ACCOUNT_ABLATIONS, AdvisedAccountWalks
+
+            self.ablations = {k: v for k, v in self.ablations.items() if k in ACCOUNT_ABLATIONS}
+            self.account = AdvisedAccountWalks(ppo, setup, hybrid, llm, env, data, normalize_obs=normalize_obs,
+                                               greedy=greedy, progress=progress)
 
     def splits(self) -> dict[str, Evaluator]:
         return {k: v for k, v in (("val", self.setup.evaluate), ("test", self.setup.evaluate_test)) if v is not None}
 
     def __call__(self, state: RunnerState, split: str, key: jax.Array, ablation: str | None = None) -> dict:
-        if self.walker is None:  # a gymnax env without bars to walk, or an account's walk (its env setup's)
+        if self.account is not None:  # an account with its advisor: advised, or one ablation
+            return self.account(state, split, key, ablation if ablation else None if self.advised else RL_ONLY)
+        if self.walker is None:  # a gymnax env without bars to walk, or an account's walk alone (its env setup's)
             return self.splits()[split](self.act, (state.params, state.obs_norm), key)
-        changes = dict(self.ablations[ablation]) if ablation else {} if self.advised else dict(ABLATIONS["rl_only"])
+        changes = dict(self.ablations[ablation]) if ablation else {} if self.advised else dict(ABLATIONS[RL_ONLY])
         if self.adapter_for is not None and "adapter" not in changes:
             changes["adapter"] = self.adapter_for(int(state.update))
         record = state.hybrid.record if state.hybrid is not None else None  # the advice's record so far
