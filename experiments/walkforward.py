@@ -183,28 +183,21 @@ def score_account_run(run_dir: Path, advisor: str | None = None) -> dict[str, An
     (agents.evaluation.account_advice; `advice_alone_of` names it)."""
     import jax
 
-    from agents.evaluation.account_run import account_bounds, load_account_run
+    from agents.evaluation.account_run import account_bounds, agent_policy, load_account_run
     from jaxenv.account_evaluate import account_figures, walk_account
 
-    from agents.evaluation.account_advice import advice_alone_act, advice_tables, advised_carry
+    from agents.evaluation.account_advice import advice_alone_act, advice_tables
 
     run = load_account_run(run_dir, "best")
     env, market_set, h = run.setup.env, run.setup.market_set, run.cfg.hybrid
-    policy = (run.saved.params, run.saved.obs_norm)
-
-    def tables(llm: str, split: str):
-        return advice_tables(h, llm, run.cfg.env, run.cfg.data, market_set, *account_bounds(market_set, split),
-                             progress=False)
-
-    # name: (act, its policy state, the window, the act's carry)
-    walks = {split: (run.act, policy, split, None) for split in ("test", "train")}
-    if run.advised is not None:  # a run with an advisor acts with its advice, as it trained
-        walks = {split: (run.advised, policy, split, advised_carry(run.acting, run.setup.params,
-                                                                   tables(run.cfg.llm, split),
-                                                                   run.saved.advice_record))
-                 for split in ("test", "train")}
+    walks = {}  # name: (act, its policy state, the window, the act's carry); a run with an advisor acts with it
+    for split in ("test", "train"):
+        act, policy, carry, _ = agent_policy(run, account_bounds(market_set, split), progress=False)
+        walks[split] = (act, policy, split, carry)
     if advisor:
-        walks["advice_alone"] = (advice_alone_act(env, h.query), tables(advisor, "test"), "test", None)
+        tables = advice_tables(h, advisor, run.cfg.env, run.cfg.data, market_set, *account_bounds(market_set, "test"),
+                               progress=False)
+        walks["advice_alone"] = (advice_alone_act(env, h.query), tables, "test", None)
     walked = {name: account_figures(walk_account(env, market_set, split, act, jax.random.PRNGKey(0), policy_state,
                                                  carry), market_set, env)
               for name, (act, policy_state, split, carry) in walks.items()}

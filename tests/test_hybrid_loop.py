@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from agents.advice.acting import make_acting
 from agents.advice.table import STATUS_ASKED
@@ -71,6 +72,7 @@ def test_strict_mode_with_mock_advisor_is_reproducible(tmp_path):
     assert shm_segments() == before  # the sidecar's segments are gone after training
 
 
+@pytest.mark.slow  # (the suite's time: tests/test_advisor_workers.py and test_faults.py train the mock in a sidecar)
 def test_the_mock_trains_the_same_from_fields_in_process_as_from_text_in_its_sidecar(tmp_path):
     (tmp_path / "loop").mkdir()
     with hybrid_loop(["hybrid.link.log_llm=4"], tmp_path / "loop") as (loop, update, state):  # the default: no process, no memory

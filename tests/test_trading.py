@@ -188,7 +188,8 @@ def assert_same_outputs(resumed: Path, whole: Path) -> None:
     assert without_latency(summaries[1:]) == without_latency(summaries[:1])
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+# the advised run's kill and resume: slow (its resume at a block's close is a default test below)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "mock" else n for n in RUNS])
 def test_a_replay_killed_at_a_random_bar_and_resumed_writes_the_same_outputs(runs, replays, name, tmp_path):
     run = runs[name]
     killed = tmp_path / "killed"
@@ -226,6 +227,7 @@ def stop_at_call(monkeypatch, target, name: str, call: int, after: bool = False)
     monkeypatch.setattr(target, name, stopping)
 
 
+@pytest.mark.slow  # (the suite's time: one stop and resume is a default test above)
 def test_two_stops_between_a_bars_two_writes_and_two_resumes_write_the_same_outputs(runs, replays, tmp_path,
                                                                                      monkeypatch):
     """A stop after a bar's record is appended to bars.bin and before its state replaces the last one, twice: each
@@ -438,6 +440,7 @@ def test_a_state_of_another_format_is_refused_with_one_line_and_left_as_it_was(r
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
+@pytest.mark.slow  # (the suite's time)
 def test_a_resume_exactly_at_capacity_keeps_every_key_of_the_grown_table(runs, tmp_path):
     """A state saved when the book is full (n = capacity) resumes on arrays twice the size: the advice table grows with
     them, so keys past the old size are written and read, and decisions equal an uninterrupted agent's."""

@@ -106,6 +106,7 @@ def test_an_account_trains_with_each_instruments_advice_and_evaluates_as_it_acte
     saved = restore_policy(run_dir, "best", account=True)
     assert len(saved.advice_record) == 2 and all("evidence" in record for record in saved.advice_record)
 
+    from agents.evaluation.account_run import account_out_of_sample
     from agents.evaluation.cli import main as evaluate_main
 
     out = tmp_path / "eval"  # the agent walked with its advisors' advice, as it trained; the policy alone beside it
@@ -113,6 +114,9 @@ def test_an_account_trains_with_each_instruments_advice_and_evaluates_as_it_acte
     numbers = json.loads((out / "evaluation.json").read_text())
     assert numbers["agent"]["net_pnl"] == pytest.approx(summary["account"]["test"]["net_pnl"], abs=0.01)
     assert set(numbers["ablations"]) == {"rl_only", "llm_only"}
+    # the gate's evidence starts from the agent's own test sessions, walked with its advice
+    record = account_out_of_sample(run_dir, "best")
+    assert sum(record.pnl) == pytest.approx(numbers["agent"]["net_pnl"], abs=0.05)
     capsys.readouterr()
     trade = ["--run-dir", str(run_dir), "--data", f"NQ={pair['NQ']}", "--data", f"ES={pair['ES']}"]
     from agents.trading.cli import main as trade_main

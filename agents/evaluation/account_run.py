@@ -117,6 +117,19 @@ def load_account_run(run_dir: str | Path, checkpoint: str = "best", sample: bool
     return AccountRun(cfg, saved, setup, act, sampled=sample, acting=acting, advised=advised)
 
 
+def agent_policy(run: AccountRun, bounds: tuple[int, int], progress: bool = True) -> tuple:
+    """(act, its policy state, its carry, the advice tables) of the run's agent walking joint bars `bounds`: a run
+    with an advisor acts with its advice (its advisors first asked every key the walk reads that their stores lack:
+    advice_tables), its record starting from the checkpoint's; a run without one, the policy alone (carry and tables
+    None)."""
+    policy = (run.saved.params, run.saved.obs_norm)
+    if run.advised is None:
+        return run.act, policy, None, None
+    tables = advice_tables(run.cfg.hybrid, run.cfg.llm, run.cfg.env, run.cfg.data, run.setup.market_set, *bounds,
+                           progress)
+    return run.advised, policy, advised_carry(run.acting, run.setup.params, tables, run.saved.advice_record), tables
+
+
 def account_data(data: DataConfig, items: list[str]) -> DataConfig:
     """The run's data config with each instrument's source replaced by the file of `items` (SYMBOL=PATH, one per
     instrument, in the run's order; symbols match whatever their case); its contracts and other keys kept. A
@@ -154,17 +167,14 @@ def evaluate_account_run(run: AccountRun, split: str, seeds: int = 1, advisor: s
     start, end = account_bounds(market_set, split)
     record = run_record(run)
     h = run.cfg.hybrid
-    policy = (run.saved.params, run.saved.obs_norm)
+    act, policy, carry, tables = agent_policy(run, (start, end), progress)
     # name: (act, its policy state, whether the key changes its walk, its carry)
-    policies = {"agent": (run.act, policy, run.sampled, None),
-                **{name: (act, (), name == "random_valid", None) for name, act in run.setup.baselines.items()}}
-    if run.advised is not None:  # the agent with its own advisor's advice; the policy alone as the rl_only ablation
-        tables = advice_tables(h, run.cfg.llm, run.cfg.env, run.cfg.data, market_set, start, end, progress)
-        carry = advised_carry(run.acting, run.setup.params, tables, run.saved.advice_record)
-        policies = {"agent": (run.advised, policy, run.sampled, carry), RL_ONLY: policies["agent"],
-                    **{k: v for k, v in policies.items() if k != "agent"}}
-        if advisor is None:  # its advice alone comes with it
+    policies = {"agent": (act, policy, run.sampled, carry)}
+    if run.advised is not None:  # the policy alone as the rl_only ablation; its advice alone comes with it
+        policies[RL_ONLY] = (run.act, policy, run.sampled, None)
+        if advisor is None:
             policies[LLM_ONLY] = (advice_alone_act(env, h.query), tables, False, None)
+    policies.update({name: (act, (), name == "random_valid", None) for name, act in run.setup.baselines.items()})
     if advisor is not None:
         check_advisor(run.cfg, advisor)
         tables = advice_tables(h, advisor, run.cfg.env, run.cfg.data, market_set, start, end, progress)
@@ -240,9 +250,9 @@ def account_record(run: AccountRun) -> OutOfSample:
         saved = OutOfSample.load(path)
         if saved.buy_and_hold is not None and saved.held is not None:
             return dataclasses.replace(saved, in_sample_end=end)
-    params = (run.saved.params, run.saved.obs_norm)
-    trace = walk_account(run.setup.env, market_set, account_bounds(market_set, "test"), run.act,
-                         jax.random.PRNGKey(0), params)
+    bounds = account_bounds(market_set, "test")
+    act, policy, carry, _ = agent_policy(run, bounds, progress=False)  # the agent as evaluate.py walks it
+    trace = walk_account(run.setup.env, market_set, bounds, act, jax.random.PRNGKey(0), policy, carry)
     sessions = account_figures(trace, market_set, run.setup.env)["sessions"]
     source = f"test split of the account {' + '.join(market_set.symbols)}"  # train.py's account_lines' words
     record = OutOfSample(sessions["days"], sessions["pnl"], source, end, buy_and_hold=sessions["held"],

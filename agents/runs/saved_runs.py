@@ -142,6 +142,9 @@ def restore_policy(run_dir: str | Path, which: str = "best", cfg: TrainConfig | 
     else:
         obs_norm = norm(state["obs_norm"])
     hybrid = state.get("hybrid")
+    if isinstance(hybrid, dict) and "0" in hybrid:  # an account's carries saved as a mapping by index
+        hybrid = [hybrid[str(i)] for i in range(len(hybrid))]
+    hybrid = list(hybrid) if isinstance(hybrid, tuple) else hybrid
     carries = hybrid if isinstance(hybrid, list) else [hybrid]  # an account's: one per instrument
     records = [carry.get("record") if isinstance(carry, dict) else None for carry in carries]
     if any(isinstance(record, dict) and "evidence" not in record for record in records):
