@@ -23,12 +23,14 @@ import jax
 import jax.numpy as jnp
 from tqdm import tqdm
 
+from agents.advice.account_acting import instrument
 from agents.advice.table import AdviceTable, view, walk_keys
-from agents.rl.normalization import normalize_obs as normalized_obs
 from agents.advisor.advisor import ask_every
 from agents.advisor.instrument_set import each_advisor
 from agents.advisor.sidecar import at_full_rate
 from agents.config import ConfigError, HybridConfig, QueryConfig, TrainConfig, validate
+from agents.rl.account import AccountHeads
+from agents.rl.normalization import normalize_obs as normalized_obs
 from bridge.protocol import HOLD, NUM_ACTIONS
 from jaxenv.config import DataConfig, EnvConfig
 
@@ -83,12 +85,12 @@ def advised_act(acting, network, normalize_obs: bool):
     counts what has settled, as a training rollout's start does."""
     logits_of = type(network).logits
     interval = acting.single.query.interval
+    as_obs = AccountHeads(acting.env).as_obs
 
     def act(policy_state, carry, obs, state, params, key):
         net_params, obs_norm = policy_state
         one = lambda tree: jax.tree.map(lambda x: x[None], tree)  # noqa: E731
-        obs1 = one(obs.replace(instruments=obs.instruments.astype(jnp.float32),
-                               account=obs.account.astype(jnp.float32)))
+        obs1 = one(as_obs(obs))
         state1 = one(state)
         logits = network.apply(net_params, normalized_obs(obs_norm, obs1) if normalize_obs else obs1,
                                method=logits_of)
@@ -104,7 +106,6 @@ def advised_carry(acting, env_params, tables: AdviceTable, records=None) -> tupl
     record where `records`, one per instrument, has one) holding its advice table (advice_tables' row i)."""
     carries = []
     for i in range(env_params.num_instruments):
-        inst = jax.tree.map(lambda x: x[i], env_params.inst)
-        carry = acting.single.carry_for_walk(inst, None if records is None else records[i])
-        carries.append(carry.replace(advice=jax.tree.map(lambda x: x[i], tables)))
+        carry = acting.single.carry_for_walk(instrument(env_params.inst, i), None if records is None else records[i])
+        carries.append(carry.replace(advice=instrument(tables, i)))
     return tuple(carries)

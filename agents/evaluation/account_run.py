@@ -332,11 +332,6 @@ def account_views(run: AccountRun, trace: Trace) -> tuple[Trace, Trace]:
     return account, {"t": account["t"], "pnl": held}
 
 
-__all__ = ["NOT_WALKED", "AccountRun", "account_bounds", "account_data",
-           "account_out_of_sample", "account_trades", "account_views", "evaluate_account_run", "gated_account_walk",
-           "is_account_run", "load_account_run"]
-
-
 class AdvisedAccountWalks:
     """Validation's walks of an account trained with advice (agents.training.validation.AgentEvaluator): the agent as
     it acts in training (advised_act, from the training state's advice records), or an ablation: the policy alone
@@ -353,21 +348,30 @@ class AdvisedAccountWalks:
         self.advice_alone = advice_alone_act(setup.env, cfg_hybrid.query)
         self.tables: dict[str, Any] = {}
 
+    def _tables(self, split: str):
+        """The split's advice, asked at its first walk that reads it (the policy alone asks nothing)."""
+        if split not in self.tables:
+            start, end = account_bounds(self.setup.market_set, split)
+            self.tables[split] = advice_tables(self.hybrid, self.llm, self.env_cfg, self.data, self.setup.market_set,
+                                               start, end, self.progress)
+        return self.tables[split]
+
     def __call__(self, state: Any, split: str, key: jax.Array, ablation: str | None = None) -> dict:
         env, market_set = self.setup.env, self.setup.market_set
-        if split not in self.tables:
-            start, end = account_bounds(market_set, split)
-            self.tables[split] = advice_tables(self.hybrid, self.llm, self.env_cfg, self.data, market_set, start, end,
-                                               self.progress)
-        tables = self.tables[split]
         policy = (state.params, state.obs_norm)
         if ablation == RL_ONLY:
             walked = walk_account(env, market_set, split, self.alone, key, policy)
         elif ablation == LLM_ONLY:
-            walked = walk_account(env, market_set, split, self.advice_alone, key, tables)
+            walked = walk_account(env, market_set, split, self.advice_alone, key, self._tables(split))
         else:
             records = [carry.record for carry in state.hybrid] if state.hybrid is not None else None
-            carry = advised_carry(self.acting, self.setup.params, tables, records)
+            carry = advised_carry(self.acting, self.setup.params, self._tables(split), records)
             walked = walk_account(env, market_set, split, self.advised, key, policy, carry)
         result = account_figures(walked, market_set, env)
         return {"score": result["net_pnl"], **result}
+
+
+__all__ = ["ACCOUNT_ABLATIONS", "NOT_WALKED", "AccountRun", "AdvisedAccountWalks", "account_bounds", "account_data",
+           "account_out_of_sample", "account_trades", "account_views", "agent_policy", "evaluate_account_run", "gated_account_walk",
+           "is_account_run", "load_account_run"]
+
