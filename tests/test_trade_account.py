@@ -1,7 +1,7 @@
 """trade.py on a run of several instruments traded in one account (issue 77): a replay of two files decides as
 evaluate.py walks them (gate off: every P&L and trade; the evidence gate: its sessions, evidence and changes), two
-followed files killed (SIGKILL) and resumed decide as a replay, a late instrument is absent once the wait is over, and
-a wrong set of files is one line."""
+followed files killed (SIGKILL) and resumed decide as a replay, a late instrument is absent once the wait is over, each
+instrument's prompts read the joint timeline as training's advisor did, and a wrong set of files is one line."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -195,3 +196,41 @@ def test_a_wrong_set_of_files_is_one_line(account, tmp_path, items, words):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in done.stderr
+
+
+def test_each_instruments_prompts_read_the_joint_timeline_as_trainings_advisor_did(tmp_path):
+    """At each block's close, the prompt fields of every instrument's keys built from the bars so far (the live
+    JointBook) equal those of the whole files' market set that training's advisor read: carried closes and indicators
+    where an instrument is absent, and nothing of a later bar."""
+    from agents.advice.table import SIDES, key_of
+    from agents.advisor.prompt_fields import PromptFieldBuilder
+    from agents.trading.account_agent import JointBook
+    from agents.trading.advice import JointBookView
+    from agents.trading.bars import FIRST_DECISION_BAR
+    from jaxenv.config import DataConfig, EnvConfig
+    from jaxenv.market_set import load_market_set
+
+    subprocess.run([sys.executable, "scripts/write_market.py", "--preset", "pair", "--days", "2", "--out",
+                    str(tmp_path)], cwd=REPO, check=True, capture_output=True)
+    lines = (tmp_path / "ES.csv").read_text().splitlines(keepends=True)
+    (tmp_path / "ES.csv").write_text("".join(line for j, line in enumerate(lines) if j % 7 != 3))  # ES absent there
+    files = [("NQ", tmp_path / "NQ.csv"), ("ES", tmp_path / "ES.csv")]
+    market_set = load_market_set([(s, str(p)) for s, p in files], DataConfig())
+    symbols, k = list(market_set.symbols), 16
+    batch = [PromptFieldBuilder(m, symbols, 1, k) for m in market_set.markets]
+    book = JointBook(symbols, [m.contract for m in market_set.markets], EnvConfig().prop_firm, 0.0, 0)
+    compared = 0
+    for event in JointFeed([BarFile(p, m.contract.timezone) for (_, p), m in zip(files, market_set.markets)]).events(
+            [0, 0], None, follow=False):
+        if event.kind == "own":
+            book.add_own(event.file, event.bar)
+        elif event.kind == "joint":
+            book.add(event.stamp, list(event.bars))
+            t = book.n - 1
+            if book.started and t >= FIRST_DECISION_BAR and (t + 1) % k == 0:  # the decisions' bars
+                keys = [key_of(t // k, side) for side in range(-1, SIDES - 1)]
+                for i in range(len(symbols)):
+                    live = PromptFieldBuilder(JointBookView(book, i).market(), symbols, 1, k).build(keys)
+                    np.testing.assert_array_equal(live, batch[i].build(keys))
+                    compared += 1
+    assert book.n == market_set.num_bars and (market_set.coverage < 1).any() and compared > 20

@@ -1,12 +1,14 @@
 """train.py on several instruments traded in one account (issue 77): `--data SYMBOL=PATH` once per instrument trains
 one account end to end (summary.json's account and per-symbol figures, the gate on the account's sessions), resumes,
-evaluate.py walks it to train.py's test figures, and what is not built yet is refused in one line."""
+evaluate.py walks it to train.py's test figures (and, for an account trained with advice, trade.py trades it as
+evaluate.py walks it), and what is not built yet is refused in one line."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,7 +91,7 @@ def test_two_files_train_one_account_that_resumes_and_reports_each_instrument(tm
         "the run's order"]
 
 
-def test_an_account_trains_with_each_instruments_advice_and_evaluates_as_it_acted(tmp_path, pair, capsys):
+def test_an_account_trains_with_each_instruments_advice_and_evaluates_and_trades_as_it_acted(tmp_path, pair, capsys):
     run_dir = tmp_path / "runs" / "advised"
     overrides = ["llm=mock", "num_envs=16", "total_steps=1536", "log.tensorboard=false", "log.progress=false",
                  "checkpoint.every_updates=1", "checkpoint.eval_every_updates=1", "env.max_steps_in_episode=400",
@@ -117,14 +119,39 @@ def test_an_account_trains_with_each_instruments_advice_and_evaluates_as_it_acte
     # the gate's evidence starts from the agent's own test sessions, walked with its advice
     record = account_out_of_sample(run_dir, "best")
     assert sum(record.pnl) == pytest.approx(numbers["agent"]["net_pnl"], abs=0.05)
-    capsys.readouterr()
-    trade = ["--run-dir", str(run_dir), "--data", f"NQ={pair['NQ']}", "--data", f"ES={pair['ES']}"]
-    from agents.trading.cli import main as trade_main
 
-    assert trade_main(trade) == 2  # not traded live with its advice yet: one line
-    assert capsys.readouterr().err.strip().splitlines() == [
-        f"error: {run_dir}: trading an account with its advisor (llm: mock) is not built yet; scripts/evaluate.py "
-        "walks it with its advice"]
+    # trade.py on the files' last rows, killed (SIGKILL) after some decisions and resumed, decides as evaluate.py walks
+    # the same files: each instrument asks its own advisor as its blocks close and acts on the answers in force
+    files = {}
+    for symbol, path in pair.items():
+        lines = path.read_text().splitlines(keepends=True)
+        files[symbol] = tmp_path / f"{symbol}-traded.csv"
+        files[symbol].write_text(lines[0] + "".join(lines[-700:]))
+    assert evaluate_main(["--run-dir", str(run_dir), *data_flags(files), "--json", str(tmp_path / "files.json"),
+                          "--out", str(tmp_path / "files"), "--no-progress"]) == 0
+    walked = json.loads((tmp_path / "files.json").read_text())
+    assert walked["agent"]["net_pnl"] != walked["ablations"]["rl_only"]["net_pnl"]  # the advice changes what it does
+    traded = tmp_path / "traded"
+    cmd = [sys.executable, "scripts/trade.py", "--run-dir", str(run_dir), *data_flags(files), "--out", str(traded),
+           "--gate", "off", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    decisions = traded / "decisions.jsonl"
+    while proc.poll() is None and (not decisions.exists() or decisions.read_bytes().count(b"\n") < 100):
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    resumed = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed after" in resumed.stderr
+    figures = json.loads((traded / "summary.json").read_text())
+    assert figures["pnl"] == pytest.approx(walked["agent"]["net_pnl"], abs=1e-3)
+    assert figures["trades"] == walked["agent"]["trades"] > 0
+    for symbol, own in figures["instruments"].items():
+        assert own["net_pnl"] == pytest.approx(walked["instruments"][symbol]["net_pnl"], abs=1e-3)
+        assert own["trades"] == walked["instruments"][symbol]["trades"]
+        assert own["advice_keys_read"] > 0 and own["advice_on_time"] == 1.0  # a replay waits for each answer
+    lines = [json.loads(line) for line in decisions.read_text().splitlines()]
+    assert len(lines) == figures["decisions"] and any(set(line["advice"]) == {"NQ", "ES"} for line in lines)
 
 
 def test_a_first_run_from_the_command_line(tmp_path, pair, capsys):

@@ -22,9 +22,9 @@ from agents.config import HybridConfig
 from jaxenv.config import DataConfig, EnvConfig
 
 
-def instrument_data(data: DataConfig, market) -> DataConfig:
+def instrument_data(data: DataConfig, contract) -> DataConfig:
     """`data` as one instrument of a set: its contract is the instrument's (what its prompts name)."""
-    return dataclasses.replace(data, contract=market.contract, instruments=[])
+    return dataclasses.replace(data, contract=contract, instruments=[])
 
 
 def each_advisor(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, market_set, capacity: int,
@@ -35,7 +35,7 @@ def each_advisor(hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfi
     for i, market in enumerate(market_set.markets):
         if stop is not None and stop():
             return
-        advisor = Advisor.open(hybrid, llm, env, instrument_data(data, market), market, capacity, None,
+        advisor = Advisor.open(hybrid, llm, env, instrument_data(data, market.contract), market, capacity, None,
                                instruments=tuple(market_set.symbols), **open_kw)
         try:
             yield i, advisor

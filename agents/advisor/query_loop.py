@@ -203,7 +203,7 @@ class InstrumentQueryLoops:
         self.loops: list[QueryLoop] = []
         try:
             for market in market_set.markets:  # each logs to RUN/advisor_SYMBOL_w*.log, RUN/llm_log_SYMBOL.jsonl
-                self.loops.append(QueryLoop(hybrid, llm, env, instrument_data(data, market), market, run_dir,
+                self.loops.append(QueryLoop(hybrid, llm, env, instrument_data(data, market.contract), market, run_dir,
                                             seed=seed, num_steps=num_steps, instruments=self.symbols))
         except BaseException:
             self.close()

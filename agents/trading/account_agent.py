@@ -12,6 +12,12 @@ own bars (a BarBook each), an absent instrument carries its last close (open = h
 last features), and the sessions and per-bar rules are those of the joint stamps (a feature-less BarBook per
 instrument, the clock). A decision at bar t reads bars up to t only; the account then moves over bar t + 1 when it
 arrives: the walk of jaxenv.account_evaluate step for step (the same transition, the same random keys), greedy.
+
+A run trained with advice acts as evaluate.py walks it (agents.evaluation.account_advice.advised_act): each head with
+its own instrument's advice, veto, rules and record. Each instrument's advisor (`open_advisors`) is asked about that
+instrument's keys as its blocks close, its prompts read the instrument on the joint timeline as training's advisor read
+it (agents.trading.advice.JointBookView); the answer about block b is in force during block b + 1, as for one
+instrument (agents.trading.agent), waited for (`advice="wait"`, a replay's default) or not ("realtime").
 """
 
 from __future__ import annotations
@@ -19,18 +25,24 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
+from agents.advice.acting import training_acting
+from agents.advice.table import SIDES, AdviceTable, key_of, num_blocks, view
+from agents.config import ConfigError
+from agents.evaluation.account_advice import advised_act, advised_carry
 from agents.evaluation.policies import make_account_act
 from agents.evaluation.saved_run import run_data
 from agents.rl.account import AccountHeads
 from agents.rl.ppo import make_train
 from agents.runs.integrity import path_name
 from agents.runs.saved_runs import SavedPolicy, check_fits
+from agents.trading.agent import grown_table, unasked
 from agents.trading.bars import FIRST_DECISION_BAR, Bar, BarBook
 from agents.trading.orders import Order
 from bridge.protocol import ACTIONS, BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, SELL
@@ -139,15 +151,21 @@ class AccountDecision:
     equity: float
     latency_ms: float = 0.0
     row: dict = field(default_factory=dict)  # the trace's row of the bar the last decision's orders met ({} before)
+    advice: dict = field(default_factory=dict)  # symbol -> the advice in force (action, confidence, key), where one is
 
 
 class AccountAgent:
     """One account of a trained run on several instruments, on joint bars (the module's docstring). Its state
     (`state`, `restore`) is everything a restart needs besides the bars."""
 
-    def __init__(self, saved: SavedPolicy, *, end: int = OPEN_END, capacity: int = 8192):
+    def __init__(self, saved: SavedPolicy, *, advice: str = "wait", end: int = OPEN_END, capacity: int = 8192):
         cfg = saved.cfg
-        self.cfg, self.saved, self.end = cfg, saved, end
+        if cfg.hybrid.shuffled and cfg.llm != "none":
+            raise ConfigError(f"{saved.run_dir}: its advisor is the shuffled control (hybrid.shuffled), which reads "
+                              "other blocks' markets; it does not trade")
+        if advice not in ("wait", "realtime"):
+            raise ValueError(f"advice={advice!r}: use wait or realtime")
+        self.cfg, self.saved, self.end, self.advice_mode = cfg, saved, end, advice
         instruments = resolve_instruments(cfg.data.instruments)
         self.contracts = [item.contract for item in instruments]
         self.symbols = [c.symbol for c in self.contracts]
@@ -155,16 +173,55 @@ class AccountAgent:
         self.book = JointBook(self.symbols, self.contracts, cfg.env.prop_firm, cfg.data.min_range_ticks,
                               run_data(saved.run_dir).get("interval_minutes", 0), capacity)
         self.params = self._env_params()
-        ppo = make_train(cfg.ppo, cfg.network, self.env, self.params, None, num_envs=cfg.num_envs,
+        self.advised = cfg.llm != "none"
+        acting = training_acting(cfg.hybrid, cfg.llm, self.env)  # the networks as trained (the trust gate's)
+        ppo = make_train(cfg.ppo, cfg.network, self.env, self.params, acting, num_envs=cfg.num_envs,
                          num_updates=cfg.num_updates)
         check_fits(saved, ppo.network, ppo.obs_dim, ppo.num_actions, AccountHeads(self.env).example_obs())
         self.policy_state = (saved.params, saved.obs_norm)
-        act = make_account_act(ppo, self.env, cfg.ppo.normalize_obs, True)
+        if self.advised:
+            self.acting = acting.walking(greedy=True)
+            act = advised_act(self.acting, ppo.network, cfg.ppo.normalize_obs)
+            self._write = jax.jit(lambda table, *rows: table.write(*rows))
+            self._in_force = jax.jit(partial(_in_force, cfg.hybrid.query))
+            self._mark_asked = jax.jit(lambda table, keys: table.mark_asked(keys, keys >= 0))
+        else:
+            act = make_account_act(ppo, self.env, cfg.ppo.normalize_obs, True)
+        self.k = cfg.hybrid.query.interval
         self._decide = jax.jit(partial(_decide, self.env, act))
         self._advance = jax.jit(partial(_advance, self.env))
         self.state = None  # the account (AccountState), opened at the first decision
         self.key = None  # the walk's key, split each decision as jaxenv.account_evaluate's walk splits it
         self.pending = None  # (actions [I], the reset key) of the last decision, applied when the next bar arrives
+        self.carry = None  # an advised run's acting carry (a HybridCarry per instrument: its advice table, record)
+        self.advisors = []  # agents.trading.advice.LivePacer per instrument, once open_advisors() opened them
+
+    def open_advisors(self, log_stem: Path | None = None, market_set=None, saved: list | None = None) -> list:
+        """Opens each instrument's advisor (the checkpoint's adapter; its logs named LOG_STEM_SYMBOL...), asked as its
+        blocks close: `market_set` is the whole files being replayed, whose keys' answers the stores hold (None: no
+        store); `saved`, a resumed run's advisors' states (LivePacer.state, one per instrument)."""
+        from agents.advisor.instrument_set import instrument_data
+        from agents.trading.advice import JointBookView, LivePacer
+
+        cfg = self.cfg
+        try:
+            for i, contract in enumerate(self.contracts):
+                stem = None if log_stem is None else log_stem.with_name(f"{log_stem.name}_{contract.symbol}")
+                self.advisors.append(LivePacer(
+                    cfg.hybrid, cfg.llm, cfg.env, instrument_data(cfg.data, contract), JointBookView(self.book, i),
+                    self.saved.adapter, stem, None if market_set is None else market_set.markets[i],
+                    tuple(self.symbols)))
+                if saved:
+                    self.advisors[-1].restore(saved[i])
+        except BaseException:
+            self.close()
+            raise
+        return self.advisors
+
+    def close(self) -> None:
+        for advisor in self.advisors:
+            advisor.close()
+        self.advisors = []
 
     # ---------------------------------------------------------------------------------------------- device
     def _env_params(self):
@@ -174,11 +231,19 @@ class AccountAgent:
                                          max(self.end - 1 - start, 1)) for i, c in enumerate(self.contracts)]
         return self.env.params_of(per, self.contracts, self.book.present[: self.book.capacity])
 
+    def _tables(self) -> AdviceTable:
+        """Every instrument's empty advice table at the book's capacity, stacked (leaves [I, ...])."""
+        table = AdviceTable.create(num_blocks(self.book.capacity, self.k) * SIDES)
+        return jax.tree.map(lambda x: jnp.stack([x] * len(self.contracts)), table)
+
     def _put(self, t: int) -> None:
         """Joint bar t's rows written into the env's arrays; rows after it carry the session the calendar says comes
         next (as agents.trading.agent writes one instrument's)."""
         if self.params.present.shape[0] != self.book.capacity:
             self.params = self._env_params()  # grown: the jitted steps compile again (log2(bars) times in a feed)
+            if self.carry is not None:
+                keys = num_blocks(self.book.capacity, self.k) * SIDES
+                self.carry = tuple(c.replace(advice=grown_table(c.advice, keys)) for c in self.carry)
         bars, bar_f, context_f = self.book.env_rows(t, t + 1)
         self.params = _put_rows(self.params, t, bars[:, 0], bar_f[:, 0], context_f[:, 0],
                                 self.book.present[t], np.float32(self.book.clock[0].next_session_id()))
@@ -199,19 +264,62 @@ class AccountAgent:
             self._put(t)
             self.key = jax.random.PRNGKey(0)  # evaluation's seed 0
             self.state = self.env.initial_state(self.key, self.params, jnp.asarray(t, jnp.int32))
+            if self.advised:
+                self.carry = advised_carry(self.acting, self.params, self._tables(), self.saved.advice_record)
             self._warm_up()
             t0 = time.perf_counter()  # compiling is set-up, not the first decision's latency
         else:
             self._put(t)
             self.state, step = self._advance(self.state, *self.pending, self.params)
             row = {k: np.asarray(v) for k, v in jax.device_get(step).items()}
-        self.key, actions, reset_key = self._decide(self.policy_state, self.state, self.params, self.key)
+        sides = np.asarray(jax.device_get(self.state.legs.side))
+        advice = {}
+        if self.advised:
+            self._advise(t, sides)
+            valid, action, confidence, key = jax.device_get(self._in_force(self.carry, self.state))
+            advice = {s: {"action": ACTIONS[int(action[i])], "confidence": round(float(confidence[i]), 4),
+                          "key": int(key[i])} for i, s in enumerate(self.symbols) if valid[i]}
+        self.key, actions, reset_key, self.carry = self._decide(self.policy_state, self.carry, self.state,
+                                                                self.params, self.key)
         self.pending = (actions, reset_key)
-        return self._describe(t, t0, np.asarray(actions), row)
+        actions = np.asarray(actions)
+        if self.advised and (t + 1) % self.k == 0:  # block t // k closes: ask its keys, as for one instrument
+            after = [{BUY: 1, SELL: -1}.get(int(a), int(side)) for a, side in zip(actions, sides)]
+            self._ask([[key_of(t // self.k, s) for s in dict.fromkeys((0, int(side), a))]
+                       for side, a in zip(sides, after)])
+        decision = self._describe(t, t0, actions, row)
+        decision.advice = advice
+        return decision
+
+    def _advise(self, t: int, sides: np.ndarray) -> None:
+        """Each instrument's answers into its table; the keys this bar's decision reads asked where missing (and
+        waited for, in wait mode), as agents.trading.agent's for one instrument."""
+        block = t // self.k
+        read = [key_of(block - 1, int(side)) if block >= 1 else None for side in sides]
+        self._ask([[key_of(block - 1, 0), r] if block >= 1 else [] for r in read])
+        carry = list(self.carry)
+        for i, advisor in enumerate(self.advisors):
+            table = carry[i].advice
+            for rows in advisor.answers(read[i], wait=self.advice_mode == "wait"):
+                table = self._write(table, *rows)
+            carry[i] = carry[i].replace(advice=table)
+        self.carry = tuple(carry)
+
+    def _ask(self, keys: list[list[int]]) -> None:
+        """Each instrument's advisor asked about its `keys[i]` (those answered or asked already skipped); the keys
+        asked of it marked in flight in its table, as training's query step marks them (the wait rule reads it)."""
+        carry = list(self.carry)
+        for i, advisor in enumerate(self.advisors):
+            asked = advisor.ask(keys[i])
+            if asked:
+                marked = np.full(SIDES, -1, np.int32)
+                marked[: len(asked)] = asked
+                carry[i] = carry[i].replace(advice=self._mark_asked(carry[i].advice, marked))
+        self.carry = tuple(carry)
 
     def _warm_up(self) -> None:
         """Compiles both steps before the first decision."""
-        key, actions, reset_key = self._decide(self.policy_state, self.state, self.params, self.key)
+        key, actions, reset_key, _ = self._decide(self.policy_state, self.carry, self.state, self.params, self.key)
         jax.block_until_ready(self._advance(self.state, actions, reset_key, self.params))
 
     def _describe(self, t: int, t0: float, actions: np.ndarray, row: dict) -> AccountDecision:
@@ -240,7 +348,7 @@ class AccountAgent:
     # ------------------------------------------------------------------------------------------------ state
     def arrays(self) -> dict[str, np.ndarray]:
         """What a restart needs besides the bars, as named arrays: the account, its key and the pending decision."""
-        tree = {"state": self.state, "key": self.key, "pending": self.pending}
+        tree = {"state": self.state, "key": self.key, "pending": self.pending, "carry": self.carry}
         return {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]}
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
@@ -248,22 +356,37 @@ class AccountAgent:
         self.params = self._env_params()
         key = jax.random.PRNGKey(0)
         state = self.env.initial_state(key, self.params, jnp.asarray(FIRST_DECISION_BAR, jnp.int32))
-        _, actions, reset_key = jax.eval_shape(self._decide, self.policy_state, state, self.params, key)
-        template = {"state": state, "key": key, "pending": (actions, reset_key)}
+        carry = (advised_carry(self.acting, self.params, self._tables(), self.saved.advice_record) if self.advised
+                 else None)
+        _, actions, reset_key, _ = jax.eval_shape(self._decide, self.policy_state, carry, state, self.params, key)
+        template = {"state": state, "key": key, "pending": (actions, reset_key), "carry": carry}
         paths, treedef = jax.tree_util.tree_flatten_with_path(template)
         missing = [path_name(p) for p, _ in paths if path_name(p) not in arrays]
         if missing:
             raise ValueError(f"the saved account lacks {missing[0]}: it was saved by another version of the agent")
         tree = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[path_name(p)]) for p, _ in paths])
         self.state, self.key, self.pending = tree["state"], tree["key"], tree["pending"]
+        self.carry = None if tree["carry"] is None else tuple(c.replace(advice=unasked(c.advice)) for c in tree["carry"])
 
 
-def _decide(env: AccountEnv, act, policy_state, state, params, key):
+def _decide(env: AccountEnv, act, policy_state, carry, state, params, key):
     """One decision of jaxenv.account_evaluate's walk: (the walk's next key, the actions [I], the key a breach's fresh
-    account is drawn with)."""
+    account is drawn with, the act's carry after it: None for an act without one)."""
     key, act_key, reset_key = jax.random.split(key, 3)
-    actions = act(policy_state, env.get_obs(state, params), state, params, act_key)
-    return key, jnp.asarray(actions, jnp.int32), reset_key
+    obs = env.get_obs(state, params)
+    if carry is None:
+        actions = act(policy_state, obs, state, params, act_key)
+    else:
+        actions, carry = act(policy_state, carry, obs, state, params, act_key)
+    return key, jnp.asarray(actions, jnp.int32), reset_key, carry
+
+
+def _in_force(query, carry: tuple, state):
+    """Each instrument's advice in force at the account's bar (agents.advice.table.view, as its head reads it): (valid,
+    most probable action, decayed confidence, key), each [I]."""
+    views = [view(c.advice, query, state.t[None], state.legs.side[i][None]) for i, c in enumerate(carry)]
+    return (jnp.concatenate([v.valid for v in views]), jnp.concatenate([jnp.argmax(v.probs, -1) for v in views]),
+            jnp.concatenate([v.confidence for v in views]), jnp.concatenate([v.key for v in views]))
 
 
 def _advance(env: AccountEnv, state, actions, reset_key, params):

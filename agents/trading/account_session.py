@@ -92,9 +92,6 @@ class AccountSession:
         cfg = load_run_config(run_dir)
         if not cfg.data.instruments:
             raise ConfigError(f"--data: {run_dir} trades one instrument; give its file as --data PATH")
-        if cfg.llm != "none":
-            raise ConfigError(f"{run_dir}: trading an account with its advisor (llm: {cfg.llm}) is not built yet; "
-                              "scripts/evaluate.py walks it with its advice")
         contracts = [item.contract for item in resolve_instruments(cfg.data.instruments)]
         paths = [item.source for item in account_data(cfg.data, items).instruments]  # one line where they do not fit
         for path in paths:
@@ -106,15 +103,37 @@ class AccountSession:
         files = [BarFile(p, c.timezone, zone, cfg.data.date_format, cfg.data.text_column)
                  for p, c in zip(paths, contracts)]
         end = OPEN_END if args.follow else joint_bars(files)
-        agent = AccountAgent(restore_policy(run_dir, args.checkpoint, cfg, account=True), end=end)
+        mode = args.advice or ("realtime" if args.follow else "wait")
+        agent = AccountAgent(restore_policy(run_dir, args.checkpoint, cfg, account=True), advice=mode, end=end)
         session = cls(args, agent, JointFeed(files), Journal(out), lock, paths)
-        if session.journal.has_state:
-            session._resume()
-        else:
+        state = session._resume() if session.journal.has_state else None
+        if state is None:
             session.journal.open()
             if args.gate == "evidence":
                 session.record = session._out_of_sample()
+        if agent.advised:
+            agent.open_advisors(session.journal.out / "advisor", None if args.follow else session._replayed_set(),
+                                state and state["advisors"])
         return session
+
+    def _replayed_set(self):
+        """A replay of whole files reads (and fills) the advice stores of those files' keys, as evaluate.py --data
+        does: the files as the run's market set; none for a run without a store or files that do not load as one."""
+        from agents.advisor.store import store_root
+        from agents.evaluation.account_run import account_data
+        from jaxenv.data import DataValidationError
+        from jaxenv.market_set import load_market_set
+
+        cfg = self.agent.cfg
+        if store_root(cfg.hybrid, cfg.llm) is None:
+            return None
+        data = account_data(cfg.data, self.args.instruments)
+        try:
+            return load_market_set([(item.contract, item.source) for item in data.instruments], data)
+        except DataValidationError as e:
+            print(f"note: the advice stores are not read ({str(e).splitlines()[0][:160]}): every key is asked",
+                  file=sys.stderr)
+            return None
 
     def _out_of_sample(self):
         from agents.evaluation.account_run import account_out_of_sample
@@ -129,7 +148,8 @@ class AccountSession:
                 "decisions": self.decisions, "latencies": self.latencies, "entry_orders": self.entry_orders,
                 "brokers": {s: b.state() for s, b in self.brokers.items()},
                 "paper": {s: b.state() for s, b in self.paper.items()}, "live": self.live,
-                "gate": self.gate.state() if self.gate else None, "said_in_sample": self.said_in_sample}
+                "gate": self.gate.state() if self.gate else None, "said_in_sample": self.said_in_sample,
+                "advisors": [advisor.state() for advisor in self.agent.advisors]}
 
     def _save(self) -> None:
         book = self.agent.book
@@ -137,7 +157,7 @@ class AccountSession:
                   "joint_present": book.present[: book.n]}
         self.journal.save_state(self._state(), arrays)
 
-    def _resume(self) -> None:
+    def _resume(self) -> dict:
         from agents.evidence.gate import Gate
 
         from agents.trading.journal import check_resumed
@@ -160,6 +180,7 @@ class AccountSession:
         stamps = arrays["joint_stamps"]
         self.last_stamp = pd.Timestamp(int(stamps[-1]), tz="UTC") if len(stamps) else None
         print(f"resumed after {len(stamps)} bar times ({self.decisions} decisions so far)", file=sys.stderr)
+        return state
 
     def _rebuild(self, consumed: list[int], stamps: np.ndarray, present: np.ndarray) -> None:
         """The books as the run had them: each file's first `consumed` rows taken again, the history before the
@@ -351,6 +372,8 @@ class AccountSession:
                            "in_sample_end": self.gate.in_sample_end, "changes": self.gate.history}
         out["latency_p50_ms"] = float(np.percentile(self.latencies, 50)) if self.latencies else None
         out["latency_p99_ms"] = float(np.percentile(self.latencies, 99)) if self.latencies else None
+        for symbol, advisor in zip(agent.symbols, agent.advisors):
+            out["instruments"].setdefault(symbol, {}).update(advisor.metrics())
         return out
 
     def refused_file(self) -> None:
@@ -364,6 +387,7 @@ class AccountSession:
                 tmp.write_text(json.dumps(self.summary(), indent=1, default=float))
                 tmp.replace(path)
             self.journal.close()
+            self.agent.close()
         finally:
             self.lock.release(discard=self.discard)
 

@@ -27,24 +27,68 @@ ROWS = 16  # answers written into the table per bar, padded: one compiled write
 READY_DTYPES = (np.int32, np.float32, np.float32, np.int32, np.int32)
 
 
-class BookFields:
-    """The prompt fields of keys of a growing feed: agents.advisor.prompt_fields over the bars so far (the builder is
-    made again only when bars came since the last submission)."""
+class BookView:
+    """One instrument's bars so far as the prompt fields read them (a jaxenv.Market's fields): a feed's BarBook."""
 
-    def __init__(self, book: BarBook, markets: list[str], contracts_per_trade: int, interval: int):
-        self.book, self.markets = book, markets
+    def __init__(self, book: BarBook):
+        self.book = book
+
+    @property
+    def n(self) -> int:
+        return self.book.n
+
+    @property
+    def interval(self) -> int:
+        return self.book.interval
+
+    @property
+    def text_table(self) -> list[str]:
+        return self.book.text_table
+
+    def market(self) -> SimpleNamespace:
+        b, n = self.book, self.book.n
+        return SimpleNamespace(
+            num_bars=n, session_minutes=b.schedule.minutes, interval_minutes=b.interval, splits={"all": (0, n)},
+            contract=b.contract, close=b.column("close"), indicators={k: v[:n] for k, v in b.indicators.items()},
+            sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
+
+
+class JointBookView(BookView):
+    """Instrument i of a set on the joint timeline so far (agents.trading.account_agent.JointBook), as
+    jaxenv.market_set puts it there for training's advisor: at a joint bar where it has none, its latest own bar's
+    close and indicators carried, no headline."""
+
+    def __init__(self, joint, i: int):
+        super().__init__(joint.clock[i])
+        self.joint, self.i = joint, i
+
+    @property
+    def text_table(self) -> list[str]:
+        return self.joint.own[self.i].text_table
+
+    def market(self) -> SimpleNamespace:
+        own, n = self.joint.own[self.i], self.joint.n
+        pos, present = self.joint.pos[:n, self.i], self.joint.present[:n, self.i]
+        market = super().market()
+        market.indicators = {k: v[pos] for k, v in own.indicators.items()}
+        market.text_index = np.where(present, own.text_index[pos], -1).astype(np.int32)
+        return market
+
+
+class BookFields:
+    """The prompt fields of keys of a growing feed: agents.advisor.prompt_fields over the bars so far of a BookView
+    (the builder is made again only when bars came since the last submission)."""
+
+    def __init__(self, view: BookView, markets: list[str], contracts_per_trade: int, interval: int):
+        self.view, self.markets = view, markets
         self.contracts_per_trade, self.interval = contracts_per_trade, interval  # env's; hybrid.query's
         self.builder: PromptFieldBuilder | None = None
-        self.bars = -1  # the book's length the builder was made over
+        self.bars = -1  # the view's length the builder was made over
 
     def build(self, keys: np.ndarray) -> np.ndarray:
-        b, n = self.book, self.book.n
+        n = self.view.n
         if n != self.bars:
-            market = SimpleNamespace(
-                num_bars=n, session_minutes=b.schedule.minutes, interval_minutes=b.interval, splits={"all": (0, n)},
-                contract=b.contract, close=b.column("close"), indicators={k: v[:n] for k, v in b.indicators.items()},
-                sessions=SimpleNamespace(minute_of_day=b.minute_of_day[:n]), text_index=b.text_index[:n])
-            self.builder = PromptFieldBuilder(market, self.markets, self.contracts_per_trade, self.interval)
+            self.builder = PromptFieldBuilder(self.view.market(), self.markets, self.contracts_per_trade, self.interval)
             self.bars = n
         return self.builder.build(keys)
 
@@ -52,17 +96,18 @@ class BookFields:
 class LivePacer:
     """Asks the advisor about keys of a growing feed and hands their answers to the acting step."""
 
-    def __init__(self, hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, book: BarBook,
-                 adapter: str | None, log_stem: Path | None = None, market=None):
-        """The run's config sections; `adapter`: the LoRA adapter the advisor answers with (the checkpoint's:
-        SavedPolicy.adapter); `market`: the whole file being replayed, whose keys' answers the advisor's store holds
-        (None: no store); its answers are read and the new ones added."""
-        self.hybrid, self.book = hybrid, book
+    def __init__(self, hybrid: HybridConfig, llm: str, env: EnvConfig, data: DataConfig, view: BookView,
+                 adapter: str | None, log_stem: Path | None = None, market=None, instruments: tuple[str, ...] = ()):
+        """The run's config sections; `view`: the bars the prompts read; `adapter`: the LoRA adapter the advisor
+        answers with (the checkpoint's: SavedPolicy.adapter); `market`: the whole file being replayed, whose keys'
+        answers the advisor's store holds (None: no store); its answers are read and the new ones added;
+        `instruments`: the set's symbols, for one instrument of a set (agents.advisor.instrument_set)."""
+        self.hybrid, self.view = hybrid, view
         self.advisor = Advisor.open(
             hybrid, llm, env, data, market, ROWS, adapter, log_stem=log_stem, keep_known=False,
-            fields=lambda renderer: BookFields(book, list(renderer.markets), env.contracts_per_trade,
+            fields=lambda renderer: BookFields(view, list(renderer.markets), env.contracts_per_trade,
                                                hybrid.query.interval),
-            texts=book.text_table)
+            texts=view.text_table, instruments=instruments)
         self.queue: list[int] = []  # keys to ask once the advisor can take a submission (MAX_IN_FLIGHT)
         self.asked: dict[int, float] = {}  # key -> perf_counter() when asked (pending)
         self.latency: dict[int, float] = {}  # key -> seconds its answer took (0 from the store)
@@ -76,7 +121,7 @@ class LivePacer:
 
     @property
     def interval_s(self) -> float:
-        return 60.0 * self.book.interval
+        return 60.0 * self.view.interval
 
     def state(self) -> dict:
         """What a restart needs: the answers taken and not yet written into the table (the store's, read as a block

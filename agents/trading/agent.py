@@ -60,6 +60,18 @@ def _put_bar(params, i, bars_row, bar_features_row, context_row, next_session):
                           context_features=params.context_features.at[i].set(context_row))
 
 
+def grown_table(table: AdviceTable, keys: int) -> AdviceTable:
+    """`table` holding `keys` keys (its answers kept) where it holds fewer: a feed's arrays doubled."""
+    if table.num_keys >= keys:
+        return table
+    return jax.tree.map(lambda g, o: g.at[: o.shape[0]].set(o) if g.ndim else o, AdviceTable.create(keys), table)
+
+
+def unasked(table: AdviceTable) -> AdviceTable:
+    """`table` with the keys in flight when a run stopped missing again: a resumed run asks them again."""
+    return table.replace(status=jnp.where(table.status == STATUS_ASKED, STATUS_NONE, table.status))
+
+
 class Agent:
     """One account of a trained run on a feed of bars. Its state (`state`, `restore`) is everything a restart needs
     besides the bars."""
@@ -104,9 +116,9 @@ class Agent:
         """Opens the checkpoint's advisor (its adapter: SavedPolicy.adapter, as evaluation's), asked as blocks close:
         `market` is the whole file being replayed, whose keys' answers its store holds (None: no store); `saved`, a
         resumed run's advisor state (LivePacer.state)."""
-        from agents.trading.advice import LivePacer
+        from agents.trading.advice import BookView, LivePacer
 
-        self.advisor = LivePacer(self.cfg.hybrid, self.cfg.llm, self.cfg.env, self.cfg.data, self.book,
+        self.advisor = LivePacer(self.cfg.hybrid, self.cfg.llm, self.cfg.env, self.cfg.data, BookView(self.book),
                                  self.saved.adapter, log_stem, market)
         if saved:
             self.advisor.restore(saved)
@@ -137,11 +149,7 @@ class Agent:
         keys = num_blocks(self.book.capacity, self.k) * SIDES
 
         def grown(hybrid):
-            old = hybrid.advice
-            if old.num_keys >= keys:
-                return hybrid
-            table = jax.tree.map(lambda g, o: g.at[: o.shape[0]].set(o) if g.ndim else o, AdviceTable.create(keys), old)
-            return hybrid.replace(advice=table)
+            return hybrid.replace(advice=grown_table(hybrid.advice, keys))
 
         if self.carry is not None:
             self.carry = self.carry.replace(hybrid=grown(self.carry.hybrid))
@@ -294,10 +302,8 @@ class Agent:
             trees[name] = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[f"{name}/{path_name(p)}"])
                                                                 for p, _ in paths])
 
-        def unasked(hybrid):
-            t = hybrid.advice
-            return hybrid.replace(advice=t.replace(status=jnp.where(t.status == STATUS_ASKED, STATUS_NONE, t.status)))
+        def restarted(tree):
+            return tree.replace(hybrid=tree.hybrid.replace(advice=unasked(tree.hybrid.advice)))
 
-        self.carry = trees["carry"].replace(hybrid=unasked(trees["carry"].hybrid))
-        self.choice = trees["choice"].replace(hybrid=unasked(trees["choice"].hybrid))
+        self.carry, self.choice = restarted(trees["carry"]), restarted(trees["choice"])
         self._fit_to_book()
