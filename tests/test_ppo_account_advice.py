@@ -107,3 +107,31 @@ def test_the_loss_recomputes_the_joint_log_probability_of_a_learned_fusion(learn
         assert (np.asarray(entropy) >= -1e-6).all() and (np.asarray(weight) == 1).all()
     assert float(traj.extras.stats["with_advice"].sum()) > 0  # the advice was in force, so the gate mixed it in
     assert float(traj.extras.stats["decisions"].sum()) == ENVS * 2  # one decision per head
+
+
+def test_a_head_the_advice_overrode_leaves_the_ratio_and_the_others_still_learn(switch):
+    """Switch fusion, NQ's advice in force everywhere, ES with none: NQ's action is the advice's (its weight 0), ES's
+    policy chooses. The step still carries ES's policy gradient, and its stored log-probability, recomputed by the
+    loss, is ES's head's alone."""
+    rs = switch.init(jax.random.PRNGKey(2), switch.params)
+    rs = rs.replace(hybrid=(rs.hybrid[0].replace(advice=answered_everywhere(rs.hybrid[0].advice, HOLD)),
+                            rs.hybrid[1]))
+    network = switch.ppo.network
+    mixed = 0
+    for _ in range(STEPS):
+        before = rs
+        rs, traj = switch.chunk(rs, 1, switch.params)
+        step = jax.tree.map(lambda x: x[0], traj)
+        heads = switch.acting.loss_extras(step.extras)
+        nq, es = (np.asarray(h.pg_weight) for h in heads)
+        logits = network.apply(before.params, normalize_obs(before.obs_norm, step.obs), method=type(network).logits)
+        log_prob, _, weight = switch.acting.log_prob_entropy(network, before.params, logits, step.mask, heads,
+                                                             step.action)
+        np.testing.assert_allclose(np.asarray(log_prob), np.asarray(step.log_prob), atol=1e-5)
+        es_alone, _, _ = switch.acting.single.log_prob_entropy(network, before.params, logits[:, 1], step.mask[:, 1],
+                                                               heads[1], step.action[:, 1])
+        rows = (nq == 0) & (es == 1)
+        np.testing.assert_allclose(np.asarray(log_prob)[rows], np.asarray(es_alone)[rows], atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(weight), np.maximum(nq, es))
+        mixed += int(rows.sum())
+    assert mixed > 0

@@ -9,8 +9,9 @@ the entry rules then narrow it as for one instrument.
 
 The carry is a tuple of one HybridCarry per instrument (each per-env leaf keeps its [N] rows first, so the env mesh
 shards them as for one instrument). PPO's log-probability is the sum over heads of each head's, under the mask it had
-(stored per head), so the loss recomputes it exactly; a step carries a policy gradient only where no head's action
-was replaced by the advice (the product of the heads' weights).
+(stored per head), so the loss recomputes it exactly. A head whose action the advice replaced (`rules` and `switch`
+fusion: its policy-gradient weight 0) leaves the sum: the step's ratio is that of the heads whose policy chose, given
+the actions the others executed, and the step carries a policy gradient wherever one head's policy chose.
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class AccountActing:
             taken = taken.at[:, i].set(out[0].astype(jnp.int32))
             heads.append(out)
         action, learn_action, log_prob, mask, extras, new_carry = zip(*heads)
+        joint = sum(lp * e.pg_weight for lp, e in zip(log_prob, extras))
         extras = AccountExtras(tuple(e._replace(stats={}) for e in extras), _summed([e.stats for e in extras]))
-        return (jnp.stack(action, 1), jnp.stack(learn_action, 1), sum(log_prob), jnp.stack(mask, 1), extras,
+        return (jnp.stack(action, 1), jnp.stack(learn_action, 1), joint, jnp.stack(mask, 1), extras,
                 tuple(new_carry))
 
     @staticmethod
@@ -96,14 +98,13 @@ class AccountActing:
         return extras.heads
 
     def log_prob_entropy(self, network, params, logits, mask, extras: tuple, action):
-        """The joint log-prob of `action` [..., I], the entropy summed over heads, and the policy-gradient weight (1
-        only where every head's is)."""
-        log_prob = entropy = 0.0
-        weight = 1.0
+        """The joint log-prob of `action` [..., I] over the heads whose policy chose (the module's docstring), the
+        entropy summed over heads, and the policy-gradient weight (1 where one head's policy chose)."""
+        log_prob = entropy = weight = 0.0
         for i, head in enumerate(extras):
             lp, ent, w = self.single.log_prob_entropy(network, params, logits[..., i, :], mask[..., i, :], head,
                                                       action[..., i])
-            log_prob, entropy, weight = log_prob + lp, entropy + ent, weight * w
+            log_prob, entropy, weight = log_prob + lp * w, entropy + ent, jnp.maximum(weight, w)
         return log_prob, entropy, weight
 
 
