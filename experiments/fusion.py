@@ -233,6 +233,7 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
     import jax
 
     from agents.advice.usage import walk_advice_metrics
+    from agents.evaluation.advised_walk import LLM_ONLY
     from agents.evaluation.saved_run import ablation_walks, agent_walk, load_run, walk_bounds
     from agents.runs.saved_runs import restore_policy
     from jaxenv.metrics import daily_pnl, walk_metrics
@@ -261,8 +262,8 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
             walks = {"agent": score(run, agent, "test"), "val_agent": score(run, agent, "val")}
             if run.advised:
                 ablations = ablation_walks(run)
-                walks["llm_only"] = score(run, ablations["llm_only"].walk, "test")
-                walks["val_llm_only"] = score(run, ablations["llm_only"].walk, "val")
+                walks["llm_only"] = score(run, ablations[LLM_ONLY].walk, "test")
+                walks["val_llm_only"] = score(run, ablations[LLM_ONLY].walk, "val")
                 trained, switched = veto_walks(run.cfg.hybrid)
                 walks[trained] = walks["agent"]
                 if kind == "latest":
@@ -279,7 +280,7 @@ def score_run(run_dir: Path, fresh_days: int = 0) -> dict[str, Any]:
                 walks["fresh_agent"] = score(run, agent_walk(run), "all")
                 if run.advised:
                     ablations = ablation_walks(run)
-                    walks["fresh_llm_only"] = score(run, ablations["llm_only"].walk, "all")
+                    walks["fresh_llm_only"] = score(run, ablations[LLM_ONLY].walk, "all")
                     if kind == "latest":
                         trained, switched = veto_walks(run.cfg.hybrid)
                         walks[f"fresh_{trained}"] = walks["fresh_agent"]

@@ -115,7 +115,7 @@ def walks(args: argparse.Namespace, prompts_file: str) -> dict[str, dict]:
     import jax
 
     from agents.advice.acting import make_acting
-    from agents.evaluation.advised_walk import ABLATIONS, AdvisedWalker, advised_summary
+    from agents.evaluation.advised_walk import ABLATIONS, LLM_ONLY, AdvisedWalker, advised_summary
     from agents.rl.ppo import make_train
     from agents.training.env_setup import make_env_setup
 
@@ -138,7 +138,7 @@ def walks(args: argparse.Namespace, prompts_file: str) -> dict[str, dict]:
                                          f"its {end - start} bars; lower --walk-bars")
                     t0 = time.perf_counter()
                     trace = walker.walk(state.params, state.obs_norm, window, jax.random.PRNGKey(seed),
-                                        **ABLATIONS["llm_only"])
+                                        **ABLATIONS[LLM_ONLY])
                     summary = advised_summary(trace, setup.market.timestamps, cfg.env.prop_firm,
                                               setup.market.sessions.day)
                     figures = {"window": list(window), "net_pnl": summary["net_pnl"], "trades": summary["trades"],

@@ -207,3 +207,14 @@ def test_a_single_instruments_trial_digest_is_the_one_it_had_before_data_instrum
     settings = to_dict(load_config(None, ["llm=none"]))
     before = {**settings, "data": {k: v for k, v in settings["data"].items() if k != "instruments"}}
     assert _trial(Path("a"), settings) == _trial(Path("a"), before)
+
+
+def test_the_progress_bar_shows_each_instruments_advice_record():
+    from agents.training.loop import _postfix
+
+    figures = {"steps_per_s": 900.0}
+    for symbol, log_e, bound in (("NQ", 3.2, 1), ("ES", -0.4, 0)):
+        figures.update({f"record_log_e_{symbol}": log_e, f"record_log_e_bar_{symbol}": 3.0,
+                        f"record_sessions_{symbol}": 12, f"record_bound_{symbol}": bound})
+    bar = _postfix(figures, "score")
+    assert "record NQ E 24.5/20 (12 sessions, bound)" in bar and "record ES E 0.67/20 (12 sessions)" in bar

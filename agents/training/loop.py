@@ -591,9 +591,13 @@ def _postfix(m: dict, score_name: str, last_val: tuple[int, float] | None = None
     if "lora_version" in m:
         parts.append(f"advisor v{m['lora_version']:.0f} ({m['lora_rounds']:.0f} rounds"
                      + (f", v{last_later[0]:.0f} later acc {last_later[1]:.2f})" if last_later else ")"))
-    if "record_log_e" in m:  # bind_on=record: the advice's evidence E, its bar and sessions, and whether it binds
-        parts.append(f"record E {math.exp(m['record_log_e']):.3g}/{math.exp(m['record_log_e_bar']):.0f} "
-                     f"({m['record_sessions']:.0f} sessions{', bound' if m['record_bound'] else ''})")
+    # bind_on=record: the advice's evidence E, its bar and sessions, and whether it binds (an account's per instrument:
+    # record_log_e_NQ, ...)
+    for suffix in ("",) if "record_log_e" in m else [k[len("record_sessions"):] for k in m
+                                                       if k.startswith("record_sessions_")]:
+        parts.append(f"record{suffix.replace('_', ' ')} E {math.exp(m['record_log_e' + suffix]):.3g}/"
+                     f"{math.exp(m['record_log_e_bar' + suffix]):.0f} ({m['record_sessions' + suffix]:.0f} sessions"
+                     f"{', bound' if m['record_bound' + suffix] else ''})")
     return " ".join(parts)
 
 
