@@ -151,7 +151,9 @@ def test_an_account_trains_with_each_instruments_advice_and_evaluates_and_trades
         assert own["trades"] == walked["instruments"][symbol]["trades"]
         assert own["advice_keys_read"] > 0 and own["advice_on_time"] == 1.0  # a replay waits for each answer
     lines = [json.loads(line) for line in decisions.read_text().splitlines()]
-    assert len(lines) == figures["decisions"] and any(set(line["advice"]) == {"NQ", "ES"} for line in lines)
+    assert len(lines) == figures["decisions"]
+    assert any(set(line["advice"]) == set(line["trust"]) == {"NQ", "ES"} for line in lines)  # each head's advice, trust
+    assert all(set(line["veto"]) == set(line["bound"]) == {"NQ", "ES"} for line in lines)
 
 
 def test_a_first_run_from_the_command_line(tmp_path, pair, capsys):

@@ -45,6 +45,7 @@ class AccountActing:
 
     single: HybridActing  # one head's acting, as on one instrument
     env: Any  # jaxenv.account_env.AccountEnv
+    head_stats: bool = False  # each head's extras keep its step's stats (a live decision shows them); training's not
 
     @property
     def fusion(self) -> str:
@@ -89,7 +90,8 @@ class AccountActing:
             heads.append(out)
         action, learn_action, log_prob, mask, extras, new_carry = zip(*heads)
         joint = sum(lp * e.pg_weight for lp, e in zip(log_prob, extras))
-        extras = AccountExtras(tuple(e._replace(stats={}) for e in extras), _summed([e.stats for e in extras]))
+        extras = AccountExtras(tuple(e if self.head_stats else e._replace(stats={}) for e in extras),
+                               _summed([e.stats for e in extras]))
         return (jnp.stack(action, 1), jnp.stack(learn_action, 1), joint, jnp.stack(mask, 1), extras,
                 tuple(new_carry))
 

@@ -77,12 +77,15 @@ def advice_alone_act(env, query: QueryConfig):
     return act
 
 
-def advised_act(acting, network, normalize_obs: bool):
+def advised_act(acting, network, normalize_obs: bool, head_stats: bool = False):
     """An act with a carry for walk_account: the run's agent acting as it trained (agents.advice.account_acting.
     AccountActing on a batch of one account: the policy, each head's advice in force, veto, entry rules and fusion,
     head by head under the sequential masks). Its policy state is (network params, observation normaliser); its carry
     is `advised_carry`'s. At each query step (a bar that starts a block of hybrid.query.interval) the advice's record
-    counts what has settled, as a training rollout's start does."""
+    counts what has settled, as a training rollout's start does. With `head_stats` it also returns each head's stats
+    of the step ({name: [I]}: trust, the veto's rules, ...; a live decision's), after the carry."""
+    if head_stats:
+        acting = dataclasses.replace(acting, head_stats=True)
     logits_of = type(network).logits
     interval = acting.single.query.interval
     as_obs = AccountHeads(acting.env).as_obs
@@ -95,7 +98,11 @@ def advised_act(acting, network, normalize_obs: bool):
         logits = network.apply(net_params, normalized_obs(obs_norm, obs1) if normalize_obs else obs1,
                                method=logits_of)
         carry = jax.lax.cond(state.t % interval == 0, lambda c: acting.look(c, state1, params), lambda c: c, carry)
-        actions, _, _, _, _, carry = acting.act(network, net_params, carry, logits, None, obs1, state1, params, key)
+        actions, _, _, _, extras, carry = acting.act(network, net_params, carry, logits, None, obs1, state1, params,
+                                                     key)
+        if head_stats:
+            stats = {k: jnp.stack([h.stats[k] for h in extras.heads]) for k in extras.heads[0].stats}
+            return actions[0], carry, stats
         return actions[0], carry
 
     return act

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from agents.advice.acting import training_acting
+from agents.advice.risk_veto import RULES
 from agents.advice.table import SIDES, AdviceTable, key_of, num_blocks, view
 from agents.config import ConfigError
 from agents.evaluation.account_advice import advised_act, advised_carry
@@ -152,6 +153,9 @@ class AccountDecision:
     latency_ms: float = 0.0
     row: dict = field(default_factory=dict)  # the trace's row of the bar the last decision's orders met ({} before)
     advice: dict = field(default_factory=dict)  # symbol -> the advice in force (action, confidence, key), where one is
+    trust: dict = field(default_factory=dict)  # symbol -> the trust gate's weight on its advice (learned fusion)
+    veto: dict = field(default_factory=dict)  # symbol -> the risk veto's rules that held an action back
+    bound: dict = field(default_factory=dict)  # symbol -> whether its advice record binds it to the advice
 
 
 class AccountAgent:
@@ -181,7 +185,7 @@ class AccountAgent:
         self.policy_state = (saved.params, saved.obs_norm)
         if self.advised:
             self.acting = acting.walking(greedy=True)
-            act = advised_act(self.acting, ppo.network, cfg.ppo.normalize_obs)
+            act = advised_act(self.acting, ppo.network, cfg.ppo.normalize_obs, head_stats=True)
             self._write = jax.jit(lambda table, *rows: table.write(*rows))
             self._in_force = jax.jit(partial(_in_force, cfg.hybrid.query))
             self._mark_asked = jax.jit(lambda table, keys: table.mark_asked(keys, keys >= 0))
@@ -279,8 +283,8 @@ class AccountAgent:
             valid, action, confidence, key = jax.device_get(self._in_force(self.carry, self.state))
             advice = {s: {"action": ACTIONS[int(action[i])], "confidence": round(float(confidence[i]), 4),
                           "key": int(key[i])} for i, s in enumerate(self.symbols) if valid[i]}
-        self.key, actions, reset_key, self.carry = self._decide(self.policy_state, self.carry, self.state,
-                                                                self.params, self.key)
+        self.key, actions, reset_key, self.carry, stats = self._decide(self.policy_state, self.carry, self.state,
+                                                                       self.params, self.key)
         self.pending = (actions, reset_key)
         actions = np.asarray(actions)
         if self.advised and (t + 1) % self.k == 0:  # block t // k closes: ask its keys, as for one instrument
@@ -288,7 +292,13 @@ class AccountAgent:
             self._ask([[key_of(t // self.k, s) for s in dict.fromkeys((0, int(side), a))]
                        for side, a in zip(sides, after)])
         decision = self._describe(t, t0, actions, row)
-        decision.advice = advice
+        if self.advised:
+            stats = jax.device_get(stats)
+            decision.advice = advice
+            decision.trust = ({s: round(float(stats["trust"][i]), 4) for i, s in enumerate(self.symbols) if s in advice}
+                              if self.acting.gated else {})
+            decision.veto = {s: [r for r in RULES if stats[f"veto_fired_{r}"][i] > 0] for i, s in enumerate(self.symbols)}
+            decision.bound = {s: bool(stats["bound"][i]) for i, s in enumerate(self.symbols)}
         return decision
 
     def _advise(self, t: int, sides: np.ndarray) -> None:
@@ -319,7 +329,7 @@ class AccountAgent:
 
     def _warm_up(self) -> None:
         """Compiles both steps before the first decision."""
-        key, actions, reset_key, _ = self._decide(self.policy_state, self.carry, self.state, self.params, self.key)
+        key, actions, reset_key, _, _ = self._decide(self.policy_state, self.carry, self.state, self.params, self.key)
         jax.block_until_ready(self._advance(self.state, actions, reset_key, self.params))
 
     def _describe(self, t: int, t0: float, actions: np.ndarray, row: dict) -> AccountDecision:
@@ -358,7 +368,7 @@ class AccountAgent:
         state = self.env.initial_state(key, self.params, jnp.asarray(FIRST_DECISION_BAR, jnp.int32))
         carry = (advised_carry(self.acting, self.params, self._tables(), self.saved.advice_record) if self.advised
                  else None)
-        _, actions, reset_key, _ = jax.eval_shape(self._decide, self.policy_state, carry, state, self.params, key)
+        _, actions, reset_key, _, _ = jax.eval_shape(self._decide, self.policy_state, carry, state, self.params, key)
         template = {"state": state, "key": key, "pending": (actions, reset_key), "carry": carry}
         paths, treedef = jax.tree_util.tree_flatten_with_path(template)
         missing = [path_name(p) for p, _ in paths if path_name(p) not in arrays]
@@ -371,14 +381,15 @@ class AccountAgent:
 
 def _decide(env: AccountEnv, act, policy_state, carry, state, params, key):
     """One decision of jaxenv.account_evaluate's walk: (the walk's next key, the actions [I], the key a breach's fresh
-    account is drawn with, the act's carry after it: None for an act without one)."""
+    account is drawn with, the act's carry after it and each head's stats: None for an act without advice)."""
     key, act_key, reset_key = jax.random.split(key, 3)
     obs = env.get_obs(state, params)
+    stats = None
     if carry is None:
         actions = act(policy_state, obs, state, params, act_key)
     else:
-        actions, carry = act(policy_state, carry, obs, state, params, act_key)
-    return key, jnp.asarray(actions, jnp.int32), reset_key, carry
+        actions, carry, stats = act(policy_state, carry, obs, state, params, act_key)
+    return key, jnp.asarray(actions, jnp.int32), reset_key, carry, stats
 
 
 def _in_force(query, carry: tuple, state):
