@@ -204,6 +204,7 @@ def test_each_instruments_prompts_read_the_joint_timeline_as_trainings_advisor_d
     where an instrument is absent, and nothing of a later bar."""
     from agents.advice.table import SIDES, key_of
     from agents.advisor.prompt_fields import PromptFieldBuilder
+    from bridge.protocol import FIELD_INDEX
     from agents.trading.account_agent import JointBook
     from agents.trading.advice import JointBookView
     from agents.trading.bars import FIRST_DECISION_BAR
@@ -212,11 +213,15 @@ def test_each_instruments_prompts_read_the_joint_timeline_as_trainings_advisor_d
 
     subprocess.run([sys.executable, "scripts/write_market.py", "--preset", "pair", "--days", "2", "--out",
                     str(tmp_path)], cwd=REPO, check=True, capture_output=True)
-    lines = (tmp_path / "ES.csv").read_text().splitlines(keepends=True)
-    (tmp_path / "ES.csv").write_text("".join(line for j, line in enumerate(lines) if j % 7 != 3))  # ES absent there
+    for symbol in ("NQ", "ES"):  # a headline on some bars (one text repeated), and ES absent at some bar times
+        lines = (tmp_path / f"{symbol}.csv").read_text().splitlines()
+        rows = [lines[0] + ",headline"] + [f"{line},{f'{symbol} news {j % 5}' if j % 9 == 0 else ''}"
+                                           for j, line in enumerate(lines[1:], 1)
+                                           if symbol == "NQ" or j % 7 != 3]
+        (tmp_path / f"{symbol}.csv").write_text("\n".join(rows) + "\n")
     files = [("NQ", tmp_path / "NQ.csv"), ("ES", tmp_path / "ES.csv")]
     market_set = load_market_set([(s, str(p)) for s, p in files], DataConfig())
-    symbols, k = list(market_set.symbols), 16
+    symbols, k, HEADLINE = list(market_set.symbols), 16, FIELD_INDEX["headline"]
     batch = [PromptFieldBuilder(m, symbols, 1, k) for m in market_set.markets]
     book = JointBook(symbols, [m.contract for m in market_set.markets], EnvConfig().prop_firm, 0.0, 0)
     compared = 0
@@ -230,7 +235,28 @@ def test_each_instruments_prompts_read_the_joint_timeline_as_trainings_advisor_d
             if book.started and t >= FIRST_DECISION_BAR and (t + 1) % k == 0:  # the decisions' bars
                 keys = [key_of(t // k, side) for side in range(-1, SIDES - 1)]
                 for i in range(len(symbols)):
-                    live = PromptFieldBuilder(JointBookView(book, i).market(), symbols, 1, k).build(keys)
-                    np.testing.assert_array_equal(live, batch[i].build(keys))
+                    view = JointBookView(book, i)
+                    live, whole = PromptFieldBuilder(view.market(), symbols, 1, k).build(keys), batch[i].build(keys)
+                    # a headline is an index into its side's own table of texts: the texts must be the same
+                    texts = [[table[int(x)] if x >= 0 else None for x in fields[:, HEADLINE]]
+                             for fields, table in ((live, view.text_table), (whole, market_set.markets[i].text_table))]
+                    assert texts[0] == texts[1]
+                    np.testing.assert_array_equal(np.delete(live, HEADLINE, 1), np.delete(whole, HEADLINE, 1))
                     compared += 1
     assert book.n == market_set.num_bars and (market_set.coverage < 1).any() and compared > 20
+    assert all(m.text_table for m in market_set.markets)  # the headlines were read
+
+
+@pytest.mark.parametrize("entries_only", [False, True])
+def test_a_trader_asks_the_keys_training_and_evaluation_ask(entries_only):
+    """The keys a trader asks for a block, whatever the positions before and after its decision, are keys a walk of
+    that block reads (agents.advice.table.walk_keys): under hybrid.query.entries_only the flat one alone, else every
+    side's (a held side's advice asked there would be in force where the policy never had any)."""
+    from agents.advice.table import walk_keys
+    from agents.trading.agent import block_keys
+
+    k = 4
+    walked = set(walk_keys(0, 41 * k, k, entries_only).tolist())  # blocks 0-39 are read in blocks 1-40
+    asked = {key for block in range(40) for side in (-1, 0, 1) for after in (-1, 0, 1)
+             for key in block_keys(block, (side, after), entries_only)}
+    assert asked == walked

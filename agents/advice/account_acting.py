@@ -106,6 +106,7 @@ class AccountActing:
         for i, head in enumerate(extras):
             lp, ent, w = self.single.log_prob_entropy(network, params, logits[..., i, :], mask[..., i, :], head,
                                                       action[..., i])
+            # w is 0 or 1 (HybridActing's pg_weight: the advice overrode the head or not)
             log_prob, entropy, weight = log_prob + lp * w, entropy + ent, jnp.maximum(weight, w)
         return log_prob, entropy, weight
 

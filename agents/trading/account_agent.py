@@ -2,6 +2,8 @@
 `AccountAgent(saved)`, then `on_bar({symbol: Bar | None})` at each bar time of the joint timeline.
 
     agent = AccountAgent(restore_policy("runs/pair", "best", account=True))
+    if agent.advised:                             # trained with advice: each instrument's advisor (else none is read)
+        agent.open_advisors()
     for bars in joint_bars:                       # {"NQ": Bar, "ES": None}: ES has no bar at this time (absent)
         decision = agent.on_bar(stamp, bars)      # None while the history warms up the features
         for symbol, order in decision.orders.items():
@@ -43,7 +45,7 @@ from agents.rl.account import AccountHeads
 from agents.rl.ppo import make_train
 from agents.runs.integrity import path_name
 from agents.runs.saved_runs import SavedPolicy, check_fits
-from agents.trading.agent import grown_table, unasked
+from agents.trading.agent import block_keys, grown_table, unasked
 from agents.trading.bars import FIRST_DECISION_BAR, Bar, BarBook
 from agents.trading.orders import Order
 from bridge.protocol import ACTIONS, BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, SELL
@@ -155,7 +157,7 @@ class AccountDecision:
     advice: dict = field(default_factory=dict)  # symbol -> the advice in force (action, confidence, key), where one is
     trust: dict = field(default_factory=dict)  # symbol -> the trust gate's weight on its advice (learned fusion)
     veto: dict = field(default_factory=dict)  # symbol -> the risk veto's rules that held an action back
-    bound: dict = field(default_factory=dict)  # symbol -> whether its advice record binds it to the advice
+    bound: dict = field(default_factory=dict)  # symbol -> whether its advice record binds it (None: no record)
 
 
 class AccountAgent:
@@ -289,8 +291,8 @@ class AccountAgent:
         actions = np.asarray(actions)
         if self.advised and (t + 1) % self.k == 0:  # block t // k closes: ask its keys, as for one instrument
             after = [{BUY: 1, SELL: -1}.get(int(a), int(side)) for a, side in zip(actions, sides)]
-            self._ask([[key_of(t // self.k, s) for s in dict.fromkeys((0, int(side), a))]
-                       for side, a in zip(sides, after)])
+            entries_only = self.cfg.hybrid.query.entries_only
+            self._ask([block_keys(t // self.k, (int(side), a), entries_only) for side, a in zip(sides, after)])
         decision = self._describe(t, t0, actions, row)
         if self.advised:
             stats = jax.device_get(stats)
@@ -298,15 +300,17 @@ class AccountAgent:
             decision.trust = ({s: round(float(stats["trust"][i]), 4) for i, s in enumerate(self.symbols) if s in advice}
                               if self.acting.gated else {})
             decision.veto = {s: [r for r in RULES if stats[f"veto_fired_{r}"][i] > 0] for i, s in enumerate(self.symbols)}
-            decision.bound = {s: bool(stats["bound"][i]) for i, s in enumerate(self.symbols)}
+            decision.bound = {s: None if c.record is None else bool(np.asarray(c.record.bound))
+                              for s, c in zip(self.symbols, self.carry)}
         return decision
 
     def _advise(self, t: int, sides: np.ndarray) -> None:
         """Each instrument's answers into its table; the keys this bar's decision reads asked where missing (and
         waited for, in wait mode), as agents.trading.agent's for one instrument."""
-        block = t // self.k
-        read = [key_of(block - 1, int(side)) if block >= 1 else None for side in sides]
-        self._ask([[key_of(block - 1, 0), r] if block >= 1 else [] for r in read])
+        block, entries_only = t // self.k, self.cfg.hybrid.query.entries_only
+        read = [key_of(block - 1, int(side)) if block >= 1 and (side == 0 or not entries_only) else None
+                for side in sides]
+        self._ask([block_keys(block - 1, (int(side),), entries_only) if block >= 1 else [] for side in sides])
         carry = list(self.carry)
         for i, advisor in enumerate(self.advisors):
             table = carry[i].advice

@@ -387,9 +387,11 @@ class AccountSession:
                 tmp.write_text(json.dumps(self.summary(), indent=1, default=float))
                 tmp.replace(path)
             self.journal.close()
-            self.agent.close()
         finally:
-            self.lock.release(discard=self.discard)
+            try:
+                self.agent.close()  # each instrument's advisor process
+            finally:
+                self.lock.release(discard=self.discard)
 
     @property
     def rows_done(self) -> str:

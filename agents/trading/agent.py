@@ -60,6 +60,12 @@ def _put_bar(params, i, bars_row, bar_features_row, context_row, next_session):
                           context_features=params.context_features.at[i].set(context_row))
 
 
+def block_keys(block: int, sides, entries_only: bool) -> list[int]:
+    """The keys of `block` asked for positions `sides`, the flat one first: the flat one alone under
+    hybrid.query.entries_only, as training and evaluation ask them (agents.advice.table.walk_keys)."""
+    return [key_of(block, s) for s in dict.fromkeys((0, *sides)) if s == 0 or not entries_only]
+
+
 def grown_table(table: AdviceTable, keys: int) -> AdviceTable:
     """`table` holding `keys` keys (its answers kept) where it holds fewer: a feed's arrays doubled."""
     if table.num_keys >= keys:
@@ -216,8 +222,9 @@ class Agent:
         side = int(np.asarray(carry.env_state.side)[0])
         block = t // self.k
         if self.advisor is not None:
-            read = key_of(block - 1, side) if block >= 1 else None
-            asked = self.advisor.ask([key_of(block - 1, 0), read] if block >= 1 else [])
+            entries_only = self.cfg.hybrid.query.entries_only
+            read = key_of(block - 1, side) if block >= 1 and (side == 0 or not entries_only) else None
+            asked = self.advisor.ask(block_keys(block - 1, (side,), entries_only) if block >= 1 else [])
             table = self._marked(carry.hybrid.advice, asked)
             for rows in self.advisor.answers(read, wait=self.advice_mode == "wait"):
                 table = self._write(table, *rows)
@@ -242,7 +249,7 @@ class Agent:
         if self.advisor is not None and (t + 1) % self.k == 0:  # block t // k closes: ask its keys
             side = int(state.side)
             after = {BUY: 1, SELL: -1}.get(action, side)
-            asked = self.advisor.ask([key_of(t // self.k, s) for s in dict.fromkeys((0, side, after))])
+            asked = self.advisor.ask(block_keys(t // self.k, (side, after), self.cfg.hybrid.query.entries_only))
             table = self._marked(self.choice.hybrid.advice, asked)
             self.choice = self.choice.replace(hybrid=self.choice.hybrid.replace(advice=table))
         return self._describe(t, t0, action, state)

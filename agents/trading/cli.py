@@ -413,10 +413,12 @@ class Session:
                 tmp.write_text(json.dumps(summary, indent=1, default=float))
                 tmp.replace(path)
             self.journal.close()
-            if self.agent.advisor is not None:
-                self.agent.advisor.close()
         finally:
-            self.lock.release(discard=self.discard)
+            try:
+                if self.agent.advisor is not None:
+                    self.agent.advisor.close()
+            finally:
+                self.lock.release(discard=self.discard)
 
 
 def record_or_none(walk, run_dir, checkpoint: str):
