@@ -164,6 +164,7 @@ def test_two_processes_train_one_run(tmp_path):
     assert len((tmp_path / "trials.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.slow  # (the suite's time) two processes training one run is a default test above
 def test_two_processes_each_ask_their_own_advisor(tmp_path):
     """A hybrid run (mock advisor) in two processes: each process's workers answer about its share of the keys,
     every process writes all answers into the one advice table, and process 0 alone writes the run folder (its LLM log). Both

@@ -188,8 +188,10 @@ def assert_same_outputs(resumed: Path, whole: Path) -> None:
     assert without_latency(summaries[1:]) == without_latency(summaries[:1])
 
 
-# the advised run's kill and resume: slow (its resume at a block's close is a default test below)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "mock" else n for n in RUNS])
+# slow (the suite's time): a stop and resume at a block's close (below) and two followed files killed and resumed
+# (tests/test_trade_account.py) are default tests
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RUNS)
 def test_a_replay_killed_at_a_random_bar_and_resumed_writes_the_same_outputs(runs, replays, name, tmp_path):
     run = runs[name]
     killed = tmp_path / "killed"

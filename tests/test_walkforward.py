@@ -175,6 +175,7 @@ def test_the_gate_on_a_stitched_path_opens_on_an_edge_and_not_on_none():
     assert not churn["opened"] and churn["opened_after_sessions"] is None and churn["clipped"] == 20
 
 
+@pytest.mark.slow  # (the suite's time: 2-3 min) its results are committed under docs/results/walk-forward/
 def test_an_account_of_two_files_walks_forward_with_each_instruments_figures(tmp_path, capsys):
     """--data SYMBOL=PATH once per instrument: folds over the set's sessions, each run scored by the account's walk,
     each instrument's P&L on the stitched test windows summing to the account's, the gate on the account's path; with
