@@ -36,8 +36,7 @@ import pandas as pd
 
 from agents.advice.acting import training_acting
 from agents.advice.risk_veto import RULES
-from agents.advice.table import SIDES, AdviceTable, key_of, num_blocks, view
-from agents.config import ConfigError
+from agents.advice.table import SIDES, AdviceTable, num_blocks, view
 from agents.evaluation.account_advice import advised_act, advised_carry
 from agents.evaluation.policies import make_account_act
 from agents.evaluation.saved_run import run_data
@@ -45,7 +44,7 @@ from agents.rl.account import AccountHeads
 from agents.rl.ppo import make_train
 from agents.runs.integrity import path_name
 from agents.runs.saved_runs import SavedPolicy, check_fits
-from agents.trading.agent import block_keys, grown_table, unasked
+from agents.trading.agent import block_keys, check_tradable, grown_table, marked, read_key, unasked
 from agents.trading.bars import FIRST_DECISION_BAR, Bar, BarBook
 from agents.trading.orders import Order
 from bridge.protocol import ACTIONS, BUY, DISABLE_TRAIL, ENABLE_TRAIL, MOVE_TO_BE, SELL
@@ -166,11 +165,7 @@ class AccountAgent:
 
     def __init__(self, saved: SavedPolicy, *, advice: str = "wait", end: int = OPEN_END, capacity: int = 8192):
         cfg = saved.cfg
-        if cfg.hybrid.shuffled and cfg.llm != "none":
-            raise ConfigError(f"{saved.run_dir}: its advisor is the shuffled control (hybrid.shuffled), which reads "
-                              "other blocks' markets; it does not trade")
-        if advice not in ("wait", "realtime"):
-            raise ValueError(f"advice={advice!r}: use wait or realtime")
+        check_tradable(saved, advice)
         self.cfg, self.saved, self.end, self.advice_mode = cfg, saved, end, advice
         instruments = resolve_instruments(cfg.data.instruments)
         self.contracts = [item.contract for item in instruments]
@@ -308,8 +303,7 @@ class AccountAgent:
         """Each instrument's answers into its table; the keys this bar's decision reads asked where missing (and
         waited for, in wait mode), as agents.trading.agent's for one instrument."""
         block, entries_only = t // self.k, self.cfg.hybrid.query.entries_only
-        read = [key_of(block - 1, int(side)) if block >= 1 and (side == 0 or not entries_only) else None
-                for side in sides]
+        read = [read_key(block, int(side), entries_only) for side in sides]
         self._ask([block_keys(block - 1, (int(side),), entries_only) if block >= 1 else [] for side in sides])
         carry = list(self.carry)
         for i, advisor in enumerate(self.advisors):
@@ -324,11 +318,7 @@ class AccountAgent:
         asked of it marked in flight in its table, as training's query step marks them (the wait rule reads it)."""
         carry = list(self.carry)
         for i, advisor in enumerate(self.advisors):
-            asked = advisor.ask(keys[i])
-            if asked:
-                marked = np.full(SIDES, -1, np.int32)
-                marked[: len(asked)] = asked
-                carry[i] = carry[i].replace(advice=self._mark_asked(carry[i].advice, marked))
+            carry[i] = carry[i].replace(advice=marked(self._mark_asked, carry[i].advice, advisor.ask(keys[i])))
         self.carry = tuple(carry)
 
     def _warm_up(self) -> None:

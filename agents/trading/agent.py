@@ -60,6 +60,21 @@ def _put_bar(params, i, bars_row, bar_features_row, context_row, next_session):
                           context_features=params.context_features.at[i].set(context_row))
 
 
+def check_tradable(saved: SavedPolicy, advice: str) -> None:
+    """A ConfigError for a run whose advisor cannot trade, a ValueError for an unknown advice mode."""
+    if saved.cfg.hybrid.shuffled and saved.cfg.llm != "none":
+        raise ConfigError(f"{saved.run_dir}: its advisor is the shuffled control (hybrid.shuffled), which reads "
+                          "other blocks' markets; it does not trade")
+    if advice not in ("wait", "realtime"):
+        raise ValueError(f"advice={advice!r}: use wait or realtime")
+
+
+def read_key(block: int, side: int, entries_only: bool) -> int | None:
+    """The key a decision in `block` with position `side` reads (block − 1's): none in block 0, nor for a held side
+    under hybrid.query.entries_only (training and evaluation never ask it)."""
+    return key_of(block - 1, side) if block >= 1 and (side == 0 or not entries_only) else None
+
+
 def block_keys(block: int, sides, entries_only: bool) -> list[int]:
     """The keys of `block` asked for positions `sides`, the flat one first: the flat one alone under
     hybrid.query.entries_only, as training and evaluation ask them (agents.advice.table.walk_keys)."""
@@ -71,6 +86,16 @@ def grown_table(table: AdviceTable, keys: int) -> AdviceTable:
     if table.num_keys >= keys:
         return table
     return jax.tree.map(lambda g, o: g.at[: o.shape[0]].set(o) if g.ndim else o, AdviceTable.create(keys), table)
+
+
+def marked(mark_asked, table: AdviceTable, asked: list[int]) -> AdviceTable:
+    """`table` with the keys just asked of the advisor in flight until answered, as training's query step marks them
+    (the wait rule reads it): `mark_asked(table, keys)` on the keys padded to SIDES with -1."""
+    if not asked:
+        return table
+    keys = np.full(SIDES, -1, np.int32)
+    keys[: len(asked)] = asked
+    return mark_asked(table, keys)
 
 
 def unasked(table: AdviceTable) -> AdviceTable:
@@ -87,11 +112,7 @@ class Agent:
         """`end`: the bar the data ends at (a replay's file length), where entries stop as in evaluation; `capacity`:
         bars the arrays hold before they double."""
         cfg = saved.cfg
-        if cfg.hybrid.shuffled and cfg.llm != "none":
-            raise ConfigError(f"{saved.run_dir}: its advisor is the shuffled control (hybrid.shuffled), which reads "
-                              "other blocks' markets; it does not trade")
-        if advice not in ("wait", "realtime"):
-            raise ValueError(f"advice={advice!r}: use wait or realtime")
+        check_tradable(saved, advice)
         self.cfg, self.saved, self.advice_mode = cfg, saved, advice
         self.env = TradingEnv(cfg.env)
         self.contract = resolve_data_config(cfg.data).contract  # the run's instrument
@@ -223,24 +244,15 @@ class Agent:
         block = t // self.k
         if self.advisor is not None:
             entries_only = self.cfg.hybrid.query.entries_only
-            read = key_of(block - 1, side) if block >= 1 and (side == 0 or not entries_only) else None
+            read = read_key(block, side, entries_only)
             asked = self.advisor.ask(block_keys(block - 1, (side,), entries_only) if block >= 1 else [])
-            table = self._marked(carry.hybrid.advice, asked)
+            table = marked(self._mark_asked, carry.hybrid.advice, asked)
             for rows in self.advisor.answers(read, wait=self.advice_mode == "wait"):
                 table = self._write(table, *rows)
             carry = carry.replace(hybrid=carry.hybrid.replace(advice=table))
         if (t - self.start_bar) % self.k == 0:
             carry = carry.replace(hybrid=self._look(carry.hybrid, carry.env_state, self.params))
         self.carry = carry
-
-    def _marked(self, table: AdviceTable, asked: list[int]) -> AdviceTable:
-        """The table with the keys just asked of the advisor in flight until answered, as training's query step marks
-        them: the wait rule reads it."""
-        if not asked:
-            return table
-        keys = np.full(SIDES, -1, np.int32)
-        keys[: len(asked)] = asked
-        return self._mark_asked(table, keys)
 
     def _decision(self, t: int, t0: float) -> Decision:
         self.choice = self._decide(self.carry, *self.policy_state, self.params)
@@ -250,7 +262,7 @@ class Agent:
             side = int(state.side)
             after = {BUY: 1, SELL: -1}.get(action, side)
             asked = self.advisor.ask(block_keys(t // self.k, (side, after), self.cfg.hybrid.query.entries_only))
-            table = self._marked(self.choice.hybrid.advice, asked)
+            table = marked(self._mark_asked, self.choice.hybrid.advice, asked)
             self.choice = self.choice.replace(hybrid=self.choice.hybrid.replace(advice=table))
         return self._describe(t, t0, action, state)
 
