@@ -2,7 +2,7 @@
 
 `AccountEnv` trades every instrument of a `jaxenv.market_set.MarketSet` in ONE account. Each instrument is traded
 exactly as `jaxenv.env.TradingEnv` trades it (its own contract, costs, bracket, break-even and trailing stop: the
-env's helpers, vmapped over the instrument axis); the account layer ties them together:
+env's helpers, called on each instrument in turn); the account layer ties them together:
 
 - **One balance and one trailing threshold** on the combined equity (balance + every open position's mark), the
   threshold trailing the combined peak as TradingEnv's does (`drawdown_threshold`).
@@ -43,7 +43,9 @@ still happen on an absent bar, at the carried close (the firm's rule binds every
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from functools import partial
 
 import jax
@@ -208,38 +210,55 @@ def entry_side(actions: jax.Array) -> jax.Array:
     return jnp.where(actions == BUY, 1, jnp.where(actions == SELL, -1, 0))
 
 
-def _sum(x: jax.Array) -> jax.Array:
-    """The sum over the instrument axis (the last), as adds in instrument order: element-wise work that fuses with
-    its neighbours (a reduction over a short axis does not); with one instrument, x itself."""
-    parts = [x[..., i] for i in range(x.shape[-1])]
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
+def _rows(tree, n: int) -> list:
+    """Each instrument's slice of `tree` (every leaf's leading axis), in instrument order. The account's per-instrument
+    work runs on these slices, one instrument after another, rather than on [I] arrays: under a caller's vmap over
+    envs an [I] array is an [envs, I] one, and XLA on CPU runs element-wise work over a minor axis of a few elements
+    several times slower than over [envs] (docs/findings.md)."""
+    return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
 
 
-def _others(x: jax.Array) -> jax.Array:
-    """[I]: the sum of x over every other instrument (exactly 0 with one instrument)."""
-    n = x.shape[-1]
-    if n == 1:
-        return jnp.zeros_like(x)
-    return jnp.stack([_sum(jnp.concatenate([x[..., :i], x[..., i + 1:]], axis=-1)) for i in range(n)], axis=-1)
+def _stack(rows: list):
+    """The [I] arrays (a pytree's leaves) of each instrument's rows."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *rows)
 
 
-def _each(fn, in_axes=0):
-    """jax.vmap over the instrument axis; with one instrument, `fn` on that instrument's slice (a vmap over an axis of
-    one still runs XLA's batched gathers, slower on CPU than the plain call)."""
-    vmapped = jax.vmap(fn, in_axes=in_axes)
+def _total(xs: list) -> jax.Array:
+    """The sum of the instruments' values, added in instrument order."""
+    return functools.reduce(operator.add, xs)
 
-    def each(*args):
-        axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
-        n = next(jax.tree.leaves(a)[0].shape[0] for a, axis in zip(args, axes) if axis == 0)
-        if n > 1:
-            return vmapped(*args)
-        out = fn(*(jax.tree.map(lambda x: x[0], a) if axis == 0 else a for a, axis in zip(args, axes)))
-        return jax.tree.map(lambda x: x[None], out)
 
-    return each
+def _computed_once(tree, state: AccountState):
+    """`tree`, its leaves stored once and read by every later use. XLA on CPU copies cheap element-wise work into each
+    fused loop that reads it, and with several instruments the positions and exits feed dozens of them (every state
+    field, mask and observation column), each then redoing every instrument's fill and exit. A float division it does
+    not copy, so each leaf passes through one by a 1 it cannot fold: exact (x / 1 == x; a float32 subnormal may flush
+    to 0 as elsewhere in XLA's arithmetic), an integer as two halves of at most 20 bits, each exact in a float32."""
+    one = (state.time >= 0).astype(jnp.float32)  # always 1, not a constant to XLA
+
+    def stored(x):
+        x = jnp.asarray(x)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            return x / one.astype(x.dtype)
+        if x.dtype == jnp.bool_:
+            return x.astype(jnp.float32) / one != 0
+        high, low = x.astype(jnp.int32) >> 12, x.astype(jnp.int32) & 0xFFF  # x == high * 4096 + low
+        high, low = ((part.astype(jnp.float32) / one).astype(jnp.int32) for part in (high, low))
+        return ((high << 12) + low).astype(x.dtype)
+
+    return jax.tree.map(stored, tree)
+
+
+def _any(xs: list) -> jax.Array:
+    return functools.reduce(operator.or_, xs)
+
+
+def _others(xs: list) -> list:
+    """Each instrument's sum of the others' values, in instrument order (exactly 0 with one instrument)."""
+    if len(xs) == 1:
+        return [jnp.zeros_like(xs[0])]
+    return [_total(xs[:i] + xs[i + 1:]) for i in range(len(xs))]
+
 
 class AccountEnv(environment.Environment[AccountState, AccountParams]):
     """Trades the instruments of a MarketSet in one prop-firm account (the module's docstring). Build params with
@@ -358,70 +377,100 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
         return AccountState(legs=legs, **fields)
 
     # ------------------------------------------------------------------------------------------- masks
-    def instrument_masks(self, state: AccountState, params: AccountParams) -> jax.Array:
-        """[I, 6]: TradingEnv's mask of each instrument alone, with no entry on a bar where it is absent."""
-        masks = _each(lambda leg, p: self.single.action_mask(leg_state(state, leg), p))(state.legs, params.inst)
-        present = params.present[state.t]
-        return masks.at[:, BUY].set(masks[:, BUY] & present).at[:, SELL].set(masks[:, SELL] & present)
+    def _own_masks(self, state: AccountState, params: AccountParams, legs: list, inst: list) -> list:
+        """Each instrument's TradingEnv mask alone ([6] each), with no entry on a bar where it is absent."""
+        masks = []
+        for i, (leg, p) in enumerate(zip(legs, inst)):
+            mask = self.single.action_mask(leg_state(state, leg), p)
+            here = params.present[state.t, i]
+            masks.append(mask.at[BUY].set(mask[BUY] & here).at[SELL].set(mask[SELL] & here))
+        return masks
 
-    def account_rules(self, state: AccountState, params: AccountParams, head, before_sides: jax.Array) -> jax.Array:
-        """[..., 6]: the account rules' mask of head `head` [...] (an instrument) given `before_sides` [..., I], the
-        entries taken by the heads before it at this step (+1 BUY, -1 SELL, 0 none): the cap (the open contracts, the
+    def _rule(self, state: AccountState, params: AccountParams, i: int, held: list, before: list) -> jax.Array:
+        """[6]: the account rules' mask of head i given `held` (each instrument's open side) and `before` (the entries
+        taken by the first len(before) heads at this step, +1 BUY, -1 SELL, 0 none): the cap (the open contracts, the
         entries before and this one within the cap in force, in tenths of a mini) and the correlated pairs (no entry
         opposite a partner's open side or a partner's entry before)."""
-        held, tenths = state.legs.side, params.entry_tenths
-        used = _sum(jnp.abs(held) * tenths) + _sum(jnp.abs(before_sides) * tenths)
-        fits = used + tenths[head] <= cap_in_force(state, params)
-        partner = params.opposed[head]
-        partner_long = jnp.any(partner & ((held > 0) | (before_sides > 0)), axis=-1)
-        partner_short = jnp.any(partner & ((held < 0) | (before_sides < 0)), axis=-1)
-        rule = jnp.ones((*fits.shape, NUM_ACTIONS), bool)
-        return rule.at[..., BUY].set(fits & ~partner_short).at[..., SELL].set(fits & ~partner_long)
+        tenths = params.entry_tenths
+        used = _total([jnp.abs(side) * tenths[j] for j, side in enumerate(held)]
+                      + [jnp.abs(side) * tenths[j] for j, side in enumerate(before)])
+        fits = used + tenths[i] <= cap_in_force(state, params)
+        partner_long = partner_short = jnp.zeros((), bool)
+        for j, side in enumerate(held):
+            entry = before[j] if j < len(before) else 0
+            partner_long = partner_long | (params.opposed[i, j] & ((side > 0) | (entry > 0)))
+            partner_short = partner_short | (params.opposed[i, j] & ((side < 0) | (entry < 0)))
+        rule = jnp.ones(NUM_ACTIONS, bool)
+        return rule.at[BUY].set(fits & ~partner_short).at[SELL].set(fits & ~partner_long)
 
-    def sequential_mask(self, state: AccountState, params: AccountParams, i, chosen: jax.Array,
+    def _sequential(self, state: AccountState, params: AccountParams, held: list, own: list, actions: list
+                    ) -> tuple[list, list]:
+        """(the mask each head had, the actions taken): head by head in instrument order, head i's mask its own
+        (`own`) AND the account rules given the actions taken by the heads before it, a forbidden action taken as
+        HOLD."""
+        masks, taken, before = [], [], []
+        for i, action in enumerate(actions):
+            mask = own[i] & self._rule(state, params, i, held, before)
+            a = jnp.where(mask[action], action, HOLD)
+            masks.append(mask)
+            taken.append(a)
+            before.append(entry_side(a))
+        return masks, taken
+
+    def instrument_masks(self, state: AccountState, params: AccountParams) -> jax.Array:
+        """[I, 6]: TradingEnv's mask of each instrument alone, with no entry on a bar where it is absent."""
+        n = params.num_instruments
+        return jnp.stack(self._own_masks(state, params, _rows(state.legs, n), _rows(params.inst, n)))
+
+    def sequential_mask(self, state: AccountState, params: AccountParams, i: int, chosen: jax.Array,
                         masks: jax.Array | None = None) -> jax.Array:
         """[6]: head i's mask given `chosen` [I], the actions taken by heads < i at this step (entries >= i are
-        ignored): its instrument's mask (instrument_masks) AND the account rules (account_rules). `masks`:
-        instrument_masks, when already computed."""
+        ignored): its instrument's mask (instrument_masks) AND the account rules. `masks`: instrument_masks, when
+        already computed."""
         masks = self.instrument_masks(state, params) if masks is None else masks
-        before = jnp.arange(params.num_instruments) < i
-        before_sides = jnp.where(before, entry_side(jnp.asarray(chosen, jnp.int32)), 0)
-        return masks[i] & self.account_rules(state, params, i, before_sides)
+        chosen = jnp.asarray(chosen, jnp.int32)
+        held = [leg.side for leg in _rows(state.legs, params.num_instruments)]
+        return masks[i] & self._rule(state, params, i, held, [entry_side(chosen[j]) for j in range(i)])
 
     def sequential_masks(self, state: AccountState, params: AccountParams, actions: jax.Array
                          ) -> tuple[jax.Array, jax.Array]:
         """([I, 6] the mask each head had, [I] the actions taken): head i's mask given the actions taken by heads < i,
         a forbidden action taken as HOLD."""
-        actions = jnp.asarray(actions, jnp.int32)
-        masks = self.instrument_masks(state, params)
-        taken = jnp.full_like(actions, HOLD)
-        rows = []
-        for i in range(params.num_instruments):
-            row = self.sequential_mask(state, params, i, taken, masks)
-            rows.append(row)
-            taken = taken.at[i].set(jnp.where(row[actions[i]], actions[i], HOLD))
-        return jnp.stack(rows), taken
+        n = params.num_instruments
+        legs, actions = _rows(state.legs, n), jnp.asarray(actions, jnp.int32)
+        own = self._own_masks(state, params, legs, _rows(params.inst, n))
+        masks, taken = self._sequential(state, params, [leg.side for leg in legs], own, [actions[i] for i in range(n)])
+        return jnp.stack(masks), jnp.stack(taken)
+
+    def _first_masks(self, state: AccountState, params: AccountParams, legs: list, inst: list) -> list:
+        """Each head's mask with every head before it holding (action_mask's rows)."""
+        held = [leg.side for leg in legs]
+        return [own & self._rule(state, params, i, held, [])
+                for i, own in enumerate(self._own_masks(state, params, legs, inst))]
 
     def action_mask(self, state: AccountState, params: AccountParams) -> jax.Array:
         """[I, 6]: each head's mask with every head before it holding (head 0's is exact; a later head's is
         sequential_mask's once the earlier heads have chosen)."""
         n = params.num_instruments
-        return self.instrument_masks(state, params) & self.account_rules(state, params, jnp.arange(n),
-                                                                         jnp.zeros((n, n), jnp.int32))
+        return jnp.stack(self._first_masks(state, params, _rows(state.legs, n), _rows(params.inst, n)))
 
     def sample_actions(self, key: jax.Array, state: AccountState, params: AccountParams, logits: jax.Array,
                        deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
         """([I] actions, their joint log-probability): head by head in instrument order, each from its logits [I, 6]
         under its sequential mask (argmax where deterministic)."""
-        masks = self.instrument_masks(state, params)
-        taken = jnp.full(params.num_instruments, HOLD, jnp.int32)
+        n = params.num_instruments
+        legs = _rows(state.legs, n)
+        own = self._own_masks(state, params, legs, _rows(params.inst, n))
+        held = [leg.side for leg in legs]
+        taken, before = [], []
         log_prob = jnp.zeros((), jnp.float32)
-        for i, k in enumerate(jax.random.split(key, params.num_instruments)):
-            masked = jnp.where(self.sequential_mask(state, params, i, taken, masks), logits[i], MASKED_LOGIT)
-            a = jnp.argmax(masked) if deterministic else jax.random.categorical(k, masked)
-            taken = taken.at[i].set(a.astype(jnp.int32))
+        for i, k in enumerate(jax.random.split(key, n)):
+            masked = jnp.where(own[i] & self._rule(state, params, i, held, before), logits[i], MASKED_LOGIT)
+            a = (jnp.argmax(masked) if deterministic else jax.random.categorical(k, masked)).astype(jnp.int32)
+            taken.append(a)
+            before.append(entry_side(a))
             log_prob = log_prob + jax.nn.log_softmax(masked)[a]
-        return taken, log_prob
+        return jnp.stack(taken), log_prob
 
     def log_prob(self, state: AccountState, params: AccountParams, logits: jax.Array, actions: jax.Array
                  ) -> jax.Array:
@@ -429,140 +478,150 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
         its sequential mask."""
         masks, _ = self.sequential_masks(state, params, actions)
         logp = jax.nn.log_softmax(jnp.where(masks, logits, MASKED_LOGIT), axis=-1)
-        return _sum(jnp.take_along_axis(logp, jnp.asarray(actions, jnp.int32)[:, None], axis=-1)[:, 0])
+        chosen = jnp.take_along_axis(logp, jnp.asarray(actions, jnp.int32)[:, None], axis=-1)[:, 0]
+        return _total([chosen[i] for i in range(params.num_instruments)])
 
     # ---------------------------------------------------------------------------------------- observe
     def get_obs(self, state: AccountState, params: AccountParams, key: jax.Array | None = None) -> AccountObs:
         return self._observe(state, params, self.action_mask(state, params))
 
     def _observe(self, state: AccountState, params: AccountParams, mask: jax.Array) -> AccountObs:
-        # TradingEnv's observation of each instrument; its "can_enter" column is BUY or SELL allowed.
-        entry_ok = mask[:, BUY] | mask[:, SELL]
-        rows = _each(lambda leg, p, m: self.single._observe(leg_state(state, leg), p, m))(
-            state.legs, params.inst, mask.at[:, BUY].set(entry_ok))
-        extras = jnp.stack([params.present[state.t], params.entry_tenths / TENTHS_PER_MINI, mask[:, BUY],
-                            mask[:, SELL]], axis=1).astype(jnp.float32)
+        n = params.num_instruments
+        legs, inst = _rows(state.legs, n), _rows(params.inst, n)
+        rows = []
+        for i, (leg, p) in enumerate(zip(legs, inst)):
+            # TradingEnv's observation of the instrument; its "can_enter" column is BUY or SELL allowed.
+            own = mask[i]
+            seen = self.single._observe(leg_state(state, leg), p, own.at[BUY].set(own[BUY] | own[SELL]))
+            extras = jnp.stack([params.present[state.t, i], params.entry_tenths[i] / TENTHS_PER_MINI, own[BUY],
+                                own[SELL]]).astype(jnp.float32)
+            rows.append(jnp.concatenate([seen, extras]))
         capped = params.cap_tenths < NO_CAP
         scale = jnp.maximum(params.cap_tenths, 1).astype(jnp.float32)
-        open_tenths = _sum(jnp.abs(state.legs.side) * params.entry_tenths)
+        open_tenths = _total([jnp.abs(leg.side) * params.entry_tenths[i] for i, leg in enumerate(legs)])
         room = jnp.clip((cap_in_force(state, params) - open_tenths) / scale, 0.0, 1.0)
         account = jnp.stack([
             jnp.where(capped, open_tenths / scale, 0.0),
             jnp.where(capped, room, 1.0),
             (params.half_size & ~threshold_locked(state.peak, params)).astype(jnp.float32),
             threshold_locked(state.peak, params).astype(jnp.float32),
-            _sum((state.legs.side != 0).astype(jnp.float32)) / params.num_instruments,
+            _total([(leg.side != 0).astype(jnp.float32) for leg in legs]) / n,
         ]).astype(jnp.float32)
-        return AccountObs(instruments=jnp.concatenate([rows, extras], axis=1), account=account)
+        return AccountObs(instruments=jnp.stack(rows), account=account)
 
     # ------------------------------------------------------------------------------------------- step
     def transition(self, state: AccountState, actions: jax.Array, params: AccountParams):
         """One bar forward for every instrument in one account. Returns (next_state, reward, terminated, info); info's
         per-instrument entries are [I], its episode totals the account's."""
-        inst = params.inst
-        now, bar = inst.bars[:, state.t], inst.bars[:, state.t + 1]  # [I, 8]
-        here = params.present[state.t + 1]  # the instruments with a bar of their own at t+1
-        # An absent instrument's bar is its carried close (as the market set builds it, whatever the data holds).
-        flat = bar.at[:, OPEN].set(bar[:, CLOSE]).at[:, HIGH].set(bar[:, CLOSE]).at[:, LOW].set(bar[:, CLOSE])
-        bar = jnp.where(here[:, None], bar, flat)
-        _, taken = self.sequential_masks(state, params, actions)
-        valid = taken == jnp.asarray(actions, jnp.int32)
-        ordered = (taken == BUY) | (taken == SELL)
-        unfilled = ordered & ~here
-        a = jnp.where(unfilled, HOLD, taken)
-
-        def position(leg, a, now, bar, p):
+        n = params.num_instruments
+        legs, inst = _rows(state.legs, n), _rows(params.inst, n)
+        actions = jnp.asarray(actions, jnp.int32)
+        own = self._own_masks(state, params, legs, inst)
+        _, taken = self._sequential(state, params, [leg.side for leg in legs], own, [actions[i] for i in range(n)])
+        now, bars, here, touch, valid, unfilled, pos, fees, carried = [], [], [], [], [], [], [], [], []
+        for i, (leg, p) in enumerate(zip(legs, inst)):
+            now.append(p.bars[state.t])
+            is_here = params.present[state.t + 1, i]  # the instrument has a bar of its own at t+1
+            bar = p.bars[state.t + 1]
+            # An absent instrument's bar is its carried close (as the market set builds it, whatever the data holds).
+            bar = jnp.where(is_here, bar, bar.at[OPEN].set(bar[CLOSE]).at[HIGH].set(bar[CLOSE]).at[LOW].set(bar[CLOSE]))
+            # No stop or target touches an absent bar: its high below and low above every level.
+            touch.append(jnp.where(is_here, bar, bar.at[HIGH].set(-jnp.inf).at[LOW].set(jnp.inf)))
+            valid.append(taken[i] == actions[i])
+            unfilled.append(((taken[i] == BUY) | (taken[i] == SELL)) & ~is_here)
+            a = jnp.where(unfilled[i], HOLD, taken[i])
             s = leg_state(state, leg)
-            return fill_entry(s, a, *manage_position(s, a, now, p), now, bar, p)
-
-        pos = _each(position)(state.legs, a, now, bar, inst)
-        balance = state.balance - _sum(jnp.where(pos.entered, _each(commission)(inst), 0.0))
-        commissions = state.commissions + _sum(jnp.where(pos.entered, _each(commission)(inst), 0.0))
-        carried = _each(carried_over)(pos, now, bar, inst)
-        # No stop or target touches an absent bar: its high below and low above every level.
-        touch = jnp.where(here[:, None], bar, bar.at[:, HIGH].set(-jnp.inf).at[:, LOW].set(jnp.inf))
+            pos.append(fill_entry(s, a, *manage_position(s, a, now[i], p), now[i], bar, p))
+            fees.append(jnp.where(pos[i].entered, commission(p), 0.0))
+            carried.append(carried_over(pos[i], now[i], bar, p))
+            bars.append(bar)
+            here.append(is_here)
+        balance = state.balance - _total(fees)
+        commissions = state.commissions + _total(fees)
         threshold = drawdown_threshold(state.peak, params)
-        exit_ = self.account_exit(pos, balance, threshold, carried, here, bar, touch, params)
-        settled = _each(settle_exit, in_axes=(0, 0, None, None, 0))(pos, exit_, 0.0, 0.0, inst)
-        balance = balance + _sum(settled[0])
-        commissions = commissions + _sum(settled[1])
-        trade_pnl = settled[2]
-        still_open = (pos.side != 0) & ~exit_.exiting
-        side = jnp.where(exit_.exiting, 0, pos.side)
-        mark = _each(marked_equity, in_axes=(None, 0, 0, 0, 0))
-        close_marks = mark(0.0, side, pos.entry_price, bar[:, CLOSE], inst)
-        equity = balance + _sum(close_marks)
-        terminated = jnp.any(exit_.liquidated) | (equity <= threshold)
-        favourable = jnp.where(pos.side > 0, bar[:, HIGH], bar[:, LOW])
-        best = balance + _sum(jnp.where(still_open, mark(0.0, pos.side, pos.entry_price, favourable, inst),
-                                        close_marks))
+        exits = self.account_exit(pos, balance, threshold, carried, here, bars, touch, inst)
+        if n > 1:
+            pos, exits = _computed_once((pos, exits), state)
+        settled = [settle_exit(*args, 0.0, 0.0, p) for *args, p in zip(pos, exits, inst)]
+        balance = balance + _total([s[0] for s in settled])
+        commissions = commissions + _total([s[1] for s in settled])
+        trade_pnl = [s[2] for s in settled]
+        still_open = [(q.side != 0) & ~e.exiting for q, e in zip(pos, exits)]
+        sides = [jnp.where(e.exiting, 0, q.side) for q, e in zip(pos, exits)]
+        close_marks = [marked_equity(0.0, side, q.entry_price, bar[CLOSE], p)
+                       for side, q, bar, p in zip(sides, pos, bars, inst)]
+        equity = balance + _total(close_marks)
+        terminated = _any([e.liquidated for e in exits]) | (equity <= threshold)
+        best = balance + _total([
+            jnp.where(still, marked_equity(0.0, q.side, q.entry_price, jnp.where(q.side > 0, bar[HIGH], bar[LOW]), p),
+                      close)
+            for still, q, bar, p, close in zip(still_open, pos, bars, inst, close_marks)])
         counters = {name: getattr(state, name) for name in ("trades", "wins", "consecutive_losses", "recent_wins",
                                                              "recent_count")}
-        for i in range(params.num_instruments):  # trades closed on one bar are recorded in instrument order
-            counters = record_trade(state.replace(**counters), exit_.exiting[i], trade_pnl[i] > 0)
-        exits = _sum(exit_.exiting.astype(jnp.int32))
+        for e, pnl in zip(exits, trade_pnl):  # trades closed on one bar are recorded in instrument order
+            counters = record_trade(state.replace(**counters), e.exiting, pnl > 0)
         next_state = AccountState(
             time=state.time + 1,
             t=state.t + 1,
-            legs=Legs(
-                side=side,
-                entry_price=pos.entry_price,
-                stop=_each(trailed_stop)(pos, still_open, bar, inst),
-                target=pos.target,
-                trailing=pos.trailing & still_open,
-                entry_time=pos.entry_time,
-            ),
+            legs=_stack([
+                Legs(side=side, entry_price=q.entry_price, stop=trailed_stop(q, still, bar, p), target=q.target,
+                     trailing=q.trailing & still, entry_time=q.entry_time)
+                for side, q, still, bar, p in zip(sides, pos, still_open, bars, inst)]),
             balance=balance,
             equity=equity,
             commissions=commissions,
             peak=jnp.maximum(state.peak, jnp.maximum(best, equity)),
             **counters,
-            **roll_session(state, bar[0], exits),
+            **roll_session(state, bars[0], _total([e.exiting.astype(jnp.int32) for e in exits])),
         )
-        reason = _each(exit_reason)(state.legs.trailing, pos, exit_)
-        info = _each(step_info, in_axes=(0, 0, 0, 0, 0, None, None, None))(
-            valid, pos, exit_, reason, trade_pnl, next_state, terminated, params)
-        info = {key: value[0] if key.startswith("episode_") else value for key, value in info.items()}
-        info["unfilled"] = unfilled
+        infos = [step_info(valid[i], pos[i], exits[i], exit_reason(legs[i].trailing, pos[i], exits[i]), trade_pnl[i],
+                           next_state, terminated, params) for i in range(n)]
+        info = {key: value if key.startswith("episode_") else jnp.stack([row[key] for row in infos])
+                for key, value in infos[0].items()}
+        info["unfilled"] = jnp.stack(unfilled)
         return next_state, step_reward(state, equity, terminated, params), terminated, info
 
-    def account_exit(self, pos, balance, threshold, carried, here, bar, touch, params: AccountParams) -> Exit:
-        """How bar t+1 closes each position ([I] fields), the account's drawdown rule applied to the combined equity.
+    def account_exit(self, pos: list, balance, threshold, carried: list, here: list, bars: list, touch: list,
+                     inst: list) -> list:
+        """How bar t+1 closes each position (an Exit per instrument), the account's drawdown rule applied to the
+        combined equity.
 
         First each instrument's exit as TradingEnv finds it (find_exit), its liquidation price the one where the
         combined equity meets the threshold with every other position at its worst mark: an instrument reaches it iff
         the combined worst equity reaches the threshold (with one instrument: TradingEnv's own rule). On a breach
         every open position is liquidated at the point where the combined equity meets the threshold, all moved the
         same share of the way from their opens to their worst marks (the module's docstring)."""
-        inst = params.inst
-        is_long = pos.side > 0
-        movable = (pos.side != 0) & ~carried & here
-        adverse = jnp.where(is_long, bar[:, LOW], bar[:, HIGH])
-        stop_fill = jnp.where(is_long, jnp.minimum(pos.stop, bar[:, OPEN]), jnp.maximum(pos.stop, bar[:, OPEN]))
-        worst = jnp.where(movable, better_for(is_long, adverse, stop_fill), bar[:, OPEN])
-        mark = _each(marked_equity, in_axes=(None, 0, 0, 0, 0))
-        worst_marks = mark(0.0, pos.side, pos.entry_price, worst, inst)
-        first = _each(find_exit, in_axes=(0, 0, None, 0, 0, 0))(
-            pos, balance + _others(worst_marks), threshold, carried, touch, inst)
-        breach = jnp.any(first.liquidated)
-        open_marks = mark(0.0, pos.side, pos.entry_price, bar[:, OPEN], inst)
-        at_open, at_worst = balance + _sum(open_marks), balance + _sum(worst_marks)
+        worst, worst_marks, open_marks = [], [], []
+        for q, c, is_here, bar, p in zip(pos, carried, here, bars, inst):
+            is_long = q.side > 0
+            adverse = jnp.where(is_long, bar[LOW], bar[HIGH])
+            stop_fill = jnp.where(is_long, jnp.minimum(q.stop, bar[OPEN]), jnp.maximum(q.stop, bar[OPEN]))
+            movable = (q.side != 0) & ~c & is_here
+            worst.append(jnp.where(movable, better_for(is_long, adverse, stop_fill), bar[OPEN]))
+            worst_marks.append(marked_equity(0.0, q.side, q.entry_price, worst[-1], p))
+            open_marks.append(marked_equity(0.0, q.side, q.entry_price, bar[OPEN], p))
+        first = [find_exit(q, balance + others, threshold, c, t, p)
+                 for q, others, c, t, p in zip(pos, _others(worst_marks), carried, touch, inst)]
+        breach = _any([f.liquidated for f in first])
+        at_open, at_worst = balance + _total(open_marks), balance + _total(worst_marks)
         span = at_open - at_worst
         share = jnp.where(span > 0, jnp.clip((at_open - threshold) / jnp.where(span > 0, span, 1.0), 0.0, 1.0), 0.0)
-        meet = bar[:, OPEN] + share * (worst - bar[:, OPEN])
-        level = _each(liquidation_price, in_axes=(0, 0, None, 0))(
-            pos, balance + _others(mark(0.0, pos.side, pos.entry_price, meet, inst)), threshold, inst)
-        forced = breach & (pos.side != 0) & ~carried
-        yes, no = jnp.ones_like(forced), jnp.zeros_like(forced)
-        price = _each(exit_fill)(pos, level, yes, no, no, bar, inst)
-        return Exit(
-            liquidated=forced,
-            stop_hit=first.stop_hit & ~forced,
-            target_hit=first.target_hit & ~forced,
-            session_exit=first.session_exit & ~forced,
-            exiting=first.exiting | forced,
-            price=jnp.where(forced, price, first.price),
-        )
+        meet = [bar[OPEN] + share * (w - bar[OPEN]) for bar, w in zip(bars, worst)]
+        meet_marks = [marked_equity(0.0, q.side, q.entry_price, m, p) for q, m, p in zip(pos, meet, inst)]
+        exits = []
+        for q, f, c, others, bar, p in zip(pos, first, carried, _others(meet_marks), bars, inst):
+            level = liquidation_price(q, balance + others, threshold, p)
+            forced = breach & (q.side != 0) & ~c
+            yes, no = jnp.ones_like(forced), jnp.zeros_like(forced)
+            exits.append(Exit(
+                liquidated=forced,
+                stop_hit=f.stop_hit & ~forced,
+                target_hit=f.target_hit & ~forced,
+                session_exit=f.session_exit & ~forced,
+                exiting=f.exiting | forced,
+                price=jnp.where(forced, exit_fill(q, level, yes, no, no, bar, p), f.price),
+            ))
+        return exits
 
 
 __all__ = [

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from bridge.protocol import BUY, DISABLE_TRAIL, ENABLE_TRAIL, HOLD, MOVE_TO_BE, SELL
-from jaxenv.account_env import ACCOUNT_FEATURES, INSTRUMENT_EXTRAS, AccountEnv, flatten_observation
+from jaxenv.account_env import ACCOUNT_FEATURES, INSTRUMENT_EXTRAS, AccountEnv, _computed_once, flatten_observation
 from jaxenv.config import DataConfig, EnvConfig, PropFirmRules
 from jaxenv.env import EXIT_REASONS, TradingEnv
 from jaxenv.market_files import write_pair
@@ -308,3 +308,21 @@ def test_the_observation_layout():
     assert flatten_observation(obs).shape == (2 * obs.instruments.shape[1] + obs.account.shape[0],)
     assert env.action_mask(state, params).shape == (2, 6)
     assert MOVE_TO_BE == 3 and DISABLE_TRAIL == 5
+
+
+def test_positions_stored_once_are_unchanged():
+    """The step stores each instrument's position and exit through a division by 1 (_computed_once, for XLA's sake):
+    every value comes back exactly, integers over int32's whole range included, jitted and under vmap."""
+    values = {"side": jnp.array([-1, 0, 1], jnp.int32),
+              "entry_time": jnp.array([-2**31, -4097, 4095, 4096, 123_456_789, 2**31 - 1], jnp.int32),
+              "exiting": jnp.array([True, False]),
+              "price": jnp.array([21_345.25, -0.0, 1e-30, -3e38, jnp.inf], jnp.float32)}
+    state = type("State", (), {"time": jnp.int32(7)})
+    stored = jax.jit(lambda v: _computed_once(v, state))(values)
+    batched = jax.vmap(lambda v, t: _computed_once(v, type("State", (), {"time": t})), in_axes=(None, 0))(
+        values, jnp.arange(3, dtype=jnp.int32))
+    for name, value in values.items():
+        assert stored[name].dtype == value.dtype
+        np.testing.assert_array_equal(np.asarray(stored[name]), np.asarray(value))
+        np.testing.assert_array_equal(np.asarray(batched[name]), np.broadcast_to(np.asarray(value), (3, *value.shape)))
+

@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data", dest="data_items", action="append", metavar="PATH | SYMBOL=PATH",
                     help="the market: a CSV/Parquet file or synthetic:PRESET (data.source); or, repeated as "
                     "SYMBOL=PATH (e.g. --data NQ=nq.csv --data ES=es.csv), several instruments traded in one account, "
-                    "in that order (data.instruments; RL only for now: --llm none)")
+                    "in that order (data.instruments)")
     from agents.devices.parallel import add_device_flags
 
     add_device_flags(ap, processes=True)
