@@ -442,17 +442,14 @@ class AccountEnv(environment.Environment[AccountState, AccountParams]):
         masks, taken = self._sequential(state, params, [leg.side for leg in legs], own, [actions[i] for i in range(n)])
         return jnp.stack(masks), jnp.stack(taken)
 
-    def _first_masks(self, state: AccountState, params: AccountParams, legs: list, inst: list) -> list:
-        """Each head's mask with every head before it holding (action_mask's rows)."""
-        held = [leg.side for leg in legs]
-        return [own & self._rule(state, params, i, held, [])
-                for i, own in enumerate(self._own_masks(state, params, legs, inst))]
-
     def action_mask(self, state: AccountState, params: AccountParams) -> jax.Array:
         """[I, 6]: each head's mask with every head before it holding (head 0's is exact; a later head's is
         sequential_mask's once the earlier heads have chosen)."""
         n = params.num_instruments
-        return jnp.stack(self._first_masks(state, params, _rows(state.legs, n), _rows(params.inst, n)))
+        legs = _rows(state.legs, n)
+        held = [leg.side for leg in legs]
+        return jnp.stack([own & self._rule(state, params, i, held, [])
+                          for i, own in enumerate(self._own_masks(state, params, legs, _rows(params.inst, n)))])
 
     def sample_actions(self, key: jax.Array, state: AccountState, params: AccountParams, logits: jax.Array,
                        deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
