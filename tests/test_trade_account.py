@@ -5,6 +5,7 @@ instrument's prompts read the joint timeline as training's advisor did, and a wr
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -97,6 +98,21 @@ def test_a_replay_decides_as_evaluate_py_walks_the_same_files(account, replays, 
     assert gated["log_e"] == pytest.approx(walked["log_e"], abs=1e-4)
     assert gated["changes"] == walked["changes"]
     assert summary(replays["evidence"])["pnl"] == pytest.approx(evaluated["gated"]["net_pnl"], abs=1e-3)
+
+
+@pytest.mark.parametrize("gate", ["off", "evidence"])
+def test_the_state_saved_after_each_bar_keeps_only_the_last_decisions_orders(replays, gate):
+    """The state is saved after every bar, so it must not grow with the run (a long replay slowed bar after bar
+    while every book kept every order it was given): each book keeps only the last decision's
+    orders, the only ones a restart could place again; orders.csv keeps every order."""
+    out = replays[gate]
+    state = json.loads((out / "state" / "state.json").read_text())
+    with open(out / "orders.csv") as f:
+        ordered = {row["id"] for row in csv.DictReader(f)}
+    last = set(json.loads((out / "decisions.jsonl").read_text().splitlines()[-1])["orders"].values())
+    assert len(ordered) > len(last) + 10
+    kept = {o["id"] for books in (state["brokers"], state["paper"]) for book in books.values() for o in book["placed"]}
+    assert kept <= last
 
 
 def test_two_followed_files_killed_and_resumed_decide_as_a_replay(account, replays, tmp_path):

@@ -20,6 +20,9 @@ class PaperBroker:
     """Fills as jaxenv.env does, from the account's move over each bar (`settle`)."""
 
     def __init__(self):
+        # The orders placed since the last bar settled: only those could be placed again (a decision's orders are
+        # placed after the bar before it settles, and a restart repeats at most the decision after the saved state).
+        # Older ones are dropped, so the state saved after every bar does not grow with the run.
         self.placed: dict[str, Order] = {}
         self.entry: Order | None = None  # the order whose position is open
         self._fills: list[Fill] = []
@@ -42,6 +45,7 @@ class PaperBroker:
     def settle(self, bar: int, time: str, row: dict, decided: Order | None) -> None:
         """Bar `bar` happened to the account (`row`: the trace's row of the decision before it, whose order was
         `decided`): the entry and exit it filled."""
+        self.placed.clear()
         commission = float(row["commission"])
         exited = int(row["exit_reason"]) != NO_EXIT
         entered = int(row["entry_side"]) != 0 and decided is not None
@@ -58,7 +62,8 @@ class PaperBroker:
         self._position = float(row["position"]) * (self.entry.quantity if self.entry is not None else 0.0)
 
     def state(self) -> dict:
-        """Its book as JSON: the orders placed, the one whose position is open, fills not yet reported, the position."""
+        """Its book as JSON: the orders placed since the last bar settled, the one whose position is open, fills not
+        yet reported, the position."""
         return {"placed": [dataclasses.asdict(o) for o in self.placed.values()],
                 "entry": self.entry and dataclasses.asdict(self.entry),
                 "fills": [f.row() for f in self._fills], "position": self._position}
