@@ -46,8 +46,8 @@ def first_instrument(market_set: MarketSet) -> MarketSet:
 
 def random_valid(key: jax.Array, mask: jax.Array) -> jax.Array:
     """A uniformly random valid action per env ([N] from a mask [N, A]), or per head ([N, I] from [N, I, A]), each
-    head drawn on its own [N, A] rows as the product's samplers draw them. (Drawn as one [N·I, A] batch, XLA on CPU
-    fused every instrument's mask into each row of the draw: 0.4 ms of a two-instrument step, docs/findings.md.)"""
+    head drawn on its own [N, A] rows as the product's samplers draw them (drawn as one [N·I, A] batch, XLA on CPU
+    fused every instrument's mask into each row of the draw: docs/findings.md)"""
     if mask.ndim == 2:
         return jax.random.categorical(key, jnp.where(mask, 0.0, -jnp.inf))
     keys = jax.random.split(key, mask.shape[1])
