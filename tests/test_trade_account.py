@@ -101,15 +101,18 @@ def test_a_replay_decides_as_evaluate_py_walks_the_same_files(account, replays, 
 
 
 @pytest.mark.parametrize("gate", ["off", "evidence"])
-def test_the_state_saved_after_each_bar_keeps_only_the_last_decisions_orders(replays, gate):
+def test_the_state_saved_after_each_bar_does_not_grow_with_the_run(replays, gate):
     """The state is saved after every bar, so it must not grow with the run (a long replay slowed bar after bar
-    while every book kept every order it was given): each book keeps only the last decision's
-    orders, the only ones a restart could place again; orders.csv keeps every order."""
+    while every book kept every order it was given): each book keeps only the last decision's orders, the only ones
+    a restart could place again (orders.csv keeps every order), and no list holds an entry per decision (the
+    latencies are read back from decisions.jsonl)."""
     out = replays[gate]
     state = json.loads((out / "state" / "state.json").read_text())
     with open(out / "orders.csv") as f:
         ordered = {row["id"] for row in csv.DictReader(f)}
-    last = set(json.loads((out / "decisions.jsonl").read_text().splitlines()[-1])["orders"].values())
+    lines = (out / "decisions.jsonl").read_text().splitlines()
+    assert not [key for key, value in state.items() if isinstance(value, list) and len(value) >= len(lines)]
+    last = set(json.loads(lines[-1])["orders"].values())
     assert len(ordered) > len(last) + 10
     kept = {o["id"] for books in (state["brokers"], state["paper"]) for book in books.values() for o in book["placed"]}
     assert kept <= last

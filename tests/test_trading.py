@@ -186,6 +186,10 @@ def assert_same_outputs(resumed: Path, whole: Path) -> None:
     summaries = [{k: v for k, v in json.loads((d / "summary.json").read_text()).items() if not k.startswith("llm_")}
                  for d in (whole, resumed)]
     assert without_latency(summaries[1:]) == without_latency(summaries[:1])
+    # the latency figures are over every decision, those before the stop read back from decisions.jsonl
+    latencies = [row["latency_ms"] for row in decisions(resumed)]
+    assert summaries[1]["latency_p50_ms"] == pytest.approx(float(np.percentile(latencies, 50)))
+    assert summaries[1]["latency_p99_ms"] == pytest.approx(float(np.percentile(latencies, 99)))
 
 
 # slow (the suite's time): a stop and resume at a block's close (below) and two followed files killed and resumed

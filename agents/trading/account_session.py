@@ -145,7 +145,7 @@ class AccountSession:
     def _state(self) -> dict:
         return {"run": str(self.args.run_dir), "data": self.paths, "checkpoint": self.agent.saved.identity(),
                 "gate_mode": self.args.gate, "consumed": self.feed.consumed, "refused": self.refused,
-                "decisions": self.decisions, "latencies": self.latencies, "entry_orders": self.entry_orders,
+                "decisions": self.decisions, "entry_orders": self.entry_orders,
                 "brokers": {s: b.state() for s, b in self.brokers.items()},
                 "paper": {s: b.state() for s, b in self.paper.items()}, "live": self.live,
                 "gate": self.gate.state() if self.gate else None, "said_in_sample": self.said_in_sample,
@@ -172,7 +172,7 @@ class AccountSession:
         for s in self.agent.symbols:
             self.brokers[s].restore(state["brokers"][s])
             self.paper[s].restore(state["paper"][s])
-        self.refused, self.decisions, self.latencies = state["refused"], state["decisions"], state["latencies"]
+        self.refused, self.decisions, self.latencies = state["refused"], state["decisions"], self.journal.latencies()
         self.entry_orders, self.live = state["entry_orders"], state["live"]
         self.said_in_sample = state["said_in_sample"]
         self.gate = Gate.restored(state["gate"]) if state["gate"] is not None else None

@@ -223,7 +223,7 @@ class Session:
         self.broker.restore(state["broker"])
         self.paper.restore(state["paper"])
         self.rows_done, self.refused, self.decisions = state["rows_done"], state["refused"], state["decisions"]
-        self.latencies, self.live = state["latencies"], state["live"]
+        self.latencies, self.live = self.journal.latencies(), state["live"]
         self.entry_order = Order(**state["entry_order"]) if state["entry_order"] else None
         if state["gate"] is not None:
             from agents.evidence.gate import Gate
@@ -237,7 +237,7 @@ class Session:
         self.journal.save(self.agent.book, {
             "run": str(self.args.run_dir), "data": str(self.args.data), "checkpoint": self.agent.saved.identity(),
             "gate_mode": self.args.gate, "rows_done": self.rows_done,
-            "refused": self.refused, "decisions": self.decisions, "latencies": self.latencies,
+            "refused": self.refused, "decisions": self.decisions,
             "entry_order": self.entry_order and dataclasses.asdict(self.entry_order), "broker": self.broker.state(),
             "paper": self.paper.state(), "live": self.live, "gate": self.gate.state() if self.gate else None,
             "advisor": self.agent.advisor.state() if self.agent.advisor else None,

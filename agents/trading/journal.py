@@ -86,6 +86,15 @@ class Journal:
     def decision(self, line: dict) -> None:
         self.files["decisions.jsonl"].write((json.dumps(line) + "\n").encode())
 
+    def latencies(self) -> list[float]:
+        """Each decision's `latency_ms` in decisions.jsonl as `open` left it: a resumed run reads them back here
+        rather than from its state, which is saved after every bar and would grow with the run."""
+        f = self.files["decisions.jsonl"]
+        f.seek(0)
+        lines = f.read().splitlines()
+        f.seek(0, os.SEEK_END)
+        return [json.loads(line)["latency_ms"] for line in lines]
+
     def row(self, name: str, row: dict, price_decimals: int | None = None) -> None:
         """A CSV row; the header comes with the first. A fill's price is written at the instrument's tick precision
         (float32's 1.1871299743652344 as EURUSD's 1.18713; `price_decimals`: its instrument's, where an account
